@@ -1,0 +1,149 @@
+/* SPDX-License-Identifier: MIT */
+/* rb_cli.c: the command-line conventions every program shares. */
+#include "config.h"
+
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+#include <libpq-fe.h>
+
+#include "rb_cli.h"
+#include "rb_exit.h"
+#include "rb_log.h"
+#include "rb_util.h"
+
+void
+rb_cli_init(const char *prog, struct rb_common *c)
+{
+	signal(SIGPIPE, SIG_IGN);
+	rb_log_init(prog);
+	memset(c, 0, sizeof *c);
+	c->verbosity = rb_log_level();
+}
+
+/* The first line of the usage text. */
+static void
+print_usage_line(const char *usage)
+{
+	size_t n = strcspn(usage, "\n");
+
+	fprintf(stderr, "%.*s\n", (int)n, usage);
+}
+
+void
+rb_cli_usage_error(const char *usage, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	rb_logv(RB_LOG_ERROR, "usage", fmt, ap);
+	va_end(ap);
+	print_usage_line(usage);
+	fprintf(stderr, "Try '%s --help' for more information.\n", rb_log_prog());
+	exit(RB_EXIT_USAGE);
+}
+
+void
+rb_cli_bad_option(const char *usage)
+{
+	print_usage_line(usage);
+	fprintf(stderr, "Try '%s --help' for more information.\n", rb_log_prog());
+	exit(RB_EXIT_USAGE);
+}
+
+bool
+rb_cli_common(int c, const char *arg, struct rb_common *cm, const char *usage)
+{
+	switch (c) {
+	case 'u':
+	case RB_OPT_DB:
+		cm->db = arg;
+		return true;
+	case RB_OPT_SCHEMA:
+		if (!rb_ident_valid(arg))
+			rb_cli_usage_error(usage, "--schema: '%s' is not a schema name "
+			    "(lowercase letters, digits, _; at most 50)", arg);
+		cm->schema = arg;
+		return true;
+	case RB_OPT_LOG_FORMAT:
+		if (rb_log_set_format(arg) < 0)
+			rb_cli_usage_error(usage, "--log-format: '%s' is not text or json", arg);
+		return true;
+	case 'v':
+		cm->verbosity++;
+		rb_log_set_level(cm->verbosity);
+		return true;
+	case 'q':
+		cm->verbosity = RB_LOG_ERROR;
+		rb_log_set_level(cm->verbosity);
+		return true;
+	case 'h':
+		fputs(usage, stdout);
+		exit(RB_EXIT_OK);
+	case 'V':
+		printf("%s %s (backends: postgresql; libpq %d, jansson %s)\n", rb_log_prog(),
+		    PACKAGE_VERSION, PQlibVersion(), JANSSON_VERSION);
+		exit(RB_EXIT_OK);
+	default:
+		return false;
+	}
+}
+
+void
+rb_cli_die(const struct rb_error *err)
+{
+	rb_die(err->exit_code != 0 ? err->exit_code : RB_EXIT_SOFTWARE, "%s", err->msg);
+}
+
+struct rb_store *
+rb_cli_open(const struct rb_common *c)
+{
+	struct rb_error err = { 0 };
+	struct rb_store *s = rb_store_open(c->db, c->schema, rb_log_prog(), &err);
+
+	if (s == NULL)
+		rb_cli_die(&err);
+	rb_debug("connected to %s, schema %s", rb_store_url_redacted(s), rb_store_schema(s));
+	return s;
+}
+
+long long
+rb_cli_duration(const char *usage, const char *opt, const char *arg)
+{
+	int64_t ms;
+
+	if (rb_parse_duration_ms(arg, &ms) < 0)
+		rb_cli_usage_error(usage, "%s: '%s' is not a duration (such as 500ms, 30s, 5m, 2h)",
+		    opt, arg);
+	return (long long)ms;
+}
+
+int
+rb_cli_int(const char *usage, const char *opt, const char *arg, int min, int max)
+{
+	int v;
+
+	if (rb_parse_int(arg, min, max, &v) < 0)
+		rb_cli_usage_error(usage, "%s: '%s' is not a whole number from %d to %d", opt, arg,
+		    min, max);
+	return v;
+}
+
+char *
+rb_cli_owner(void)
+{
+	char host[128] = "host";
+	struct timespec ts;
+
+	gethostname(host, sizeof host - 1);
+	host[sizeof host - 1] = '\0';
+	clock_gettime(CLOCK_REALTIME, &ts);
+	srandom((unsigned)(ts.tv_nsec ^ getpid()));
+	return xasprintf("%s:%d:%08lx", host, (int)getpid(), (unsigned long)random());
+}

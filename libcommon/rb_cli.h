@@ -1,0 +1,60 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * rb_cli.h: what every program's command line shares: the common long
+ * options (--db, --schema, -v, -q, --log-format, -h, -V), the usage error,
+ * --version, and opening the store with a one-line error.
+ */
+#ifndef RB_CLI_H
+#define RB_CLI_H
+
+#include <getopt.h>
+#include <stdbool.h>
+
+#include "rb_store.h"
+
+struct rb_common {
+	const char	*db;		/* --db URL */
+	const char	*schema;	/* --schema NAME */
+	int		 verbosity;	/* RB_LOG_* */
+};
+
+/* option values for the common long options, above any short option char */
+enum {
+	RB_OPT_DB = 1000, RB_OPT_SCHEMA, RB_OPT_LOG_FORMAT, RB_OPT_FIRST_PROGRAM = 1100
+};
+
+#define RB_COMMON_LONGOPTS						\
+	{ "db", required_argument, NULL, RB_OPT_DB },			\
+	{ "url", required_argument, NULL, 'u' },			\
+	{ "schema", required_argument, NULL, RB_OPT_SCHEMA },		\
+	{ "log-format", required_argument, NULL, RB_OPT_LOG_FORMAT },	\
+	{ "verbose", no_argument, NULL, 'v' },				\
+	{ "quiet", no_argument, NULL, 'q' },				\
+	{ "help", no_argument, NULL, 'h' },				\
+	{ "version", no_argument, NULL, 'V' }
+#define RB_COMMON_SHORTOPTS "u:vqhV"
+
+/** Start a program: logging, SIGPIPE ignored, defaults. */
+void	rb_cli_init(const char *prog, struct rb_common *);
+/**
+ * Handle a common option; returns true when c was one.  -h prints usage
+ * (the full text) and exits 0; -V prints the version and exits 0.
+ */
+bool	rb_cli_common(int c, const char *arg, struct rb_common *, const char *usage);
+/** "usage: ..." line and the "Try --help" hint on stderr; exit 64. */
+void	rb_cli_usage_error(const char *usage, const char *fmt, ...)
+	    __attribute__((format(printf, 2, 3), noreturn));
+/** Report an unknown option or missing argument (getopt already printed it) and exit 64. */
+void	rb_cli_bad_option(const char *usage) __attribute__((noreturn));
+/** Open the store or die with the error's exit code. */
+struct rb_store *rb_cli_open(const struct rb_common *);
+/** Die with err's code and message. */
+void	rb_cli_die(const struct rb_error *) __attribute__((noreturn));
+/** Parse a duration option or die with a usage error naming the option. */
+long long rb_cli_duration(const char *usage, const char *opt, const char *arg);
+/** Parse an integer option in [min, max] or die with a usage error. */
+int	rb_cli_int(const char *usage, const char *opt, const char *arg, int min, int max);
+/** A default lease owner name: host:pid:random. New string. */
+char	*rb_cli_owner(void);
+
+#endif

@@ -1,0 +1,58 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * rb_jsonl.h: JSON lines in and out.
+ *
+ * The reader works on a file descriptor with its own buffer so that a
+ * program can wait for input with a timeout (rb-complete groups results
+ * that arrive within a window).  It numbers lines from 1, skips blank
+ * lines, strips a final CR (CRLF input), accepts a last line without a
+ * newline, and reports a line longer than max_line once, without keeping
+ * it in memory: its bytes are skipped up to the next newline.
+ *
+ * Ownership: a returned line points into the reader's buffer and is valid
+ * until the next call; json_t out-parameters receive a new reference.
+ */
+#ifndef RB_JSONL_H
+#define RB_JSONL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+
+#include <jansson.h>
+
+#define RB_JSONL_DEFAULT_MAX (1024 * 1024)
+
+enum rb_jsonl_status {
+	RB_JSONL_LINE = 1,	/* a line is returned */
+	RB_JSONL_EOF = 0,	/* end of input */
+	RB_JSONL_ERR = -1,	/* read error, errno set */
+	RB_JSONL_TOOLONG = -2,	/* the line (number in lineno) exceeded max_line; it was skipped */
+	RB_JSONL_AGAIN = -3,	/* timeout with no complete line */
+};
+
+struct rb_jsonl_reader;
+
+/** A reader on fd (not closed by free).  max_line 0 means RB_JSONL_DEFAULT_MAX. */
+struct rb_jsonl_reader *rb_jsonl_reader_new(int fd, size_t max_line);
+void	rb_jsonl_reader_free(struct rb_jsonl_reader *);
+/**
+ * Next non-blank line.  timeout_ms < 0 blocks; 0 only returns what is
+ * already buffered or readable now; otherwise waits at most that long.
+ */
+int	rb_jsonl_next(struct rb_jsonl_reader *, int timeout_ms, const char **line, size_t *len);
+/** Number of the line last returned (or skipped as too long). */
+long	rb_jsonl_lineno(const struct rb_jsonl_reader *);
+/** True when a complete line is already buffered (next will not block). */
+bool	rb_jsonl_buffered(const struct rb_jsonl_reader *);
+
+/**
+ * Parse one line as a JSON object (duplicate keys rejected).  On failure
+ * returns -1 and writes a short reason to err ("invalid JSON: ...",
+ * "not a JSON object").
+ */
+int	rb_jsonl_parse(const char *line, size_t len, json_t **obj, char *err, size_t errlen);
+/** Write obj compactly followed by '\n'.  Returns 0 or -1 (errno set). */
+int	rb_jsonl_write(FILE *, const json_t *obj);
+
+#endif

@@ -1,0 +1,191 @@
+/* SPDX-License-Identifier: MIT */
+/* rb_log.c: stderr diagnostics for every relaybus program. */
+#include "config.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <jansson.h>
+
+#include "rb_exit.h"
+#include "rb_log.h"
+
+static const char *log_prog = "relaybus";
+static const char *log_prefix;
+static int log_level = RB_LOG_WARN;
+static bool log_json;
+
+void
+rb_log_init(const char *prog)
+{
+	const char *fmt, *dbg;
+
+	log_prog = prog;
+	fmt = getenv("RELAYBUS_LOG_FORMAT");
+	if (fmt != NULL && *fmt != '\0')
+		(void)rb_log_set_format(fmt);
+	dbg = getenv("RELAYBUS_DEBUG");
+	if (dbg != NULL && strcmp(dbg, "1") == 0)
+		log_level = RB_LOG_DEBUG;
+}
+
+const char *
+rb_log_prog(void)
+{
+	return log_prog;
+}
+
+void
+rb_log_set_level(int level)
+{
+	if (level < RB_LOG_ERROR)
+		level = RB_LOG_ERROR;
+	if (level > RB_LOG_DEBUG)
+		level = RB_LOG_DEBUG;
+	log_level = level;
+}
+
+int
+rb_log_level(void)
+{
+	return log_level;
+}
+
+void
+rb_log_set_prefix(const char *prefix)
+{
+	log_prefix = prefix;
+}
+
+int
+rb_log_set_format(const char *format)
+{
+	if (strcmp(format, "text") == 0)
+		log_json = false;
+	else if (strcmp(format, "json") == 0)
+		log_json = true;
+	else
+		return -1;
+	return 0;
+}
+
+const char *
+rb_exit_name(int code)
+{
+	switch (code) {
+	case RB_EXIT_OK: return "ok";
+	case RB_EXIT_EMPTY: return "empty";
+	case RB_EXIT_USAGE: return "usage";
+	case RB_EXIT_DATAERR: return "dataerr";
+	case RB_EXIT_NOINPUT: return "noinput";
+	case RB_EXIT_UNAVAILABLE: return "unavailable";
+	case RB_EXIT_SOFTWARE: return "software";
+	case RB_EXIT_OSERR: return "oserr";
+	case RB_EXIT_CANTCREAT: return "cantcreat";
+	case RB_EXIT_IOERR: return "ioerr";
+	case RB_EXIT_TEMPFAIL: return "tempfail";
+	case RB_EXIT_NOPERM: return "noperm";
+	case RB_EXIT_CONFIG: return "config";
+	default: return "error";
+	}
+}
+
+static const char *
+level_name(enum rb_log_level level)
+{
+	switch (level) {
+	case RB_LOG_ERROR: return "error";
+	case RB_LOG_WARN: return "warning";
+	case RB_LOG_INFO: return "info";
+	default: return "debug";
+	}
+}
+
+void
+rb_logv(enum rb_log_level level, const char *code, const char *fmt, va_list ap)
+{
+	char msg[2048];
+
+	if ((int)level > log_level)
+		return;
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	if (log_json) {
+		char ts[64];
+		struct timespec now;
+		struct tm tm;
+		json_t *o;
+
+		clock_gettime(CLOCK_REALTIME, &now);
+		gmtime_r(&now.tv_sec, &tm);
+		snprintf(ts, sizeof ts, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ",
+		    tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
+		    tm.tm_min, tm.tm_sec, now.tv_nsec / 1000000);
+		o = json_pack("{s:s, s:s, s:s, s:s}", "ts", ts, "prog", log_prog,
+		    "level", level_name(level), "msg", msg);
+		if (o != NULL && code != NULL)
+			json_object_set_new(o, "code", json_string(code));
+		if (o != NULL && log_prefix != NULL)
+			json_object_set_new(o, "handler", json_string(log_prefix));
+		if (o != NULL) {
+			json_dumpf(o, stderr, JSON_COMPACT | JSON_SORT_KEYS);
+			fputc('\n', stderr);
+			json_decref(o);
+		}
+	} else if (log_prefix != NULL) {
+		fprintf(stderr, "%s: %s: %s\n", log_prog, log_prefix, msg);
+	} else {
+		fprintf(stderr, "%s: %s\n", log_prog, msg);
+	}
+	fflush(stderr);
+}
+
+#define RB_LOG_FN(fn, level)						\
+void									\
+fn(const char *fmt, ...)						\
+{									\
+	va_list ap;							\
+	va_start(ap, fmt);						\
+	rb_logv(level, NULL, fmt, ap);					\
+	va_end(ap);							\
+}
+RB_LOG_FN(rb_debug, RB_LOG_DEBUG)
+RB_LOG_FN(rb_info, RB_LOG_INFO)
+RB_LOG_FN(rb_warn, RB_LOG_WARN)
+
+int
+rb_error(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	rb_logv(RB_LOG_ERROR, NULL, fmt, ap);
+	va_end(ap);
+	return -1;
+}
+
+void
+rb_die(int code, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	rb_logv(RB_LOG_ERROR, rb_exit_name(code), fmt, ap);
+	va_end(ap);
+	exit(code);
+}
+
+void
+rb_die_errno(int code, const char *fmt, ...)
+{
+	char buf[1024];
+	int saved = errno;
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(buf, sizeof buf, fmt, ap);
+	va_end(ap);
+	rb_die(code, "%s: %s", buf, strerror(saved));
+}

@@ -1,0 +1,43 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * rb_log.h: diagnostics on stderr, "prog: message", or one JSON object per
+ * line with --log-format=json / RELAYBUS_LOG_FORMAT=json.
+ * Levels: -q errors only; default warnings; -v info; -vv debug.
+ */
+#ifndef RB_LOG_H
+#define RB_LOG_H
+
+#include <stdbool.h>
+#include <stdarg.h>
+
+enum rb_log_level { RB_LOG_ERROR = 0, RB_LOG_WARN = 1, RB_LOG_INFO = 2, RB_LOG_DEBUG = 3 };
+
+/** Set the program name used as prefix and read RELAYBUS_LOG_FORMAT and RELAYBUS_DEBUG. */
+void	rb_log_init(const char *prog);
+/** The program name given to rb_log_init(). */
+const char *rb_log_prog(void);
+/** Set verbosity: 0 = errors only (-q), 1 = warnings (default), 2 = -v, 3 = -vv. */
+void	rb_log_set_level(int level);
+int	rb_log_level(void);
+/** Set an optional prefix (for example the handler name) put before messages. */
+void	rb_log_set_prefix(const char *prefix);
+/** "text" or "json"; returns -1 for anything else. */
+int	rb_log_set_format(const char *format);
+/** code: the short machine name of the exit code (json format only). */
+void	rb_logv(enum rb_log_level, const char *code, const char *fmt, va_list ap)
+	    __attribute__((format(printf, 3, 0)));
+void	rb_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void	rb_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void	rb_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/** Log an error; returns -1 so that "return rb_error(...)" works. */
+int	rb_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/** Log an error and exit with code. */
+void	rb_die(int code, const char *fmt, ...)
+	    __attribute__((format(printf, 2, 3), noreturn));
+/** Like rb_die, with ": strerror(errno)" appended. */
+void	rb_die_errno(int code, const char *fmt, ...)
+	    __attribute__((format(printf, 2, 3), noreturn));
+/** The short name of an exit code ("usage", "dataerr", ...). */
+const char *rb_exit_name(int code);
+
+#endif

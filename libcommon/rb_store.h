@@ -1,0 +1,163 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * rb_store.h: the store library's public interface.  Programs include this
+ * and <jansson.h>; they never see libpq types and never write SQL.
+ *
+ * Conventions: functions return 0 (or a count) on success and -1 on error
+ * with err filled (err->exit_code is an RB_EXIT_* value, err->msg one line
+ * without a final period, passwords redacted).  json_t parameters are
+ * borrowed; json_t ** out-parameters receive a new reference.  The library
+ * never prints and never exits.
+ */
+#ifndef RB_STORE_H
+#define RB_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+struct rb_store;
+
+struct rb_error {
+	int	exit_code;
+	char	msg[512];
+};
+
+#define RB_DEFAULT_SCHEMA	"public"
+#define RB_DEFAULT_LEASE_MS	30000
+#define RB_DEFAULT_MAX_ATTEMPTS	10
+#define RB_DEFAULT_BATCH	100
+
+/**
+ * Open a store.  url: a postgres:// or postgresql:// URL, a libpq conninfo
+ * string, or NULL/"" for $RELAYBUS_URL, else libpq's PG* environment.
+ * schema: NULL for $RELAYBUS_SCHEMA, else "public".  app: the program name,
+ * shown in pg_stat_activity.  Returns NULL with err filled.
+ */
+struct rb_store	*rb_store_open(const char *url, const char *schema, const char *app,
+		    struct rb_error *err);
+void		 rb_store_close(struct rb_store *);
+const char	*rb_store_backend(const struct rb_store *);
+const char	*rb_store_schema(const struct rb_store *);
+/** The URL with any password masked (for messages). */
+const char	*rb_store_url_redacted(const struct rb_store *);
+/** Drop and re-establish the connection (after a restart of the server). */
+int		 rb_store_reconnect(struct rb_store *, struct rb_error *);
+/** True when the connection is known to be broken. */
+bool		 rb_store_broken(const struct rb_store *);
+
+/* ---- set-up ---------------------------------------------------------- */
+
+struct rb_setup_opts {
+	bool		 completion_history;	/* create relaybus_completions */
+	const char	*const *subscribe;	/* "handler:pattern", n_subscribe of them */
+	size_t		 n_subscribe;
+	const char	*const *unsubscribe;
+	size_t		 n_unsubscribe;
+};
+
+/** Validate "handler:pattern"; on success split it (pointers into a copy in *buf, caller frees *buf). */
+int	rb_subscription_parse(const char *spec, char **buf, const char **handler,
+	    const char **pattern, struct rb_error *err);
+/** Render the set-up as one SQL script (new string, caller frees) for schema. NULL + err on bad input. */
+char	*rb_setup_sql(const char *schema, const struct rb_setup_opts *, struct rb_error *err);
+/** Create or upgrade the schema in one transaction under an advisory lock; idempotent. */
+int	rb_store_setup(struct rb_store *, const struct rb_setup_opts *, struct rb_error *err);
+
+/* ---- publish --------------------------------------------------------- */
+
+/**
+ * Check one event object against the JSON-lines contract (DESIGN.md):
+ * name (string, required), payload (any, required), id, key (strings),
+ * headers (object), delay_ms (integer >= 0) or available_at (RFC 3339
+ * string), handlers (array of handler names).  Returns 0, or -1 with a
+ * reason in err->msg ("missing field 'name'").
+ */
+int	rb_event_validate(const json_t *event, struct rb_error *err);
+
+/**
+ * Publish events (a JSON array of validated event objects) in one
+ * transaction.  acks receives one object per event, in order:
+ * {"id", "deliveries": n, "duplicate": bool, "handlers": [...]} where
+ * handlers are those that got a new delivery.  All or nothing.
+ */
+int	rb_store_publish(struct rb_store *, const json_t *events, json_t **acks,
+	    struct rb_error *err);
+
+/* ---- the delivery path ----------------------------------------------- */
+
+struct rb_claim_opts {
+	const char	*handler;
+	const char	*owner;		/* lease owner name, unique per worker */
+	int		 batch;		/* at most this many deliveries */
+	int64_t		 lease_ms;
+	int		 max_attempts;	/* a takeover buries a delivery reaching this */
+};
+
+/**
+ * Claim due deliveries in one short transaction (the seed's "Lane
+ * leases").  deliveries receives an array of delivery objects (DESIGN.md
+ * "delivery out", plus "delivery_id", "lane", "sequence").  Returns the
+ * number claimed, or -1.
+ */
+int	rb_store_claim(struct rb_store *, const struct rb_claim_opts *, json_t **deliveries,
+	    struct rb_error *err);
+
+/** Renew the lease of every lane held by owner for handler.  Returns lanes renewed, or -1. */
+int	rb_store_extend(struct rb_store *, const char *handler, const char *owner, int64_t lease_ms,
+	    struct rb_error *err);
+
+struct rb_backoff {
+	int64_t	base_ms;	/* first retry after this */
+	int64_t	max_ms;		/* never more than this */
+	double	factor;		/* multiplied per attempt */
+};
+
+struct rb_complete_opts {
+	int			max_attempts;	/* a failure reaching this buries */
+	struct rb_backoff	backoff;
+	const char		*sql;		/* run per ok delivery in its completing transaction, $1 = delivery JSON */
+};
+
+/**
+ * Apply results (a JSON array of objects: a delivery line plus ok, error,
+ * retry_ms, dead, release).  ok (default true) completes (deletes, fenced);
+ * a failure reschedules with backoff or buries at max_attempts; dead buries
+ * now; release gives the delivery back without charging an attempt.
+ * Every element must carry event_id, handler and a well-formed lease
+ * (check with rb_result_validate first).  outcomes receives one object per
+ * result, in order: {"event_id", "handler", "outcome"} with outcome one of
+ * completed, rescheduled, buried, released, lost (plus "error" when --sql
+ * failed, and "missing": true when the delivery no longer exists).
+ */
+int	rb_store_complete(struct rb_store *, const struct rb_complete_opts *, const json_t *results,
+	    json_t **outcomes, struct rb_error *err);
+/** Check a result line's fields; -1 with a reason in err->msg. */
+int	rb_result_validate(const json_t *result, struct rb_error *err);
+
+/** Hand back every lane of handler held by owner that runs nothing.  Returns lanes freed, or -1. */
+int	rb_store_relinquish(struct rb_store *, const char *handler, const char *owner,
+	    struct rb_error *err);
+/**
+ * Hand back the lanes named by leases (array of {"handler", "lease"}) when
+ * they still have that epoch and run nothing.  Returns lanes freed, or -1.
+ */
+int	rb_store_relinquish_leases(struct rb_store *, const json_t *leases, struct rb_error *err);
+
+/* ---- wake-up --------------------------------------------------------- */
+
+/** LISTEN for new deliveries of this schema (any handler). */
+int	rb_store_listen(struct rb_store *, struct rb_error *err);
+/** The connection's socket, for poll(2); -1 when not connected. */
+int	rb_store_socket(const struct rb_store *);
+/**
+ * Consume pending notifications after the socket became readable (or with
+ * timeout_ms > 0, wait up to that long).  Returns 1 when a notification for
+ * handler (NULL: any) arrived, 0 if none, -1 on error.
+ */
+int	rb_store_notified(struct rb_store *, const char *handler, int timeout_ms,
+	    struct rb_error *err);
+
+#endif

@@ -1,0 +1,314 @@
+/* SPDX-License-Identifier: MIT */
+/* rb_util.c: allocation, parsing, redaction, lane hash and lease tokens. */
+#include "config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "rb_exit.h"
+#include "rb_log.h"
+#include "rb_util.h"
+
+void *
+xmalloc(size_t n)
+{
+	void *p = malloc(n == 0 ? 1 : n);
+
+	if (p == NULL)
+		rb_die(RB_EXIT_OSERR, "out of memory");
+	return p;
+}
+
+void *
+xcalloc(size_t n, size_t size)
+{
+	void *p = calloc(n == 0 ? 1 : n, size == 0 ? 1 : size);
+
+	if (p == NULL)
+		rb_die(RB_EXIT_OSERR, "out of memory");
+	return p;
+}
+
+void *
+xrealloc(void *old, size_t n)
+{
+	void *p = realloc(old, n == 0 ? 1 : n);
+
+	if (p == NULL)
+		rb_die(RB_EXIT_OSERR, "out of memory");
+	return p;
+}
+
+char *
+xstrdup(const char *s)
+{
+	char *p = strdup(s);
+
+	if (p == NULL)
+		rb_die(RB_EXIT_OSERR, "out of memory");
+	return p;
+}
+
+char *
+xasprintf(const char *fmt, ...)
+{
+	va_list ap;
+	char *p;
+	int n;
+
+	va_start(ap, fmt);
+	n = vasprintf(&p, fmt, ap);
+	va_end(ap);
+	if (n < 0)
+		rb_die(RB_EXIT_OSERR, "out of memory");
+	return p;
+}
+
+int
+rb_parse_int64(const char *s, int64_t min, int64_t max, int64_t *out)
+{
+	char *end;
+	long long v;
+
+	if (s == NULL || *s == '\0' || isspace((unsigned char)*s))
+		return -1;
+	errno = 0;
+	v = strtoll(s, &end, 10);
+	if (errno != 0 || *end != '\0' || v < min || v > max)
+		return -1;
+	*out = v;
+	return 0;
+}
+
+int
+rb_parse_int(const char *s, int min, int max, int *out)
+{
+	int64_t v;
+
+	if (rb_parse_int64(s, min, max, &v) < 0)
+		return -1;
+	*out = (int)v;
+	return 0;
+}
+
+int
+rb_parse_duration_ms(const char *s, int64_t *out_ms)
+{
+	char *end;
+	long long v;
+	int64_t mult;
+
+	if (s == NULL || !isdigit((unsigned char)*s))
+		return -1;
+	errno = 0;
+	v = strtoll(s, &end, 10);
+	if (errno != 0 || v < 0)
+		return -1;
+	if (*end == '\0' || strcmp(end, "ms") == 0)
+		mult = 1;
+	else if (strcmp(end, "s") == 0)
+		mult = 1000;
+	else if (strcmp(end, "m") == 0)
+		mult = 60 * 1000;
+	else if (strcmp(end, "h") == 0)
+		mult = 3600 * 1000;
+	else if (strcmp(end, "d") == 0)
+		mult = 86400 * 1000;
+	else
+		return -1;
+	if (v > INT64_MAX / mult)
+		return -1;
+	*out_ms = (int64_t)v * mult;
+	return 0;
+}
+
+/* Replace the bytes [from, to) of a growing copy with "xxxxx". */
+static char *
+splice_mask(char *s, size_t from, size_t to)
+{
+	size_t len = strlen(s);
+	char *r = xmalloc(len - (to - from) + 6);
+
+	memcpy(r, s, from);
+	memcpy(r + from, "xxxxx", 5);
+	memcpy(r + from + 5, s + to, len - to + 1);
+	free(s);
+	return r;
+}
+
+char *
+rb_url_redact(const char *url)
+{
+	char *s, *p;
+	size_t i;
+
+	if (url == NULL || *url == '\0')
+		return xstrdup("(environment)");
+	s = xstrdup(url);
+	p = strstr(s, "://");
+	if (p != NULL) {
+		/* scheme://user:password@host... : mask between ':' and the last '@' of the authority */
+		char *auth = p + 3;
+		char *end = auth + strcspn(auth, "/?#");
+		char *at = NULL, *colon;
+
+		for (char *q = auth; q < end; q++)
+			if (*q == '@')
+				at = q;
+		if (at != NULL) {
+			colon = memchr(auth, ':', (size_t)(at - auth));
+			if (colon != NULL)
+				s = splice_mask(s, (size_t)(colon + 1 - s), (size_t)(at - s));
+		}
+	}
+	/* password=... in a conninfo string or a URL query */
+	for (i = 0; s[i] != '\0'; i++) {
+		if (strncmp(s + i, "password", 8) != 0)
+			continue;
+		if (i > 0 && s[i - 1] != ' ' && s[i - 1] != '?' && s[i - 1] != '&' && s[i - 1] != '\t')
+			continue;
+		size_t j = i + 8;
+		while (s[j] == ' ')
+			j++;
+		if (s[j] != '=')
+			continue;
+		j++;
+		while (s[j] == ' ')
+			j++;
+		size_t k = j;
+		if (s[k] == '\'') {
+			k++;
+			while (s[k] != '\0' && s[k] != '\'') {
+				if (s[k] == '\\' && s[k + 1] != '\0')
+					k++;
+				k++;
+			}
+			if (s[k] == '\'')
+				k++;
+		} else {
+			while (s[k] != '\0' && s[k] != ' ' && s[k] != '&' && s[k] != '#')
+				k++;
+		}
+		s = splice_mask(s, j, k);
+		i = j + 4;
+	}
+	return s;
+}
+
+uint32_t
+rb_fnv1a32(const void *data, size_t len)
+{
+	const unsigned char *p = data;
+	uint32_t h = 2166136261u;
+
+	for (size_t i = 0; i < len; i++) {
+		h ^= p[i];
+		h *= 16777619u;
+	}
+	return h;
+}
+
+int
+rb_lane_of(const char *key, const char *event_id)
+{
+	const char *s = key != NULL ? key : event_id;
+
+	return (int)(rb_fnv1a32(s, strlen(s)) % RB_LANES);
+}
+
+void
+rb_lease_format(const struct rb_lease *l, char *buf, size_t len)
+{
+	snprintf(buf, len, "%d:%" PRId64 ":%" PRId64, l->lane, l->epoch, l->claims);
+}
+
+/* Parse an unsigned decimal in s up to a stop char; no sign, no spaces. */
+static const char *
+parse_part(const char *s, char stop, int64_t max, int64_t *out)
+{
+	int64_t v = 0;
+	const char *p = s;
+
+	if (!isdigit((unsigned char)*p))
+		return NULL;
+	for (; isdigit((unsigned char)*p); p++) {
+		int d = *p - '0';
+		if (v > (max - d) / 10)
+			return NULL;
+		v = v * 10 + d;
+	}
+	if (*p != stop)
+		return NULL;
+	*out = v;
+	return stop == '\0' ? p : p + 1;
+}
+
+int
+rb_lease_parse(const char *s, struct rb_lease *out)
+{
+	int64_t lane, epoch, claims;
+
+	if (s == NULL)
+		return -1;
+	if ((s = parse_part(s, ':', RB_LANES - 1, &lane)) == NULL)
+		return -1;
+	if ((s = parse_part(s, ':', INT64_MAX, &epoch)) == NULL)
+		return -1;
+	if (parse_part(s, '\0', INT32_MAX, &claims) == NULL)
+		return -1;
+	out->lane = (int)lane;
+	out->epoch = epoch;
+	out->claims = claims;
+	return 0;
+}
+
+bool
+rb_ident_valid(const char *s)
+{
+	size_t n;
+
+	if (s == NULL || !(islower((unsigned char)s[0]) || s[0] == '_'))
+		return false;
+	for (n = 0; s[n] != '\0'; n++)
+		if (!(islower((unsigned char)s[n]) || isdigit((unsigned char)s[n]) || s[n] == '_'))
+			return false;
+	return n <= 50;
+}
+
+bool
+rb_handler_valid(const char *s)
+{
+	size_t n;
+
+	if (s == NULL || *s == '\0')
+		return false;
+	for (n = 0; s[n] != '\0'; n++)
+		if (!(isalnum((unsigned char)s[n]) || strchr("_.:-", s[n]) != NULL))
+			return false;
+	return n <= 200;
+}
+
+int64_t
+rb_mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int64_t
+rb_wall_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}

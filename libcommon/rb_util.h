@@ -1,0 +1,66 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * rb_util.h: small pure helpers shared by every program: allocation that
+ * dies on failure (programs only; the store library returns errors),
+ * number and duration parsing, URL redaction, the lane hash and the lease
+ * token.  Returned char * are the caller's to free.
+ */
+#ifndef RB_UTIL_H
+#define RB_UTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define RB_LANES 256
+
+void	*xmalloc(size_t);
+void	*xcalloc(size_t, size_t);
+void	*xrealloc(void *, size_t);
+char	*xstrdup(const char *);
+char	*xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/**
+ * Parse a duration: a whole number followed by ms, s, m, h or d (a bare
+ * number is milliseconds).  "30s" -> 30000.  Returns 0, or -1 when the text
+ * is empty, has trailing garbage, is negative or overflows.
+ */
+int	rb_parse_duration_ms(const char *, int64_t *out_ms);
+/** Parse a decimal integer in [min, max].  Returns 0 or -1. */
+int	rb_parse_int64(const char *, int64_t min, int64_t max, int64_t *out);
+int	rb_parse_int(const char *, int min, int max, int *out);
+
+/**
+ * Copy a connection URL or conninfo string with any password replaced by
+ * "xxxxx": "postgresql://u:secret@h/db" -> "postgresql://u:xxxxx@h/db",
+ * "host=h password=secret" -> "host=h password=xxxxx", and
+ * "?password=secret" query parameters.  NULL gives "(environment)".
+ */
+char	*rb_url_redact(const char *url);
+
+/** FNV-1a, 32 bit, of len bytes. */
+uint32_t rb_fnv1a32(const void *data, size_t len);
+/** The lane of a delivery: FNV-1a of the key, or of the event id when key is NULL, mod 256. */
+int	rb_lane_of(const char *key, const char *event_id);
+
+struct rb_lease {
+	int	lane;		/* 0..255 */
+	int64_t	epoch;		/* >= 0 */
+	int64_t	claims;		/* >= 0 */
+};
+/** Format "lane:epoch:claims" into buf (at least 48 bytes). */
+void	rb_lease_format(const struct rb_lease *, char *buf, size_t len);
+/** Parse "lane:epoch:claims"; -1 on anything malformed or out of range. */
+int	rb_lease_parse(const char *, struct rb_lease *);
+
+/** A SQL identifier we accept for a schema name: [a-z_][a-z0-9_]{0,49}. */
+bool	rb_ident_valid(const char *);
+/** A handler name: 1..200 bytes of [A-Za-z0-9_.:-]. */
+bool	rb_handler_valid(const char *);
+
+/** Monotonic milliseconds. */
+int64_t	rb_mono_ms(void);
+/** Wall-clock milliseconds since the epoch. */
+int64_t	rb_wall_ms(void);
+
+#endif

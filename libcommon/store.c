@@ -1,0 +1,370 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * store.c: URL scheme -> backend, NULL-op checks, and the backend-neutral
+ * validation of the JSON-lines records (events, results, subscriptions).
+ */
+#include "config.h"
+
+#include <ctype.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rb_exit.h"
+#include "rb_store.h"
+#include "rb_util.h"
+#include "store_int.h"
+
+int
+rb_seterr(struct rb_error *err, int code, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (err == NULL)
+		return -1;
+	err->exit_code = code;
+	va_start(ap, fmt);
+	vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+	va_end(ap);
+	/* one line: cut at the first newline */
+	err->msg[strcspn(err->msg, "\n")] = '\0';
+	return -1;
+}
+
+static bool
+has_scheme(const char *url, const char *scheme)
+{
+	size_t n = strlen(scheme);
+
+	return strncmp(url, scheme, n) == 0 && strncmp(url + n, "://", 3) == 0;
+}
+
+struct rb_store *
+rb_store_open(const char *url, const char *schema, const char *app, struct rb_error *err)
+{
+	struct rb_store *s;
+
+	if (url == NULL || *url == '\0')
+		url = getenv("RELAYBUS_URL");
+	if (url != NULL && *url == '\0')
+		url = NULL;
+	if (schema == NULL || *schema == '\0')
+		schema = getenv("RELAYBUS_SCHEMA");
+	if (schema == NULL || *schema == '\0')
+		schema = RB_DEFAULT_SCHEMA;
+	if (!rb_ident_valid(schema)) {
+		rb_seterr(err, RB_EXIT_CONFIG,
+		    "invalid schema name '%s': use lowercase letters, digits and _ (at most 50)", schema);
+		return NULL;
+	}
+	if (url != NULL && strstr(url, "://") != NULL) {
+		if (has_scheme(url, "mongodb") || has_scheme(url, "mongodb+srv")) {
+			char *r = rb_url_redact(url);
+			rb_seterr(err, RB_EXIT_UNAVAILABLE,
+			    "%s: the mongodb backend is not part of this build", r);
+			free(r);
+			return NULL;
+		}
+		if (!has_scheme(url, "postgres") && !has_scheme(url, "postgresql")) {
+			char *r = rb_url_redact(url);
+			rb_seterr(err, RB_EXIT_CONFIG,
+			    "unsupported URL scheme in %s: use postgresql:// (or a libpq conninfo)", r);
+			free(r);
+			return NULL;
+		}
+	}
+	s = xcalloc(1, sizeof *s);
+	s->ops = &rb_store_pg_ops;
+	s->url = url != NULL ? xstrdup(url) : NULL;
+	s->url_redacted = rb_url_redact(url);
+	s->schema = xstrdup(schema);
+	s->app = xstrdup(app != NULL ? app : "relaybus");
+	if (s->ops->open(s, err) < 0) {
+		rb_store_close(s);
+		return NULL;
+	}
+	return s;
+}
+
+void
+rb_store_close(struct rb_store *s)
+{
+	if (s == NULL)
+		return;
+	if (s->ops != NULL && s->ops->close != NULL)
+		s->ops->close(s);
+	free(s->url);
+	free(s->url_redacted);
+	free(s->schema);
+	free(s->app);
+	free(s);
+}
+
+const char *
+rb_store_backend(const struct rb_store *s)
+{
+	return s->ops->name;
+}
+
+const char *
+rb_store_schema(const struct rb_store *s)
+{
+	return s->schema;
+}
+
+const char *
+rb_store_url_redacted(const struct rb_store *s)
+{
+	return s->url_redacted;
+}
+
+#define NEED_OP(s, op, err)						\
+	do {								\
+		if ((s)->ops->op == NULL)				\
+			return rb_seterr((err), RB_EXIT_UNAVAILABLE,	\
+			    "%s not supported by the %s backend", #op,	\
+			    (s)->ops->name);				\
+	} while (0)
+
+int
+rb_store_reconnect(struct rb_store *s, struct rb_error *err)
+{
+	NEED_OP(s, reconnect, err);
+	return s->ops->reconnect(s, err);
+}
+
+bool
+rb_store_broken(const struct rb_store *s)
+{
+	return s->ops->broken != NULL && s->ops->broken(s);
+}
+
+int
+rb_store_setup(struct rb_store *s, const struct rb_setup_opts *o, struct rb_error *err)
+{
+	NEED_OP(s, setup, err);
+	return s->ops->setup(s, o, err);
+}
+
+int
+rb_store_publish(struct rb_store *s, const json_t *events, json_t **acks, struct rb_error *err)
+{
+	*acks = NULL;
+	NEED_OP(s, publish, err);
+	return s->ops->publish(s, events, acks, err);
+}
+
+int
+rb_store_claim(struct rb_store *s, const struct rb_claim_opts *o, json_t **out, struct rb_error *err)
+{
+	*out = NULL;
+	NEED_OP(s, claim, err);
+	if (o->handler == NULL || !rb_handler_valid(o->handler))
+		return rb_seterr(err, RB_EXIT_USAGE, "invalid handler name");
+	if (o->batch < 1 || o->lease_ms < 1 || o->max_attempts < 1 || o->owner == NULL)
+		return rb_seterr(err, RB_EXIT_USAGE, "invalid claim options");
+	return s->ops->claim(s, o, out, err);
+}
+
+int
+rb_store_extend(struct rb_store *s, const char *handler, const char *owner, int64_t lease_ms,
+    struct rb_error *err)
+{
+	NEED_OP(s, extend, err);
+	return s->ops->extend(s, handler, owner, lease_ms, err);
+}
+
+int
+rb_store_complete(struct rb_store *s, const struct rb_complete_opts *o, const json_t *results,
+    json_t **outcomes, struct rb_error *err)
+{
+	*outcomes = NULL;
+	NEED_OP(s, complete, err);
+	return s->ops->complete(s, o, results, outcomes, err);
+}
+
+int
+rb_store_relinquish(struct rb_store *s, const char *handler, const char *owner, struct rb_error *err)
+{
+	NEED_OP(s, relinquish, err);
+	return s->ops->relinquish(s, handler, owner, err);
+}
+
+int
+rb_store_relinquish_leases(struct rb_store *s, const json_t *leases, struct rb_error *err)
+{
+	NEED_OP(s, relinquish_leases, err);
+	return s->ops->relinquish_leases(s, leases, err);
+}
+
+int
+rb_store_listen(struct rb_store *s, struct rb_error *err)
+{
+	NEED_OP(s, listen, err);
+	return s->ops->listen(s, err);
+}
+
+int
+rb_store_socket(const struct rb_store *s)
+{
+	return s->ops->socket != NULL ? s->ops->socket(s) : -1;
+}
+
+int
+rb_store_notified(struct rb_store *s, const char *handler, int timeout_ms, struct rb_error *err)
+{
+	NEED_OP(s, notified, err);
+	return s->ops->notified(s, handler, timeout_ms, err);
+}
+
+/* ---- record validation ------------------------------------------------ */
+
+/* RFC 3339: 2026-11-30T05:44:09Z, fractions and offsets allowed. */
+static bool
+rfc3339_valid(const char *s)
+{
+	const char *shape = "dddd-dd-ddTdd:dd:dd";
+	size_t i;
+
+	for (i = 0; shape[i] != '\0'; i++) {
+		if (shape[i] == 'd' ? !isdigit((unsigned char)s[i]) :
+		    (shape[i] == 'T' ? (s[i] != 'T' && s[i] != 't' && s[i] != ' ') : s[i] != shape[i]))
+			return false;
+	}
+	s += i;
+	if (*s == '.') {
+		s++;
+		if (!isdigit((unsigned char)*s))
+			return false;
+		while (isdigit((unsigned char)*s))
+			s++;
+	}
+	if (*s == 'Z' || *s == 'z')
+		return s[1] == '\0';
+	if ((*s == '+' || *s == '-') && isdigit((unsigned char)s[1]) && isdigit((unsigned char)s[2]) &&
+	    s[3] == ':' && isdigit((unsigned char)s[4]) && isdigit((unsigned char)s[5]) && s[6] == '\0')
+		return true;
+	return false;
+}
+
+static int
+want_string(const json_t *o, const char *field, bool required, size_t max, struct rb_error *err)
+{
+	const json_t *v = json_object_get(o, field);
+
+	if (v == NULL || json_is_null(v)) {
+		if (required)
+			return rb_seterr(err, RB_EXIT_DATAERR, "missing field '%s'", field);
+		return 0;
+	}
+	if (!json_is_string(v))
+		return rb_seterr(err, RB_EXIT_DATAERR, "field '%s' must be a string", field);
+	if (json_string_length(v) == 0)
+		return rb_seterr(err, RB_EXIT_DATAERR, "field '%s' must not be empty", field);
+	if (json_string_length(v) > max)
+		return rb_seterr(err, RB_EXIT_DATAERR, "field '%s' is longer than %zu bytes", field, max);
+	return 0;
+}
+
+int
+rb_event_validate(const json_t *e, struct rb_error *err)
+{
+	const json_t *v;
+
+	if (want_string(e, "name", true, 1000, err) < 0 || want_string(e, "id", false, 1000, err) < 0 ||
+	    want_string(e, "key", false, 1000, err) < 0)
+		return -1;
+	if (json_object_get(e, "payload") == NULL)
+		return rb_seterr(err, RB_EXIT_DATAERR, "missing field 'payload'");
+	v = json_object_get(e, "headers");
+	if (v != NULL && !json_is_null(v) && !json_is_object(v))
+		return rb_seterr(err, RB_EXIT_DATAERR, "field 'headers' must be an object");
+	v = json_object_get(e, "delay_ms");
+	if (v != NULL && !json_is_null(v) && (!json_is_integer(v) || json_integer_value(v) < 0))
+		return rb_seterr(err, RB_EXIT_DATAERR, "field 'delay_ms' must be a whole number >= 0");
+	v = json_object_get(e, "available_at");
+	if (v != NULL && !json_is_null(v) &&
+	    (!json_is_string(v) || !rfc3339_valid(json_string_value(v))))
+		return rb_seterr(err, RB_EXIT_DATAERR,
+		    "field 'available_at' must be an RFC 3339 time such as 2026-01-31T12:00:00Z");
+	if (json_object_get(e, "delay_ms") != NULL && json_object_get(e, "available_at") != NULL &&
+	    !json_is_null(json_object_get(e, "delay_ms")) && !json_is_null(json_object_get(e, "available_at")))
+		return rb_seterr(err, RB_EXIT_DATAERR, "give 'delay_ms' or 'available_at', not both");
+	v = json_object_get(e, "handlers");
+	if (v != NULL && !json_is_null(v)) {
+		size_t i;
+		json_t *h;
+
+		if (!json_is_array(v))
+			return rb_seterr(err, RB_EXIT_DATAERR, "field 'handlers' must be an array of names");
+		json_array_foreach(v, i, h) {
+			if (!json_is_string(h) || !rb_handler_valid(json_string_value(h)))
+				return rb_seterr(err, RB_EXIT_DATAERR,
+				    "field 'handlers' must hold handler names ([A-Za-z0-9_.:-])");
+		}
+	}
+	return 0;
+}
+
+int
+rb_result_validate(const json_t *r, struct rb_error *err)
+{
+	const json_t *v;
+	struct rb_lease lease;
+
+	if (want_string(r, "event_id", true, 1000, err) < 0 || want_string(r, "handler", true, 200, err) < 0)
+		return -1;
+	if (!rb_handler_valid(json_string_value(json_object_get(r, "handler"))))
+		return rb_seterr(err, RB_EXIT_DATAERR, "field 'handler' is not a handler name");
+	v = json_object_get(r, "lease");
+	if (v == NULL)
+		return rb_seterr(err, RB_EXIT_DATAERR, "missing field 'lease'");
+	if (!json_is_string(v) || rb_lease_parse(json_string_value(v), &lease) < 0)
+		return rb_seterr(err, RB_EXIT_DATAERR, "field 'lease' is not a lease token (lane:epoch:claims)");
+	v = json_object_get(r, "ok");
+	if (v != NULL && !json_is_boolean(v))
+		return rb_seterr(err, RB_EXIT_DATAERR, "field 'ok' must be true or false");
+	v = json_object_get(r, "dead");
+	if (v != NULL && !json_is_boolean(v))
+		return rb_seterr(err, RB_EXIT_DATAERR, "field 'dead' must be true or false");
+	v = json_object_get(r, "release");
+	if (v != NULL && !json_is_boolean(v))
+		return rb_seterr(err, RB_EXIT_DATAERR, "field 'release' must be true or false");
+	v = json_object_get(r, "retry_ms");
+	if (v != NULL && !json_is_null(v) && (!json_is_integer(v) || json_integer_value(v) < 0))
+		return rb_seterr(err, RB_EXIT_DATAERR, "field 'retry_ms' must be a whole number >= 0");
+	v = json_object_get(r, "error");
+	if (v != NULL && !json_is_null(v) && !json_is_string(v))
+		return rb_seterr(err, RB_EXIT_DATAERR, "field 'error' must be a string");
+	return 0;
+}
+
+int
+rb_subscription_parse(const char *spec, char **buf, const char **handler, const char **pattern,
+    struct rb_error *err)
+{
+	char *copy, *colon;
+
+	*buf = NULL;
+	colon = strchr(spec, ':');
+	if (colon == NULL)
+		return rb_seterr(err, RB_EXIT_USAGE, "'%s' is not HANDLER:PATTERN", spec);
+	copy = xstrdup(spec);
+	/* the handler is up to the last ':' that leaves a non-empty pattern?  No:
+	 * handler names may hold ':', patterns may not, so split at the last ':' */
+	colon = strrchr(copy, ':');
+	*colon = '\0';
+	if (!rb_handler_valid(copy)) {
+		free(copy);
+		return rb_seterr(err, RB_EXIT_USAGE, "'%s': invalid handler name ([A-Za-z0-9_.:-], at most 200)", spec);
+	}
+	if (colon[1] == '\0' || strlen(colon + 1) > 1000) {
+		free(copy);
+		return rb_seterr(err, RB_EXIT_USAGE, "'%s': the pattern must not be empty", spec);
+	}
+	*buf = copy;
+	*handler = copy;
+	*pattern = colon + 1;
+	return 0;
+}

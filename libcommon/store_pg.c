@@ -1,0 +1,1222 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * store_pg.c: the PostgreSQL backend, the only file of the delivery path
+ * that includes libpq-fe.h.  The set-up script and the server-side
+ * functions (publish, claim, fail) are in schema_pg.sql; this file renders
+ * them for a schema, runs them with parameters only, and turns rows into
+ * JSON.  The hot path is one round trip per operation:
+ *   publish  = SELECT relaybus_publish_batch($1)           (one transaction)
+ *   claim    = SELECT relaybus_claim(...)                  (one transaction)
+ *   complete = DELETE ... USING unnest($arrays), lanes     (one statement)
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <libpq-fe.h>
+
+#include "rb_exit.h"
+#include "rb_pg.h"
+#include "rb_store.h"
+#include "rb_util.h"
+#include "store_int.h"
+
+extern const char rb_schema_pg_sql[];
+extern const char rb_schema_history_pg_sql[];
+
+#define SETUP_LOCK_KEY	"7166535398124000001"
+
+struct pg_be {
+	PGconn	*conn;
+	bool	 listening;
+	int	 history;	/* -1 unknown, 0 no completion history, 1 yes */
+	/* rendered statements, built once per store */
+	char	*q_publish, *q_claim, *q_extend, *q_complete, *q_complete_hist, *q_fail,
+		*q_relinquish, *q_relinquish_leases, *q_lock_lane, *q_delete_one, *q_delete_one_hist;
+};
+
+/* ---- text helpers ------------------------------------------------------ */
+
+/* Replace @S@ by the quoted schema and @CHAN@ by the channel name. */
+static char *
+render(const char *tmpl, const char *schema)
+{
+	char quoted[64], chan[64];
+	size_t cap = strlen(tmpl) * 2 + 256, n = 0;
+	char *out = xmalloc(cap);
+	const char *p = tmpl;
+
+	snprintf(quoted, sizeof quoted, "\"%s\"", schema);
+	snprintf(chan, sizeof chan, "relaybus_%s", schema);
+	while (*p != '\0') {
+		const char *rep = NULL;
+		size_t skip = 0;
+
+		if (strncmp(p, "@S@", 3) == 0) {
+			rep = quoted;
+			skip = 3;
+		} else if (strncmp(p, "@CHAN@", 6) == 0) {
+			rep = chan;
+			skip = 6;
+		}
+		size_t need = rep != NULL ? strlen(rep) : 1;
+		if (n + need + 1 > cap) {
+			cap = (cap + need) * 2;
+			out = xrealloc(out, cap);
+		}
+		if (rep != NULL) {
+			memcpy(out + n, rep, need);
+			n += need;
+			p += skip;
+		} else {
+			out[n++] = *p++;
+		}
+	}
+	out[n] = '\0';
+	return out;
+}
+
+/* A growable string. */
+struct sbuf {
+	char	*s;
+	size_t	 len, cap;
+};
+
+static void
+sb_putn(struct sbuf *b, const char *s, size_t n)
+{
+	if (b->len + n + 1 > b->cap) {
+		b->cap = (b->len + n + 1) * 2;
+		b->s = xrealloc(b->s, b->cap);
+	}
+	memcpy(b->s + b->len, s, n);
+	b->len += n;
+	b->s[b->len] = '\0';
+}
+
+static void
+sb_puts(struct sbuf *b, const char *s)
+{
+	sb_putn(b, s, strlen(s));
+}
+
+static void
+sb_init(struct sbuf *b)
+{
+	b->cap = 64;
+	b->len = 0;
+	b->s = xmalloc(b->cap);
+	b->s[0] = '\0';
+}
+
+/* Append a text[] element, quoted, or NULL. */
+static void
+sb_array_text(struct sbuf *b, const char *v)
+{
+	if (b->len > 1)
+		sb_puts(b, ",");
+	if (v == NULL) {
+		sb_puts(b, "NULL");
+		return;
+	}
+	sb_puts(b, "\"");
+	for (; *v != '\0'; v++) {
+		if (*v == '"' || *v == '\\')
+			sb_putn(b, "\\", 1);
+		sb_putn(b, v, 1);
+	}
+	sb_puts(b, "\"");
+}
+
+static void
+sb_array_int(struct sbuf *b, int64_t v)
+{
+	char num[32];
+
+	if (b->len > 1)
+		sb_puts(b, ",");
+	snprintf(num, sizeof num, "%" PRId64, v);
+	sb_puts(b, num);
+}
+
+/* A SQL string literal (standard_conforming_strings) for --print-sql. */
+static void
+sb_literal(struct sbuf *b, const char *v)
+{
+	sb_puts(b, "'");
+	for (; *v != '\0'; v++) {
+		if (*v == '\'')
+			sb_putn(b, "'", 1);
+		sb_putn(b, v, 1);
+	}
+	sb_puts(b, "'");
+}
+
+/* glob (* and ?) -> LIKE pattern with \ as escape */
+static char *
+glob_to_like(const char *g)
+{
+	struct sbuf b;
+
+	sb_init(&b);
+	for (; *g != '\0'; g++) {
+		if (*g == '*')
+			sb_puts(&b, "%");
+		else if (*g == '?')
+			sb_puts(&b, "_");
+		else if (*g == '%' || *g == '_' || *g == '\\') {
+			sb_puts(&b, "\\");
+			sb_putn(&b, g, 1);
+		} else
+			sb_putn(&b, g, 1);
+	}
+	return b.s;
+}
+
+/* ---- errors -------------------------------------------------------------- */
+
+static struct pg_be *
+be_of(const struct rb_store *s)
+{
+	return s->be;
+}
+
+/* Map a failed result (or a NULL one) to an exit code and message. */
+static int
+pg_fail(struct rb_store *s, PGresult *res, const char *what, struct rb_error *err)
+{
+	struct pg_be *be = be_of(s);
+	const char *state = res != NULL ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+	const char *primary = res != NULL ? PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY) : NULL;
+	char msg[400];
+	int code = RB_EXIT_SOFTWARE;
+
+	if (primary == NULL)
+		primary = PQerrorMessage(be->conn);
+	snprintf(msg, sizeof msg, "%s", primary);
+	msg[strcspn(msg, "\n")] = '\0';
+	if (PQstatus(be->conn) == CONNECTION_BAD)
+		code = RB_EXIT_TEMPFAIL;
+	else if (state == NULL)
+		code = RB_EXIT_SOFTWARE;
+	else if (strcmp(state, "42P01") == 0 || strcmp(state, "42883") == 0 ||
+	    strcmp(state, "3F000") == 0) {
+		rb_seterr(err, RB_EXIT_CONFIG, "%s: schema \"%s\" is not set up (%s): run rb-setup",
+		    what, s->schema, msg);
+		return -1;
+	} else if (strncmp(state, "08", 2) == 0 || strncmp(state, "40", 2) == 0 ||
+	    strncmp(state, "53", 2) == 0 || strncmp(state, "57", 2) == 0)
+		code = RB_EXIT_TEMPFAIL;
+	else if (strcmp(state, "42501") == 0)
+		code = RB_EXIT_NOPERM;
+	else if (strncmp(state, "22", 2) == 0 || strncmp(state, "23", 2) == 0)
+		code = RB_EXIT_DATAERR;
+	return rb_seterr(err, code, "%s: %s", what, msg);
+}
+
+static bool
+retryable(PGresult *res)
+{
+	const char *state = res != NULL ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+
+	return state != NULL && (strcmp(state, "40001") == 0 || strcmp(state, "40P01") == 0);
+}
+
+/* Run a parameterized statement (text params); retries a deadlock or a
+ * serialization failure a few times when it runs in its own transaction. */
+static PGresult *
+run(struct rb_store *s, const char *sql, int n, const char *const *params, ExecStatusType want,
+    const char *what, bool retry, struct rb_error *err)
+{
+	struct pg_be *be = be_of(s);
+	PGresult *res = NULL;
+
+	for (int attempt = 0; attempt < (retry ? 5 : 1); attempt++) {
+		PQclear(res);
+		res = PQexecParams(be->conn, sql, n, NULL, params, NULL, NULL, 0);
+		if (res != NULL && PQresultStatus(res) == want)
+			return res;
+		if (!retryable(res))
+			break;
+	}
+	pg_fail(s, res, what, err);
+	PQclear(res);
+	return NULL;
+}
+
+static int
+run_cmd(struct rb_store *s, const char *sql, const char *what, struct rb_error *err)
+{
+	PGresult *res = PQexec(be_of(s)->conn, sql);
+	int rc = 0;
+
+	if (res == NULL || (PQresultStatus(res) != PGRES_COMMAND_OK &&
+	    PQresultStatus(res) != PGRES_TUPLES_OK))
+		rc = pg_fail(s, res, what, err);
+	PQclear(res);
+	return rc;
+}
+
+static void
+rollback_quietly(struct rb_store *s)
+{
+	PGresult *res = PQexec(be_of(s)->conn, "ROLLBACK");
+
+	PQclear(res);
+}
+
+/* ---- connection ---------------------------------------------------------- */
+
+static int
+pg_connect(struct rb_store *s, struct rb_error *err)
+{
+	struct pg_be *be = be_of(s);
+	const char *keys[4], *vals[4];
+	int n = 0;
+
+	if (s->url != NULL) {
+		keys[n] = "dbname";
+		vals[n++] = s->url;
+	}
+	keys[n] = "fallback_application_name";
+	vals[n++] = s->app;
+	keys[n] = NULL;
+	vals[n] = NULL;
+	be->conn = PQconnectdbParams(keys, vals, 1);
+	if (be->conn == NULL)
+		return rb_seterr(err, RB_EXIT_OSERR, "out of memory");
+	if (PQstatus(be->conn) != CONNECTION_OK) {
+		char msg[400];
+
+		snprintf(msg, sizeof msg, "%s", PQerrorMessage(be->conn));
+		msg[strcspn(msg, "\n")] = '\0';
+		return rb_seterr(err, RB_EXIT_UNAVAILABLE, "cannot connect to %s: %s",
+		    s->url_redacted, msg);
+	}
+	return 0;
+}
+
+static int
+pg_open(struct rb_store *s, struct rb_error *err)
+{
+	struct pg_be *be = xcalloc(1, sizeof *be);
+	const char *sc = s->schema;
+
+	s->be = be;
+	be->history = -1;
+	be->q_publish = render(
+	    "SELECT event_id, deliveries, duplicate, array_to_json(handlers)::text "
+	    "FROM @S@.relaybus_publish_batch($1::jsonb) ORDER BY ord", sc);
+	be->q_claim = render(
+	    "SELECT id, event_id, handler, lane, epoch, claims, attempts, name, key, sequence, "
+	    "payload::text, headers::text, created_at "
+	    "FROM @S@.relaybus_claim($1, $2, $3::integer, $4::bigint, $5::integer)", sc);
+	be->q_extend = render(
+	    "UPDATE @S@.relaybus_lanes SET lease_expires_at = clock_timestamp() + $3::bigint * interval '1 millisecond' "
+	    "WHERE handler = $1 AND lease_owner = $2", sc);
+#define COMPLETE_CTE \
+	    "WITH r AS (SELECT * FROM unnest($1::text[], $2::text[], $3::smallint[], $4::bigint[], $5::integer[]) " \
+	    "  AS r(event_id, handler, lane, epoch, claims)), " \
+	    "del AS (DELETE FROM @S@.relaybus_deliveries d USING r, @S@.relaybus_lanes l " \
+	    "  WHERE d.event_id = r.event_id AND d.handler = r.handler AND d.lane = r.lane " \
+	    "    AND d.claims = r.claims AND d.status = 'pending' " \
+	    "    AND l.handler = r.handler AND l.lane = r.lane AND l.epoch = r.epoch " \
+	    "    AND d.id = ANY (l.in_flight) " \
+	    "  RETURNING d.event_id, d.handler, d.attempts) "
+	be->q_complete = render(COMPLETE_CTE "SELECT event_id, handler FROM del", sc);
+	be->q_complete_hist = render(COMPLETE_CTE
+	    ", hist AS (INSERT INTO @S@.relaybus_completions (event_id, handler, attempts) "
+	    "  SELECT event_id, handler, attempts + 1 FROM del) "
+	    "SELECT event_id, handler FROM del", sc);
+	be->q_fail = render(
+	    "SELECT ord, outcome, attempts, missing FROM @S@.relaybus_fail($1::text[], $2::text[], "
+	    "$3::smallint[], $4::bigint[], $5::integer[], $6::text[], $7::bigint[], $8::text[], "
+	    "$9::integer, $10::bigint, $11::bigint, $12::double precision) ORDER BY ord", sc);
+	be->q_relinquish = render(
+	    "UPDATE @S@.relaybus_lanes x SET lease_owner = NULL, lease_expires_at = NULL, in_flight = '{}' "
+	    "WHERE x.handler = $1 AND x.lease_owner = $2 AND NOT EXISTS ("
+	    "  SELECT 1 FROM @S@.relaybus_deliveries d WHERE d.id = ANY (x.in_flight) AND d.status = 'pending')",
+	    sc);
+	be->q_relinquish_leases = render(
+	    "UPDATE @S@.relaybus_lanes x SET lease_owner = NULL, lease_expires_at = NULL, in_flight = '{}' "
+	    "FROM unnest($1::text[], $2::smallint[], $3::bigint[]) AS r(handler, lane, epoch) "
+	    "WHERE x.handler = r.handler AND x.lane = r.lane AND x.epoch = r.epoch "
+	    "  AND x.lease_owner IS NOT NULL AND NOT EXISTS ("
+	    "  SELECT 1 FROM @S@.relaybus_deliveries d WHERE d.id = ANY (x.in_flight) AND d.status = 'pending')",
+	    sc);
+	be->q_lock_lane = render(
+	    "SELECT 1 FROM @S@.relaybus_lanes WHERE handler = $1 AND lane = $2::smallint AND epoch = $3::bigint "
+	    "FOR KEY SHARE", sc);
+	be->q_delete_one = render(COMPLETE_CTE "SELECT event_id, handler FROM del", sc);
+	be->q_delete_one_hist = render(COMPLETE_CTE
+	    ", hist AS (INSERT INTO @S@.relaybus_completions (event_id, handler, attempts) "
+	    "  SELECT event_id, handler, attempts + 1 FROM del) "
+	    "SELECT event_id, handler FROM del", sc);
+	return pg_connect(s, err);
+}
+
+static void
+pg_close(struct rb_store *s)
+{
+	struct pg_be *be = be_of(s);
+
+	if (be == NULL)
+		return;
+	if (be->conn != NULL)
+		PQfinish(be->conn);
+	free(be->q_publish);
+	free(be->q_claim);
+	free(be->q_extend);
+	free(be->q_complete);
+	free(be->q_complete_hist);
+	free(be->q_fail);
+	free(be->q_relinquish);
+	free(be->q_relinquish_leases);
+	free(be->q_lock_lane);
+	free(be->q_delete_one);
+	free(be->q_delete_one_hist);
+	free(be);
+	s->be = NULL;
+}
+
+static bool
+pg_broken(const struct rb_store *s)
+{
+	struct pg_be *be = be_of(s);
+
+	return be == NULL || be->conn == NULL || PQstatus(be->conn) != CONNECTION_OK;
+}
+
+static int pg_listen(struct rb_store *, struct rb_error *);
+
+static int
+pg_reconnect(struct rb_store *s, struct rb_error *err)
+{
+	struct pg_be *be = be_of(s);
+	bool relisten = be->listening;
+
+	if (be->conn != NULL)
+		PQfinish(be->conn);
+	be->conn = NULL;
+	be->listening = false;
+	be->history = -1;
+	if (pg_connect(s, err) < 0)
+		return -1;
+	if (relisten)
+		return pg_listen(s, err);
+	return 0;
+}
+
+/* ---- set-up -------------------------------------------------------------- */
+
+static void
+setup_script(struct sbuf *b, const char *schema, const struct rb_setup_opts *o, bool with_subs)
+{
+	char *sql;
+
+	sb_puts(b, "SELECT pg_advisory_xact_lock(" SETUP_LOCK_KEY ");\n");
+	sql = render(rb_schema_pg_sql, schema);
+	sb_puts(b, sql);
+	free(sql);
+	if (o->completion_history) {
+		sql = render(rb_schema_history_pg_sql, schema);
+		sb_puts(b, sql);
+		free(sql);
+	}
+	if (!with_subs)
+		return;
+	for (size_t i = 0; i < o->n_subscribe; i++) {
+		char *buf, *like, *q;
+		const char *h, *p;
+
+		if (rb_subscription_parse(o->subscribe[i], &buf, &h, &p, NULL) < 0)
+			continue;
+		like = glob_to_like(p);
+		q = render("INSERT INTO @S@.relaybus_subscriptions (handler, pattern, like_pattern) VALUES (", schema);
+		sb_puts(b, q);
+		free(q);
+		sb_literal(b, h);
+		sb_puts(b, ", ");
+		sb_literal(b, p);
+		sb_puts(b, ", ");
+		sb_literal(b, like);
+		sb_puts(b, ") ON CONFLICT DO NOTHING;\n");
+		q = render("SELECT @S@.relaybus_seed_lanes(", schema);
+		sb_puts(b, q);
+		free(q);
+		sb_literal(b, h);
+		sb_puts(b, ");\n");
+		free(like);
+		free(buf);
+	}
+	for (size_t i = 0; i < o->n_unsubscribe; i++) {
+		char *buf, *q;
+		const char *h, *p;
+
+		if (rb_subscription_parse(o->unsubscribe[i], &buf, &h, &p, NULL) < 0)
+			continue;
+		q = render("DELETE FROM @S@.relaybus_subscriptions WHERE handler = ", schema);
+		sb_puts(b, q);
+		free(q);
+		sb_literal(b, h);
+		sb_puts(b, " AND pattern = ");
+		sb_literal(b, p);
+		sb_puts(b, ";\n");
+		free(buf);
+	}
+}
+
+static int
+check_subscriptions(const struct rb_setup_opts *o, struct rb_error *err)
+{
+	for (size_t i = 0; i < o->n_subscribe + o->n_unsubscribe; i++) {
+		const char *spec = i < o->n_subscribe ? o->subscribe[i] : o->unsubscribe[i - o->n_subscribe];
+		char *buf;
+		const char *h, *p;
+
+		if (rb_subscription_parse(spec, &buf, &h, &p, err) < 0)
+			return -1;
+		free(buf);
+	}
+	return 0;
+}
+
+char *
+rb_setup_sql(const char *schema, const struct rb_setup_opts *o, struct rb_error *err)
+{
+	struct sbuf b;
+
+	if (schema == NULL || !rb_ident_valid(schema)) {
+		rb_seterr(err, RB_EXIT_USAGE, "invalid schema name");
+		return NULL;
+	}
+	if (check_subscriptions(o, err) < 0)
+		return NULL;
+	sb_init(&b);
+	sb_puts(&b, "-- relaybus schema set-up; apply in one transaction with the workers stopped\n"
+	    "BEGIN;\n");
+	setup_script(&b, schema, o, true);
+	sb_puts(&b, "COMMIT;\n");
+	return b.s;
+}
+
+static int
+pg_setup(struct rb_store *s, const struct rb_setup_opts *o, struct rb_error *err)
+{
+	struct sbuf b;
+	int rc = -1;
+
+	if (check_subscriptions(o, err) < 0)
+		return -1;
+	sb_init(&b);
+	setup_script(&b, s->schema, o, false);
+	if (run_cmd(s, "BEGIN", "set-up", err) < 0)
+		goto out;
+	/* quiet the NOTICEs of CREATE ... IF NOT EXISTS on a second run */
+	if (run_cmd(s, "SET LOCAL client_min_messages = warning", "set-up", err) < 0 ||
+	    run_cmd(s, b.s, "set-up", err) < 0)
+		goto fail;
+	for (size_t i = 0; i < o->n_subscribe; i++) {
+		char *buf, *like, *q1, *q2;
+		const char *h, *p;
+
+		rb_subscription_parse(o->subscribe[i], &buf, &h, &p, NULL);
+		like = glob_to_like(p);
+		const char *params[3] = { h, p, like };
+		q1 = render("INSERT INTO @S@.relaybus_subscriptions (handler, pattern, like_pattern) "
+		    "VALUES ($1, $2, $3) ON CONFLICT DO NOTHING", s->schema);
+		q2 = render("SELECT @S@.relaybus_seed_lanes($1)", s->schema);
+		PGresult *r1 = run(s, q1, 3, params, PGRES_COMMAND_OK, "subscribe", false, err);
+		PGresult *r2 = r1 != NULL ? run(s, q2, 1, params, PGRES_TUPLES_OK, "subscribe", false, err) : NULL;
+		bool ok = r1 != NULL && r2 != NULL;
+		PQclear(r1);
+		PQclear(r2);
+		free(q1);
+		free(q2);
+		free(like);
+		free(buf);
+		if (!ok)
+			goto fail;
+	}
+	for (size_t i = 0; i < o->n_unsubscribe; i++) {
+		char *buf, *q;
+		const char *h, *p;
+
+		rb_subscription_parse(o->unsubscribe[i], &buf, &h, &p, NULL);
+		const char *params[2] = { h, p };
+		q = render("DELETE FROM @S@.relaybus_subscriptions WHERE handler = $1 AND pattern = $2", s->schema);
+		PGresult *r = run(s, q, 2, params, PGRES_COMMAND_OK, "unsubscribe", false, err);
+		bool ok = r != NULL;
+		PQclear(r);
+		free(q);
+		free(buf);
+		if (!ok)
+			goto fail;
+	}
+	if (run_cmd(s, "COMMIT", "set-up", err) < 0)
+		goto out;
+	rc = 0;
+	goto out;
+fail:
+	rollback_quietly(s);
+out:
+	free(b.s);
+	return rc;
+}
+
+/* ---- publish ------------------------------------------------------------- */
+
+static int
+pg_publish(struct rb_store *s, const json_t *events, json_t **acks, struct rb_error *err)
+{
+	char *text = json_dumps(events, JSON_COMPACT);
+	const char *params[1] = { text };
+	PGresult *res;
+	json_t *out;
+
+	if (text == NULL)
+		return rb_seterr(err, RB_EXIT_OSERR, "out of memory");
+	res = run(s, be_of(s)->q_publish, 1, params, PGRES_TUPLES_OK, "publish", true, err);
+	free(text);
+	if (res == NULL)
+		return -1;
+	out = json_array();
+	for (int i = 0; i < PQntuples(res); i++) {
+		json_t *h = json_loads(PQgetvalue(res, i, 3), 0, NULL);
+
+		json_array_append_new(out, json_pack("{s:s, s:i, s:b, s:o}",
+		    "id", PQgetvalue(res, i, 0),
+		    "deliveries", atoi(PQgetvalue(res, i, 1)),
+		    "duplicate", PQgetvalue(res, i, 2)[0] == 't',
+		    "handlers", h != NULL ? h : json_array()));
+	}
+	PQclear(res);
+	*acks = out;
+	return 0;
+}
+
+int
+rb_pg_publish(PGconn *conn, const char *schema, const json_t *event, json_t **ack,
+    struct rb_error *err)
+{
+	struct rb_store s = { .ops = &rb_store_pg_ops };
+	struct pg_be be = { .conn = conn, .history = -1 };
+	json_t *arr, *acks = NULL;
+	int rc;
+
+	*ack = NULL;
+	if (schema == NULL)
+		schema = RB_DEFAULT_SCHEMA;
+	if (!rb_ident_valid(schema))
+		return rb_seterr(err, RB_EXIT_USAGE, "invalid schema name");
+	if (rb_event_validate(event, err) < 0)
+		return -1;
+	s.schema = (char *)schema;
+	s.be = &be;
+	be.q_publish = render(
+	    "SELECT event_id, deliveries, duplicate, array_to_json(handlers)::text "
+	    "FROM @S@.relaybus_publish_batch($1::jsonb) ORDER BY ord", schema);
+	arr = json_pack("[O]", event);
+	/* no retry: the statement runs in the caller's transaction */
+	char *text = json_dumps(arr, JSON_COMPACT);
+	const char *params[1] = { text };
+	PGresult *res = PQexecParams(conn, be.q_publish, 1, NULL, params, NULL, NULL, 0);
+	if (res == NULL || PQresultStatus(res) != PGRES_TUPLES_OK) {
+		rc = pg_fail(&s, res, "publish", err);
+	} else {
+		json_t *h = json_loads(PQgetvalue(res, 0, 3), 0, NULL);
+
+		acks = json_pack("{s:s, s:i, s:b, s:o}", "id", PQgetvalue(res, 0, 0),
+		    "deliveries", atoi(PQgetvalue(res, 0, 1)), "duplicate", PQgetvalue(res, 0, 2)[0] == 't',
+		    "handlers", h != NULL ? h : json_array());
+		*ack = acks;
+		rc = 0;
+	}
+	PQclear(res);
+	free(text);
+	json_decref(arr);
+	free(be.q_publish);
+	return rc;
+}
+
+/* ---- claim --------------------------------------------------------------- */
+
+static json_t *
+json_or_null(const char *text)
+{
+	json_t *v = json_loads(text, JSON_DECODE_ANY, NULL);
+
+	return v != NULL ? v : json_null();
+}
+
+static int
+pg_claim(struct rb_store *s, const struct rb_claim_opts *o, json_t **out, struct rb_error *err)
+{
+	char batch[16], lease[32], maxa[16];
+	const char *params[5] = { o->handler, o->owner, batch, lease, maxa };
+	PGresult *res;
+	json_t *arr;
+
+	snprintf(batch, sizeof batch, "%d", o->batch);
+	snprintf(lease, sizeof lease, "%" PRId64, o->lease_ms);
+	snprintf(maxa, sizeof maxa, "%d", o->max_attempts);
+	res = run(s, be_of(s)->q_claim, 5, params, PGRES_TUPLES_OK, "claim", true, err);
+	if (res == NULL)
+		return -1;
+	arr = json_array();
+	for (int i = 0; i < PQntuples(res); i++) {
+		struct rb_lease l;
+		char token[64];
+		json_t *d;
+
+		l.lane = atoi(PQgetvalue(res, i, 3));
+		l.epoch = strtoll(PQgetvalue(res, i, 4), NULL, 10);
+		l.claims = strtoll(PQgetvalue(res, i, 5), NULL, 10);
+		rb_lease_format(&l, token, sizeof token);
+		d = json_object();
+		json_object_set_new(d, "event_id", json_string(PQgetvalue(res, i, 1)));
+		json_object_set_new(d, "handler", json_string(PQgetvalue(res, i, 2)));
+		json_object_set_new(d, "name", json_string(PQgetvalue(res, i, 7)));
+		json_object_set_new(d, "key", PQgetisnull(res, i, 8) ? json_null() :
+		    json_string(PQgetvalue(res, i, 8)));
+		json_object_set_new(d, "payload", json_or_null(PQgetvalue(res, i, 10)));
+		json_object_set_new(d, "headers", json_or_null(PQgetvalue(res, i, 11)));
+		json_object_set_new(d, "attempt", json_integer(atoi(PQgetvalue(res, i, 6)) + 1));
+		json_object_set_new(d, "lease", json_string(token));
+		json_object_set_new(d, "created_at", json_string(PQgetvalue(res, i, 12)));
+		json_object_set_new(d, "delivery_id", json_string(PQgetvalue(res, i, 0)));
+		json_object_set_new(d, "lane", json_integer(l.lane));
+		json_object_set_new(d, "sequence", PQgetisnull(res, i, 9) ? json_null() :
+		    json_integer(strtoll(PQgetvalue(res, i, 9), NULL, 10)));
+		json_array_append_new(arr, d);
+	}
+	PQclear(res);
+	*out = arr;
+	return (int)json_array_size(arr);
+}
+
+static int
+pg_extend(struct rb_store *s, const char *handler, const char *owner, int64_t lease_ms,
+    struct rb_error *err)
+{
+	char lease[32];
+	const char *params[3] = { handler, owner, lease };
+	PGresult *res;
+	int n;
+
+	snprintf(lease, sizeof lease, "%" PRId64, lease_ms);
+	res = run(s, be_of(s)->q_extend, 3, params, PGRES_COMMAND_OK, "extend", true, err);
+	if (res == NULL)
+		return -1;
+	n = atoi(PQcmdTuples(res));
+	PQclear(res);
+	return n;
+}
+
+/* ---- complete ------------------------------------------------------------ */
+
+static int
+history_enabled(struct rb_store *s, struct rb_error *err)
+{
+	struct pg_be *be = be_of(s);
+
+	if (be->history < 0) {
+		char *q = render("SELECT to_regclass('@S@.relaybus_completions') IS NOT NULL", s->schema);
+		PGresult *res = run(s, q, 0, NULL, PGRES_TUPLES_OK, "complete", false, err);
+
+		free(q);
+		if (res == NULL)
+			return -1;
+		be->history = PQgetvalue(res, 0, 0)[0] == 't';
+		PQclear(res);
+	}
+	return be->history;
+}
+
+struct fence_arrays {
+	struct sbuf ev, h, lane, epoch, claims;
+};
+
+static void
+fa_init(struct fence_arrays *a)
+{
+	sb_init(&a->ev);
+	sb_init(&a->h);
+	sb_init(&a->lane);
+	sb_init(&a->epoch);
+	sb_init(&a->claims);
+	sb_puts(&a->ev, "{");
+	sb_puts(&a->h, "{");
+	sb_puts(&a->lane, "{");
+	sb_puts(&a->epoch, "{");
+	sb_puts(&a->claims, "{");
+}
+
+static void
+fa_add(struct fence_arrays *a, const json_t *r)
+{
+	struct rb_lease l;
+
+	rb_lease_parse(json_string_value(json_object_get(r, "lease")), &l);
+	sb_array_text(&a->ev, json_string_value(json_object_get(r, "event_id")));
+	sb_array_text(&a->h, json_string_value(json_object_get(r, "handler")));
+	sb_array_int(&a->lane, l.lane);
+	sb_array_int(&a->epoch, l.epoch);
+	sb_array_int(&a->claims, l.claims);
+}
+
+static void
+fa_close(struct fence_arrays *a)
+{
+	sb_puts(&a->ev, "}");
+	sb_puts(&a->h, "}");
+	sb_puts(&a->lane, "}");
+	sb_puts(&a->epoch, "}");
+	sb_puts(&a->claims, "}");
+}
+
+static void
+fa_free(struct fence_arrays *a)
+{
+	free(a->ev.s);
+	free(a->h.s);
+	free(a->lane.s);
+	free(a->epoch.s);
+	free(a->claims.s);
+}
+
+static void
+set_outcome(json_t *outcomes, size_t i, const json_t *r, const char *outcome)
+{
+	json_array_set_new(outcomes, i, json_pack("{s:O, s:O, s:s}",
+	    "event_id", json_object_get(r, "event_id"), "handler", json_object_get(r, "handler"),
+	    "outcome", outcome));
+}
+
+/* Does a delivery (event_id, handler) still exist? 1 yes, 0 no, -1 error */
+static int
+delivery_exists(struct rb_store *s, const json_t *r, struct rb_error *err)
+{
+	char *q = render("SELECT 1 FROM @S@.relaybus_deliveries WHERE event_id = $1 AND handler = $2", s->schema);
+	const char *params[2] = { json_string_value(json_object_get(r, "event_id")),
+	    json_string_value(json_object_get(r, "handler")) };
+	PGresult *res = run(s, q, 2, params, PGRES_TUPLES_OK, "complete", false, err);
+	int n;
+
+	free(q);
+	if (res == NULL)
+		return -1;
+	n = PQntuples(res) > 0;
+	PQclear(res);
+	return n;
+}
+
+/* Complete the ok results in one statement; marks completed or lost. */
+static int
+complete_ok(struct rb_store *s, const json_t *results, const size_t *idx, size_t n, json_t *outcomes,
+    struct rb_error *err)
+{
+	struct fence_arrays a;
+	PGresult *res;
+	int hist = history_enabled(s, err);
+
+	if (hist < 0)
+		return -1;
+	fa_init(&a);
+	for (size_t k = 0; k < n; k++)
+		fa_add(&a, json_array_get(results, idx[k]));
+	fa_close(&a);
+	const char *params[5] = { a.ev.s, a.h.s, a.lane.s, a.epoch.s, a.claims.s };
+	res = run(s, hist ? be_of(s)->q_complete_hist : be_of(s)->q_complete, 5, params,
+	    PGRES_TUPLES_OK, "complete", true, err);
+	fa_free(&a);
+	if (res == NULL)
+		return -1;
+	for (size_t k = 0; k < n; k++) {
+		const json_t *r = json_array_get(results, idx[k]);
+		const char *ev = json_string_value(json_object_get(r, "event_id"));
+		const char *h = json_string_value(json_object_get(r, "handler"));
+		bool done = false;
+
+		for (int i = 0; i < PQntuples(res) && !done; i++)
+			done = strcmp(PQgetvalue(res, i, 0), ev) == 0 && strcmp(PQgetvalue(res, i, 1), h) == 0;
+		set_outcome(outcomes, idx[k], r, done ? "completed" : "lost");
+		if (!done) {
+			int ex = delivery_exists(s, r, err);
+
+			if (ex < 0) {
+				PQclear(res);
+				return -1;
+			}
+			if (!ex)
+				json_object_set_new(json_array_get(outcomes, idx[k]), "missing", json_true());
+		}
+	}
+	PQclear(res);
+	return 0;
+}
+
+/* Complete one result with the caller's SQL in the same transaction. */
+static int
+complete_sql(struct rb_store *s, const struct rb_complete_opts *o, const json_t *r, size_t i,
+    json_t *outcomes, struct rb_error *err)
+{
+	struct pg_be *be = be_of(s);
+	struct rb_lease l;
+	char lane[16], epoch[32];
+	const char *handler = json_string_value(json_object_get(r, "handler"));
+	const char *lp[3] = { handler, lane, epoch };
+	PGresult *res;
+	char *text;
+	int hist = history_enabled(s, err);
+
+	if (hist < 0)
+		return -1;
+	rb_lease_parse(json_string_value(json_object_get(r, "lease")), &l);
+	snprintf(lane, sizeof lane, "%d", l.lane);
+	snprintf(epoch, sizeof epoch, "%" PRId64, l.epoch);
+	if (run_cmd(s, "BEGIN", "complete", err) < 0)
+		return -1;
+	/* KEY SHARE on the lane row: a takeover (FOR UPDATE) skips the lane
+	 * until this transaction ends; the owner's claims do not wait */
+	res = run(s, be->q_lock_lane, 3, lp, PGRES_TUPLES_OK, "complete", false, err);
+	if (res == NULL)
+		goto fail;
+	if (PQntuples(res) == 0) {
+		PQclear(res);
+		rollback_quietly(s);
+		set_outcome(outcomes, i, r, "lost");
+		return 0;
+	}
+	PQclear(res);
+	text = json_dumps(r, JSON_COMPACT);
+	const char *sp[1] = { text };
+	res = PQexecParams(be->conn, o->sql, strstr(o->sql, "$1") != NULL ? 1 : 0, NULL, sp, NULL, NULL, 0);
+	free(text);
+	if (res == NULL || (PQresultStatus(res) != PGRES_COMMAND_OK && PQresultStatus(res) != PGRES_TUPLES_OK)) {
+		if (PQstatus(be->conn) == CONNECTION_BAD) {
+			pg_fail(s, res, "complete", err);
+			PQclear(res);
+			return -1;
+		}
+		const char *m = res != NULL ? PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY) : NULL;
+		char msg[300];
+
+		snprintf(msg, sizeof msg, "--sql failed: %s", m != NULL ? m : "unknown error");
+		PQclear(res);
+		rollback_quietly(s);
+		/* the statement failed: the handler failed, count it as an attempt */
+		json_object_set_new(json_array_get(outcomes, i), "error", json_string(msg));
+		return 1;
+	}
+	PQclear(res);
+	{
+		struct fence_arrays a;
+
+		fa_init(&a);
+		fa_add(&a, r);
+		fa_close(&a);
+		const char *params[5] = { a.ev.s, a.h.s, a.lane.s, a.epoch.s, a.claims.s };
+		res = run(s, hist ? be->q_delete_one_hist : be->q_delete_one, 5, params,
+		    PGRES_TUPLES_OK, "complete", false, err);
+		fa_free(&a);
+	}
+	if (res == NULL)
+		goto fail;
+	if (PQntuples(res) == 0) {
+		/* fenced out: the SQL's effect must not commit either */
+		PQclear(res);
+		rollback_quietly(s);
+		set_outcome(outcomes, i, r, "lost");
+		return 0;
+	}
+	PQclear(res);
+	if (run_cmd(s, "COMMIT", "complete", err) < 0)
+		return -1;
+	set_outcome(outcomes, i, r, "completed");
+	return 0;
+fail:
+	rollback_quietly(s);
+	return -1;
+}
+
+static const char *
+fail_kind(const json_t *r)
+{
+	if (json_is_true(json_object_get(r, "release")))
+		return "release";
+	if (json_is_true(json_object_get(r, "dead")))
+		return "bury";
+	return "retry";
+}
+
+static bool
+result_ok(const json_t *r)
+{
+	const json_t *ok = json_object_get(r, "ok");
+
+	if (json_is_true(json_object_get(r, "release")) || json_is_true(json_object_get(r, "dead")))
+		return false;
+	return ok == NULL || json_is_true(ok);
+}
+
+static int
+complete_fail(struct rb_store *s, const struct rb_complete_opts *o, const json_t *results,
+    const size_t *idx, size_t n, json_t *outcomes, struct rb_error *err)
+{
+	struct fence_arrays a;
+	struct sbuf kinds, retry, errors;
+	char maxa[16], base[32], maxms[32], factor[32];
+	PGresult *res;
+
+	fa_init(&a);
+	sb_init(&kinds);
+	sb_init(&retry);
+	sb_init(&errors);
+	sb_puts(&kinds, "{");
+	sb_puts(&retry, "{");
+	sb_puts(&errors, "{");
+	for (size_t k = 0; k < n; k++) {
+		const json_t *r = json_array_get(results, idx[k]);
+		const json_t *rm = json_object_get(r, "retry_ms");
+		const json_t *e = json_object_get(r, "error");
+		const json_t *oe = json_object_get(json_array_get(outcomes, idx[k]), "error");
+
+		fa_add(&a, r);
+		sb_array_text(&kinds, fail_kind(r));
+		if (json_is_integer(rm))
+			sb_array_int(&retry, json_integer_value(rm));
+		else
+			sb_array_text(&retry, NULL);
+		if (json_is_string(oe))
+			sb_array_text(&errors, json_string_value(oe));
+		else
+			sb_array_text(&errors, json_is_string(e) ? json_string_value(e) :
+			    (json_is_true(json_object_get(r, "release")) ? NULL : "handler failed"));
+	}
+	fa_close(&a);
+	sb_puts(&kinds, "}");
+	sb_puts(&retry, "}");
+	sb_puts(&errors, "}");
+	snprintf(maxa, sizeof maxa, "%d", o->max_attempts);
+	snprintf(base, sizeof base, "%" PRId64, o->backoff.base_ms);
+	snprintf(maxms, sizeof maxms, "%" PRId64, o->backoff.max_ms);
+	snprintf(factor, sizeof factor, "%g", o->backoff.factor);
+	const char *params[12] = { a.ev.s, a.h.s, a.lane.s, a.epoch.s, a.claims.s, kinds.s, retry.s,
+	    errors.s, maxa, base, maxms, factor };
+	res = run(s, be_of(s)->q_fail, 12, params, PGRES_TUPLES_OK, "reschedule", true, err);
+	fa_free(&a);
+	free(kinds.s);
+	free(retry.s);
+	free(errors.s);
+	if (res == NULL)
+		return -1;
+	for (int i = 0; i < PQntuples(res) && (size_t)i < n; i++) {
+		size_t k = (size_t)atoi(PQgetvalue(res, i, 0)) - 1;
+		const json_t *r;
+		json_t *prev_err;
+
+		if (k >= n)
+			continue;
+		r = json_array_get(results, idx[k]);
+		prev_err = json_incref(json_object_get(json_array_get(outcomes, idx[k]), "error"));
+		set_outcome(outcomes, idx[k], r, PQgetvalue(res, i, 1));
+		json_t *oc = json_array_get(outcomes, idx[k]);
+		if (!PQgetisnull(res, i, 2))
+			json_object_set_new(oc, "attempts", json_integer(atoi(PQgetvalue(res, i, 2))));
+		if (PQgetvalue(res, i, 3)[0] == 't')
+			json_object_set_new(oc, "missing", json_true());
+		if (prev_err != NULL)
+			json_object_set_new(oc, "error", prev_err);
+	}
+	PQclear(res);
+	return 0;
+}
+
+static int
+pg_complete(struct rb_store *s, const struct rb_complete_opts *o, const json_t *results,
+    json_t **outcomes_out, struct rb_error *err)
+{
+	size_t n = json_array_size(results), nok = 0, nfail = 0;
+	size_t *ok = xcalloc(n, sizeof *ok), *fail = xcalloc(n, sizeof *fail);
+	json_t *outcomes = json_array();
+	int rc = -1;
+
+	for (size_t i = 0; i < n; i++) {
+		const json_t *r = json_array_get(results, i);
+
+		json_array_append_new(outcomes, json_object());
+		if (result_ok(r))
+			ok[nok++] = i;
+		else
+			fail[nfail++] = i;
+	}
+	if (o->sql != NULL && *o->sql != '\0') {
+		size_t keep = 0;
+
+		for (size_t k = 0; k < nok; k++) {
+			int c = complete_sql(s, o, json_array_get(results, ok[k]), ok[k], outcomes, err);
+
+			if (c < 0)
+				goto out;
+			if (c == 1) {
+				/* the SQL failed: this delivery takes the failure path */
+				fail[nfail++] = ok[k];
+			}
+		}
+		nok = keep;
+	} else if (nok > 0 && complete_ok(s, results, ok, nok, outcomes, err) < 0)
+		goto out;
+	if (nfail > 0) {
+		/* keep input order for the failure function's ord */
+		for (size_t a = 1; a < nfail; a++)
+			for (size_t b = a; b > 0 && fail[b - 1] > fail[b]; b--) {
+				size_t t = fail[b];
+				fail[b] = fail[b - 1];
+				fail[b - 1] = t;
+			}
+		if (complete_fail(s, o, results, fail, nfail, outcomes, err) < 0)
+			goto out;
+	}
+	*outcomes_out = outcomes;
+	outcomes = NULL;
+	rc = 0;
+out:
+	json_decref(outcomes);
+	free(ok);
+	free(fail);
+	return rc;
+}
+
+static int
+pg_relinquish(struct rb_store *s, const char *handler, const char *owner, struct rb_error *err)
+{
+	const char *params[2] = { handler, owner };
+	PGresult *res = run(s, be_of(s)->q_relinquish, 2, params, PGRES_COMMAND_OK, "relinquish", true, err);
+	int n;
+
+	if (res == NULL)
+		return -1;
+	n = atoi(PQcmdTuples(res));
+	PQclear(res);
+	return n;
+}
+
+static int
+pg_relinquish_leases(struct rb_store *s, const json_t *leases, struct rb_error *err)
+{
+	struct sbuf h, lane, epoch;
+	size_t i;
+	json_t *v;
+	PGresult *res;
+	int n;
+
+	if (json_array_size(leases) == 0)
+		return 0;
+	sb_init(&h);
+	sb_init(&lane);
+	sb_init(&epoch);
+	sb_puts(&h, "{");
+	sb_puts(&lane, "{");
+	sb_puts(&epoch, "{");
+	json_array_foreach(leases, i, v) {
+		struct rb_lease l;
+
+		if (rb_lease_parse(json_string_value(json_object_get(v, "lease")), &l) < 0 ||
+		    !json_is_string(json_object_get(v, "handler")))
+			continue;
+		sb_array_text(&h, json_string_value(json_object_get(v, "handler")));
+		sb_array_int(&lane, l.lane);
+		sb_array_int(&epoch, l.epoch);
+	}
+	sb_puts(&h, "}");
+	sb_puts(&lane, "}");
+	sb_puts(&epoch, "}");
+	const char *params[3] = { h.s, lane.s, epoch.s };
+	res = run(s, be_of(s)->q_relinquish_leases, 3, params, PGRES_COMMAND_OK, "relinquish", true, err);
+	free(h.s);
+	free(lane.s);
+	free(epoch.s);
+	if (res == NULL)
+		return -1;
+	n = atoi(PQcmdTuples(res));
+	PQclear(res);
+	return n;
+}
+
+/* ---- wake-up ------------------------------------------------------------- */
+
+static int
+pg_listen(struct rb_store *s, struct rb_error *err)
+{
+	char sql[128];
+
+	snprintf(sql, sizeof sql, "LISTEN relaybus_%s", s->schema);
+	if (run_cmd(s, sql, "listen", err) < 0)
+		return -1;
+	be_of(s)->listening = true;
+	return 0;
+}
+
+static int
+pg_socket(const struct rb_store *s)
+{
+	struct pg_be *be = be_of(s);
+
+	return be != NULL && be->conn != NULL ? PQsocket(be->conn) : -1;
+}
+
+static int
+pg_notified(struct rb_store *s, const char *handler, int timeout_ms, struct rb_error *err)
+{
+	struct pg_be *be = be_of(s);
+	PGnotify *n;
+	int hit = 0;
+
+	if (timeout_ms > 0) {
+		struct pollfd pfd = { .fd = PQsocket(be->conn), .events = POLLIN };
+		int pr = poll(&pfd, 1, timeout_ms);
+
+		if (pr < 0 && errno != EINTR)
+			return rb_seterr(err, RB_EXIT_OSERR, "poll: %s", strerror(errno));
+	}
+	if (PQconsumeInput(be->conn) == 0) {
+		char msg[300];
+
+		snprintf(msg, sizeof msg, "%s", PQerrorMessage(be->conn));
+		msg[strcspn(msg, "\n")] = '\0';
+		return rb_seterr(err, RB_EXIT_TEMPFAIL, "connection lost: %s", msg);
+	}
+	while ((n = PQnotifies(be->conn)) != NULL) {
+		if (handler == NULL || strcmp(n->extra, handler) == 0)
+			hit = 1;
+		PQfreemem(n);
+	}
+	return hit;
+}
+
+static const char *const pg_schemes[] = { "postgres", "postgresql", NULL };
+
+const struct rb_store_ops rb_store_pg_ops = {
+	.name = "postgresql",
+	.schemes = pg_schemes,
+	.open = pg_open,
+	.close = pg_close,
+	.reconnect = pg_reconnect,
+	.broken = pg_broken,
+	.setup = pg_setup,
+	.publish = pg_publish,
+	.claim = pg_claim,
+	.extend = pg_extend,
+	.complete = pg_complete,
+	.relinquish = pg_relinquish,
+	.relinquish_leases = pg_relinquish_leases,
+	.listen = pg_listen,
+	.socket = pg_socket,
+	.notified = pg_notified,
+};

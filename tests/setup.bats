@@ -1,0 +1,192 @@
+#!/usr/bin/env bats
+# rb-setup: the schema through the catalog, idempotence, concurrency,
+# --print-sql, subscriptions and every error path.
+
+load test_helper
+
+setup_file() { drop_schema; }
+teardown_file() { drop_schema; }
+
+catalog() {  # a stable description of the schema's tables, indexes and options
+  local s=${1:-$RB_SCHEMA}
+  q "SELECT c.relname || ' ' || c.relkind || ' ' || coalesce(array_to_string(c.reloptions, ','), '-')
+       FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+      WHERE n.nspname = '$s' AND c.relkind IN ('r', 'i')
+      ORDER BY 1;
+     SELECT indexrelid::regclass::text || ' ' || regexp_replace(pg_get_indexdef(indexrelid), '\"?$s\"?\.', '', 'g')
+       FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+      WHERE n.nspname = '$s' ORDER BY 1;
+     SELECT p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ')'
+       FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = '$s' ORDER BY 1;" \
+  | sed "s/\"\?$s\"\?\.//g"
+}
+
+@test "rb-setup creates the tables of the seed's design" {
+  setup_schema
+  run q "SELECT table_name FROM information_schema.tables WHERE table_schema = '$RB_SCHEMA' ORDER BY 1"
+  [ "$status" -eq 0 ]
+  [ "$output" = "relaybus_deliveries
+relaybus_events
+relaybus_keys
+relaybus_lanes
+relaybus_schema_version
+relaybus_subscriptions" ]
+  [ "$(q "SELECT version FROM relaybus_schema_version")" = 1 ]
+  # events remember their handlers
+  [ "$(q "SELECT data_type FROM information_schema.columns WHERE table_schema = '$RB_SCHEMA' AND table_name = 'relaybus_events' AND column_name = 'handlers'")" = ARRAY ]
+}
+
+@test "deliveries carry exactly the four indexes of the seed plus the primary key" {
+  setup_schema
+  run q "SELECT indexname FROM pg_indexes WHERE schemaname = '$RB_SCHEMA' AND tablename = 'relaybus_deliveries' ORDER BY 1"
+  [ "$output" = "relaybus_deliveries_dead_idx
+relaybus_deliveries_event_handler_unique
+relaybus_deliveries_lane_due_idx
+relaybus_deliveries_lane_key_idx
+relaybus_deliveries_pkey" ]
+  # no index covers a column a happy-path statement writes: claims, attempts, in_flight...
+  run q "SELECT DISTINCT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
+          WHERE i.indrelid = 'relaybus_deliveries'::regclass ORDER BY 1"
+  [ "$output" = "available_at
+event_id
+handler
+id
+key
+lane
+sequence
+updated_at" ]
+  # the partial ones
+  [ "$(q "SELECT pg_get_expr(indpred, indrelid) FROM pg_index WHERE indexrelid = 'relaybus_deliveries_lane_due_idx'::regclass")" = "(status = 'pending'::text)" ]
+  [ "$(q "SELECT pg_get_expr(indpred, indrelid) FROM pg_index WHERE indexrelid = 'relaybus_deliveries_dead_idx'::regclass")" = "(status = 'dead'::text)" ]
+}
+
+@test "lanes have no secondary index and fillfactor 50; deliveries vacuum at 2%" {
+  setup_schema
+  [ "$(q "SELECT count(*) FROM pg_indexes WHERE schemaname = '$RB_SCHEMA' AND tablename = 'relaybus_lanes'")" = 1 ]
+  [ "$(q "SELECT indexname FROM pg_indexes WHERE schemaname = '$RB_SCHEMA' AND tablename = 'relaybus_lanes'")" = relaybus_lanes_pkey ]
+  [ "$(q "SELECT array_to_string(reloptions, ',') FROM pg_class WHERE oid = 'relaybus_lanes'::regclass")" = "fillfactor=50" ]
+  [ "$(q "SELECT array_to_string(reloptions, ',') FROM pg_class WHERE oid = 'relaybus_deliveries'::regclass")" = "autovacuum_vacuum_scale_factor=0.02" ]
+}
+
+@test "the completion history table exists only with --completion-history" {
+  setup_schema
+  [ "$(q "SELECT to_regclass('relaybus_completions') IS NULL")" = t ]
+  rb-setup --completion-history
+  [ "$(q "SELECT to_regclass('relaybus_completions') IS NOT NULL")" = t ]
+}
+
+@test "a subscription creates the handler's 256 lanes; glob and exact patterns" {
+  setup_schema --subscribe mailer:order.created --subscribe 'audit:order.*' -s audit:invoice.paid
+  [ "$(q "SELECT count(*) FROM relaybus_lanes WHERE handler = 'mailer'")" = 256 ]
+  [ "$(q "SELECT count(*) FROM relaybus_lanes WHERE handler = 'audit'")" = 256 ]
+  [ "$(q "SELECT min(lane) || '-' || max(lane) || ' ' || count(DISTINCT lane) FROM relaybus_lanes WHERE handler = 'audit'")" = "0-255 256" ]
+  run q "SELECT handler || ' ' || pattern FROM relaybus_subscriptions ORDER BY 1"
+  [ "$output" = "audit invoice.paid
+audit order.*
+mailer order.created" ]
+  # the glob matches what a user expects, and only that
+  [ "$(q "SELECT string_agg(handler, ',' ORDER BY handler) FROM relaybus_subscriptions WHERE 'order.shipped' LIKE like_pattern")" = audit ]
+  [ "$(q "SELECT count(*) FROM relaybus_subscriptions WHERE 'orderXcreated' LIKE like_pattern")" = 0 ]
+  rb-setup --unsubscribe 'audit:order.*'
+  [ "$(q "SELECT count(*) FROM relaybus_subscriptions WHERE handler = 'audit'")" = 1 ]
+  # lanes stay: pending deliveries may still need them
+  [ "$(q "SELECT count(*) FROM relaybus_lanes WHERE handler = 'audit'")" = 256 ]
+}
+
+@test "a second run changes nothing" {
+  setup_schema -s h1:a.b
+  before=$(catalog)
+  q "INSERT INTO relaybus_events (id, name, payload) VALUES ('keep', 'x', '{}')"
+  rb-setup -s h1:a.b
+  [ "$(catalog)" = "$before" ]
+  [ "$(q "SELECT count(*) FROM relaybus_lanes")" = 256 ]
+  [ "$(q "SELECT count(*) FROM relaybus_subscriptions")" = 1 ]
+  [ "$(q "SELECT count(*) FROM relaybus_events")" = 1 ]
+}
+
+@test "four rb-setup at the same moment all succeed and agree" {
+  need_pg
+  export RELAYBUS_SCHEMA=${RB_SCHEMA}_c
+  pids=()
+  for i in 1 2 3 4; do rb-setup -s "h$i:x.*" 2>"$BATS_TEST_TMPDIR/err$i" & pids+=($!); done
+  for p in "${pids[@]}"; do wait "$p"; done
+  for i in 1 2 3 4; do [ ! -s "$BATS_TEST_TMPDIR/err$i" ]; done
+  [ "$(q "SELECT count(*) FROM ${RB_SCHEMA}_c.relaybus_lanes")" = 1024 ]
+  [ "$(catalog "${RB_SCHEMA}_c")" = "$(RB_SCHEMA=${RB_SCHEMA}_c catalog)" ]
+  psql "$_test_pg_url" -qX -c "DROP SCHEMA ${RB_SCHEMA}_c CASCADE" >/dev/null
+}
+
+@test "--print-sql applied with psql yields the same catalog" {
+  setup_schema --completion-history -s "x:y"
+  run rb-setup --print-sql --schema "${RB_SCHEMA}_p" --completion-history -s "x:y"
+  [ "$status" -eq 0 ]
+  [[ "${lines[1]}" == "BEGIN;" ]]
+  [[ "$output" == *"pg_advisory_xact_lock"* ]]
+  [[ "${lines[-1]}" == "COMMIT;" ]]
+  printf '%s\n' "$output" | psql "$_test_pg_url" -X -q -v ON_ERROR_STOP=1 >/dev/null 2>&1
+  [ "$(catalog "${RB_SCHEMA}_p")" = "$(catalog)" ]
+  [ "$(q "SELECT count(*) FROM ${RB_SCHEMA}_p.relaybus_lanes WHERE handler = 'x'")" = 256 ]
+  # and it is idempotent as a script too
+  printf '%s\n' "$output" | psql "$_test_pg_url" -X -q -v ON_ERROR_STOP=1 >/dev/null 2>&1
+  psql "$_test_pg_url" -qX -c "DROP SCHEMA ${RB_SCHEMA}_p CASCADE" >/dev/null
+}
+
+@test "--print-sql needs no database" {
+  run --separate-stderr env RELAYBUS_URL=postgresql://nobody@127.0.0.1:1/none rb-setup --print-sql
+  [ "$status" -eq 0 ]
+  [[ "$output" == *'CREATE TABLE IF NOT EXISTS "public".relaybus_lanes'* ]]
+}
+
+@test "the SQL lane function agrees with FNV-1a" {
+  setup_schema
+  # vectors: fnv1a32('a') = e40c292c, fnv1a32('foobar') = bf9cf968, fnv1a32('') = 811c9dc5
+  [ "$(q "SELECT relaybus_lane('a') || ',' || relaybus_lane('foobar') || ',' || relaybus_lane('')")" = "44,104,197" ]
+}
+
+@test "unreachable database: one line, exit 69, password redacted" {
+  run --separate-stderr rb-setup --db 'postgresql://app:hunter2@127.0.0.1:1/relay'
+  [ "$status" -eq 69 ]
+  [ "${#stderr_lines[@]}" -eq 1 ]
+  [[ "$stderr" == "rb-setup: cannot connect to postgresql://app:xxxxx@127.0.0.1:1/relay: "* ]]
+  [[ "$stderr" != *hunter2* ]]
+}
+
+@test "RELAYBUS_URL is used and redacted too" {
+  run --separate-stderr env RELAYBUS_URL='host=127.0.0.1 port=1 password=hunter2' rb-setup
+  [ "$status" -eq 69 ]
+  [[ "$stderr" == *"password=xxxxx"* ]]
+  [[ "$stderr" != *hunter2* ]]
+}
+
+@test "bad options: usage and exit 64" {
+  run --separate-stderr rb-setup --frobnicate
+  [ "$status" -eq 64 ]
+  [[ "$stderr" == *"unrecognized option '--frobnicate'"* ]]
+  [[ "$stderr" == *"usage: rb-setup"* ]]
+  [[ "$stderr" == *"Try 'rb-setup --help' for more information."* ]]
+  run --separate-stderr rb-setup --subscribe nocolon
+  [ "$status" -eq 64 ]
+  [ "${stderr_lines[0]}" = "rb-setup: --subscribe: 'nocolon' is not HANDLER:PATTERN" ]
+  run --separate-stderr rb-setup --subscribe 'bad handler:x'
+  [ "$status" -eq 64 ]
+  run --separate-stderr rb-setup --schema 'Robert"; drop'
+  [ "$status" -eq 64 ]
+  [[ "${stderr_lines[0]}" == "rb-setup: --schema: 'Robert\"; drop' is not a schema name"* ]]
+  run --separate-stderr rb-setup extra-arg
+  [ "$status" -eq 64 ]
+}
+
+@test "an unknown URL scheme is a configuration error (78)" {
+  run --separate-stderr rb-setup --db 'mysql://u:pw@h/d'
+  [ "$status" -eq 78 ]
+  [[ "$stderr" == *"mysql://u:xxxxx@h/d"* ]]
+}
+
+@test "--help and --version" {
+  run rb-setup --help
+  [ "$status" -eq 0 ]
+  [[ "${lines[0]}" == "usage: rb-setup "* ]]
+  run rb-setup -V
+  [ "$status" -eq 0 ]
+  [[ "$output" == "rb-setup 0.1.0 (backends: postgresql;"* ]]
+}

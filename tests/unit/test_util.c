@@ -1,0 +1,171 @@
+/* SPDX-License-Identifier: MIT */
+/* Unit tests: durations, numbers, URL redaction, FNV-1a, lanes, lease tokens. */
+#include "config.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "rb_store.h"
+#include "rb_util.h"
+#include "tap.h"
+
+static void
+test_durations(void)
+{
+	int64_t ms;
+
+	ok(rb_parse_duration_ms("250", &ms) == 0 && ms == 250, "bare number is milliseconds");
+	ok(rb_parse_duration_ms("250ms", &ms) == 0 && ms == 250, "ms suffix");
+	ok(rb_parse_duration_ms("30s", &ms) == 0 && ms == 30000, "30s");
+	ok(rb_parse_duration_ms("5m", &ms) == 0 && ms == 300000, "5m");
+	ok(rb_parse_duration_ms("2h", &ms) == 0 && ms == 7200000, "2h");
+	ok(rb_parse_duration_ms("1d", &ms) == 0 && ms == 86400000, "1d");
+	ok(rb_parse_duration_ms("0", &ms) == 0 && ms == 0, "zero");
+	ok(rb_parse_duration_ms("", &ms) < 0, "empty rejected");
+	ok(rb_parse_duration_ms("-5s", &ms) < 0, "negative rejected");
+	ok(rb_parse_duration_ms("5 s", &ms) < 0, "space rejected");
+	ok(rb_parse_duration_ms("5x", &ms) < 0, "unknown unit rejected");
+	ok(rb_parse_duration_ms("s", &ms) < 0, "unit without number rejected");
+	ok(rb_parse_duration_ms("99999999999999999999", &ms) < 0, "overflow rejected");
+	ok(rb_parse_duration_ms("9223372036854775807d", &ms) < 0, "overflow by unit rejected");
+	ok(rb_parse_duration_ms(NULL, &ms) < 0, "NULL rejected");
+}
+
+static void
+test_numbers(void)
+{
+	int v;
+	int64_t w;
+
+	ok(rb_parse_int("42", 1, 100, &v) == 0 && v == 42, "int in range");
+	ok(rb_parse_int("0", 1, 100, &v) < 0, "below range");
+	ok(rb_parse_int("101", 1, 100, &v) < 0, "above range");
+	ok(rb_parse_int("4x", 1, 100, &v) < 0, "trailing garbage");
+	ok(rb_parse_int(" 4", 1, 100, &v) < 0, "leading space");
+	ok(rb_parse_int("", 1, 100, &v) < 0, "empty");
+	ok(rb_parse_int64("-7", -10, 10, &w) == 0 && w == -7, "negative int64");
+	ok(rb_parse_int64("99999999999999999999", 0, INT64_MAX, &w) < 0, "int64 overflow");
+}
+
+static void
+test_redact(void)
+{
+	struct { const char *in, *want; } cases[] = {
+		{ "postgresql://app:s3cret@db.example/relay", "postgresql://app:xxxxx@db.example/relay" },
+		{ "postgres://app@db/relay", "postgres://app@db/relay" },
+		{ "postgresql://app:p%40ss@db:5432/relay?sslmode=require", "postgresql://app:xxxxx@db:5432/relay?sslmode=require" },
+		{ "postgresql://db/relay?user=app&password=hunter2&sslmode=off", "postgresql://db/relay?user=app&password=xxxxx&sslmode=off" },
+		{ "host=db user=app password=hunter2 dbname=relay", "host=db user=app password=xxxxx dbname=relay" },
+		{ "host=db password = 'a b\\' c' dbname=relay", "host=db password = xxxxx dbname=relay" },
+		{ "postgresql://:only@h/d", "postgresql://:xxxxx@h/d" },
+		{ "host=db dbname=relay", "host=db dbname=relay" },
+		{ "postgresql://u:a@b@h/d", "postgresql://u:xxxxx@h/d" },
+	};
+	char *r;
+
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		r = rb_url_redact(cases[i].in);
+		is_str(r, cases[i].want, "redact %s", cases[i].want);
+		free(r);
+	}
+	r = rb_url_redact(NULL);
+	is_str(r, "(environment)", "NULL url names the environment");
+	free(r);
+}
+
+static void
+test_fnv(void)
+{
+	/* published FNV-1a 32-bit test vectors */
+	is_int(rb_fnv1a32("", 0), 0x811c9dc5u, "fnv1a32('')");
+	is_int(rb_fnv1a32("a", 1), 0xe40c292cu, "fnv1a32('a')");
+	is_int(rb_fnv1a32("foobar", 6), 0xbf9cf968u, "fnv1a32('foobar')");
+	is_int(rb_lane_of("a", "ignored"), 0x2c, "lane of key 'a' is its hash mod 256");
+	is_int(rb_lane_of(NULL, "foobar"), 0x68, "lane of an unkeyed event is the hash of its id");
+	is_int(rb_lane_of("", "x"), 0xc5, "empty key still hashes the key");
+}
+
+static void
+test_lease(void)
+{
+	struct rb_lease l = { .lane = 218, .epoch = 7, .claims = 3 }, p;
+	char buf[64];
+
+	rb_lease_format(&l, buf, sizeof buf);
+	is_str(buf, "218:7:3", "format lane:epoch:claims");
+	ok(rb_lease_parse("218:7:3", &p) == 0 && p.lane == 218 && p.epoch == 7 && p.claims == 3,
+	    "parse round trip");
+	ok(rb_lease_parse("0:0:0", &p) == 0, "zeros parse");
+	ok(rb_lease_parse("255:9223372036854775807:2147483647", &p) == 0, "maxima parse");
+	const char *bad[] = { "", "1", "1:2", "1:2:", ":2:3", "256:1:1", "-1:1:1", "1:-2:3",
+	    "1:2:3:4", "a:b:c", "1 :2:3", "1:2:3 ", "1:9223372036854775808:1", "1:1:2147483648",
+	    "+1:2:3", "1::3" };
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+		ok(rb_lease_parse(bad[i], &p) < 0, "malformed token '%s' rejected", bad[i]);
+	ok(rb_lease_parse(NULL, &p) < 0, "NULL token rejected");
+}
+
+static void
+test_names(void)
+{
+	ok(rb_ident_valid("public"), "public is a schema name");
+	ok(rb_ident_valid("_rb_1"), "underscore and digits");
+	ok(!rb_ident_valid("Public"), "uppercase rejected");
+	ok(!rb_ident_valid("1abc"), "leading digit rejected");
+	ok(!rb_ident_valid("a;drop"), "punctuation rejected");
+	ok(!rb_ident_valid(""), "empty rejected");
+	ok(rb_handler_valid("mailer.v2:eu-1"), "handler with . : -");
+	ok(!rb_handler_valid("mail er"), "space in handler rejected");
+	ok(!rb_handler_valid(""), "empty handler rejected");
+}
+
+static void
+test_validate(void)
+{
+	struct rb_error err;
+	json_t *e;
+
+	e = json_loads("{\"name\":\"a\",\"payload\":{}}", 0, NULL);
+	ok(rb_event_validate(e, &err) == 0, "minimal event is valid");
+	json_decref(e);
+	e = json_loads("{\"payload\":1}", 0, NULL);
+	ok(rb_event_validate(e, &err) < 0 && strcmp(err.msg, "missing field 'name'") == 0, "missing name");
+	json_decref(e);
+	e = json_loads("{\"name\":\"a\"}", 0, NULL);
+	ok(rb_event_validate(e, &err) < 0 && strcmp(err.msg, "missing field 'payload'") == 0, "missing payload");
+	json_decref(e);
+	e = json_loads("{\"name\":3,\"payload\":1}", 0, NULL);
+	ok(rb_event_validate(e, &err) < 0 && strcmp(err.msg, "field 'name' must be a string") == 0, "name type");
+	json_decref(e);
+	e = json_loads("{\"name\":\"a\",\"payload\":1,\"available_at\":\"tomorrow\"}", 0, NULL);
+	ok(rb_event_validate(e, &err) < 0, "bad available_at");
+	json_decref(e);
+	e = json_loads("{\"name\":\"a\",\"payload\":1,\"available_at\":\"2026-01-31T12:00:00.5+01:00\"}", 0, NULL);
+	ok(rb_event_validate(e, &err) == 0, "available_at with fraction and offset");
+	json_decref(e);
+	e = json_loads("{\"name\":\"a\",\"payload\":1,\"delay_ms\":-1}", 0, NULL);
+	ok(rb_event_validate(e, &err) < 0, "negative delay");
+	json_decref(e);
+	e = json_loads("{\"name\":\"a\",\"payload\":1,\"handlers\":[\"x y\"]}", 0, NULL);
+	ok(rb_event_validate(e, &err) < 0, "bad handler name in handlers");
+	json_decref(e);
+	e = json_loads("{\"event_id\":\"e\",\"handler\":\"h\",\"lease\":\"1:2\"}", 0, NULL);
+	ok(rb_result_validate(e, &err) < 0 && strstr(err.msg, "lease") != NULL, "malformed lease in a result");
+	json_decref(e);
+	e = json_loads("{\"event_id\":\"e\",\"handler\":\"h\",\"lease\":\"1:2:3\",\"ok\":\"yes\"}", 0, NULL);
+	ok(rb_result_validate(e, &err) < 0, "ok must be boolean");
+	json_decref(e);
+}
+
+int
+main(void)
+{
+	test_durations();
+	test_numbers();
+	test_redact();
+	test_fnv();
+	test_lease();
+	test_names();
+	test_validate();
+	return done_testing();
+}
