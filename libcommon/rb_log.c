@@ -100,6 +100,7 @@ level_name(enum rb_log_level level)
 	case RB_LOG_ERROR: return "error";
 	case RB_LOG_WARN: return "warning";
 	case RB_LOG_INFO: return "info";
+	case RB_LOG_NOTICE: return "notice";
 	default: return "debug";
 	}
 }
@@ -109,7 +110,7 @@ rb_logv(enum rb_log_level level, const char *code, const char *fmt, va_list ap)
 {
 	char msg[2048];
 
-	if ((int)level > log_level)
+	if ((level == RB_LOG_NOTICE ? RB_LOG_WARN : (int)level) > log_level)
 		return;
 	vsnprintf(msg, sizeof msg, fmt, ap);
 	if (log_json) {
@@ -154,6 +155,7 @@ fn(const char *fmt, ...)						\
 RB_LOG_FN(rb_debug, RB_LOG_DEBUG)
 RB_LOG_FN(rb_info, RB_LOG_INFO)
 RB_LOG_FN(rb_warn, RB_LOG_WARN)
+RB_LOG_FN(rb_notice, RB_LOG_NOTICE)
 
 int
 rb_error(const char *fmt, ...)

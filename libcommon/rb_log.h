@@ -10,7 +10,8 @@
 #include <stdbool.h>
 #include <stdarg.h>
 
-enum rb_log_level { RB_LOG_ERROR = 0, RB_LOG_WARN = 1, RB_LOG_INFO = 2, RB_LOG_DEBUG = 3 };
+enum rb_log_level { RB_LOG_ERROR = 0, RB_LOG_WARN = 1, RB_LOG_INFO = 2, RB_LOG_DEBUG = 3,
+	RB_LOG_NOTICE = 100 /* printed at the WARN threshold */ };
 
 /** Set the program name used as prefix and read RELAYBUS_LOG_FORMAT and RELAYBUS_DEBUG. */
 void	rb_log_init(const char *prog);
@@ -29,6 +30,8 @@ void	rb_logv(enum rb_log_level, const char *code, const char *fmt, va_list ap)
 void	rb_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void	rb_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void	rb_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/** A summary or status line: shown by default, hidden by -q (level "notice" in json). */
+void	rb_notice(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /** Log an error; returns -1 so that "return rb_error(...)" works. */
 int	rb_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /** Log an error and exit with code. */

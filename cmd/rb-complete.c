@@ -1,0 +1,318 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * rb-complete: read delivery results as JSON lines (a delivery line as
+ * rb-claim printed it, plus ok, error, retry_ms, dead, release) and apply
+ * them: complete (delete, fenced by the lease), reschedule with backoff,
+ * bury, or release.  Results that arrive within --window are grouped into
+ * one statement.  One outcome line per input line on stdout: completed,
+ * rescheduled, buried, released or lost (the lease was taken over).
+ *
+ * A line that does not parse or lacks a valid lease is reported
+ * (stdin:LINE: ...), never applied, and never costs the other results of
+ * its group; the exit status is then 65.  At end of input the lanes seen
+ * are handed back when they run nothing, so a cron job of
+ * `rb-claim | handler | rb-complete` never waits for a lease to expire.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "rb_cli.h"
+#include "rb_exit.h"
+#include "rb_jsonl.h"
+#include "rb_log.h"
+#include "rb_store.h"
+#include "rb_util.h"
+
+static const char usage_str[] =
+"usage: rb-complete [--max-attempts N] [--backoff BASE[,MAX[,FACTOR]]] [--sql SQL]\n"
+"                   [--window DUR] [--batch N] [--no-relinquish] [--db URL] [--schema NAME]\n"
+"\n"
+"Apply delivery results read as JSON lines: complete, reschedule, bury or release.\n"
+"A result is a delivery line plus \"ok\" (default true), \"error\", \"retry_ms\",\n"
+"\"dead\" (bury now) or \"release\" (give back, no attempt charged).\n"
+"\n"
+"  -m, --max-attempts N   a failure that reaches N attempts buries (default 10)\n"
+"      --backoff SPEC     retry delay BASE[,MAX[,FACTOR]]: BASE*FACTOR^(attempts-1), at most\n"
+"                         MAX (default 1s,5m,2)\n"
+"      --sql SQL          run SQL ($1 = the result line as JSON) in the transaction that\n"
+"                         completes each ok delivery (effectively-once)\n"
+"      --window DUR       group results arriving within DUR (default 2ms)\n"
+"      --batch N          at most N results per statement (default 500)\n"
+"      --no-relinquish    keep the lanes at end of input\n"
+"  -u, --db URL           postgresql:// URL or conninfo (default: $RELAYBUS_URL, PG*)\n"
+"      --schema NAME      relaybus schema (default: $RELAYBUS_SCHEMA or public)\n"
+"  -v, --verbose          more messages (-vv: debug)\n"
+"  -q, --quiet            errors only\n"
+"      --log-format FMT   text (default) or json diagnostics on stderr\n"
+"  -h, --help             this help\n"
+"  -V, --version          version and libraries\n"
+"\n"
+"Exit status: 0 ok (lost leases included), 64 usage, 65 a bad input line, 69\n"
+"database unavailable, 74 I/O error, 75 connection lost, 78 bad URL or schema not set up.\n";
+
+enum { OPT_BACKOFF = RB_OPT_FIRST_PROGRAM, OPT_SQL, OPT_WINDOW, OPT_NO_RELINQUISH };
+
+static struct options {
+	struct rb_common	common;
+	struct rb_complete_opts	co;
+	int64_t			window_ms;
+	int			batch;
+	bool			relinquish;
+} opt = { .co = { .max_attempts = RB_DEFAULT_MAX_ATTEMPTS,
+		  .backoff = { .base_ms = 1000, .max_ms = 300000, .factor = 2.0 } },
+	  .window_ms = 2, .batch = 500, .relinquish = true };
+
+static void
+parse_backoff(const char *arg)
+{
+	char *copy = xstrdup(arg), *save = NULL, *part;
+	int i = 0;
+
+	for (part = strtok_r(copy, ",", &save); part != NULL; part = strtok_r(NULL, ",", &save), i++) {
+		if (i == 0)
+			opt.co.backoff.base_ms = rb_cli_duration(usage_str, "--backoff", part);
+		else if (i == 1)
+			opt.co.backoff.max_ms = rb_cli_duration(usage_str, "--backoff", part);
+		else if (i == 2) {
+			char *end;
+
+			errno = 0;
+			opt.co.backoff.factor = strtod(part, &end);
+			if (errno != 0 || *end != '\0' || opt.co.backoff.factor < 1 || opt.co.backoff.factor > 100)
+				rb_cli_usage_error(usage_str, "--backoff: factor '%s' is not a number from 1 to 100", part);
+		} else
+			rb_cli_usage_error(usage_str, "--backoff: '%s' is not BASE[,MAX[,FACTOR]]", arg);
+	}
+	free(copy);
+	if (i == 0)
+		rb_cli_usage_error(usage_str, "--backoff: '%s' is not BASE[,MAX[,FACTOR]]", arg);
+	if (opt.co.backoff.max_ms < opt.co.backoff.base_ms)
+		opt.co.backoff.max_ms = opt.co.backoff.base_ms;
+}
+
+static void
+parse_args(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		RB_COMMON_LONGOPTS,
+		{ "max-attempts", required_argument, NULL, 'm' },
+		{ "backoff", required_argument, NULL, OPT_BACKOFF },
+		{ "sql", required_argument, NULL, OPT_SQL },
+		{ "window", required_argument, NULL, OPT_WINDOW },
+		{ "batch", required_argument, NULL, 'b' },
+		{ "no-relinquish", no_argument, NULL, OPT_NO_RELINQUISH },
+		{ NULL, 0, NULL, 0 }
+	};
+	int c;
+
+	while ((c = getopt_long(argc, argv, RB_COMMON_SHORTOPTS "m:b:", longopts, NULL)) != -1) {
+		if (rb_cli_common(c, optarg, &opt.common, usage_str))
+			continue;
+		switch (c) {
+		case 'm':
+			opt.co.max_attempts = rb_cli_int(usage_str, "--max-attempts", optarg, 1, 1000000);
+			break;
+		case OPT_BACKOFF:
+			parse_backoff(optarg);
+			break;
+		case OPT_SQL:
+			if (*optarg == '\0')
+				rb_cli_usage_error(usage_str, "--sql: empty statement");
+			opt.co.sql = optarg;
+			break;
+		case OPT_WINDOW:
+			opt.window_ms = rb_cli_duration(usage_str, "--window", optarg);
+			break;
+		case 'b':
+			opt.batch = rb_cli_int(usage_str, "--batch", optarg, 1, 100000);
+			break;
+		case OPT_NO_RELINQUISH:
+			opt.relinquish = false;
+			break;
+		default:
+			rb_cli_bad_option(usage_str);
+		}
+	}
+	if (optind < argc)
+		rb_cli_usage_error(usage_str, "unexpected argument '%s'", argv[optind]);
+}
+
+/* lanes seen, for the hand-back at the end: "handler\tlane:epoch" -> {handler, lease} */
+static json_t *seen_lanes;
+
+static void
+remember_lane(const json_t *r)
+{
+	struct rb_lease l;
+	char key[300];
+	const char *h = json_string_value(json_object_get(r, "handler"));
+
+	rb_lease_parse(json_string_value(json_object_get(r, "lease")), &l);
+	l.claims = 0;
+	snprintf(key, sizeof key, "%s\t%d:%lld", h, l.lane, (long long)l.epoch);
+	if (json_object_get(seen_lanes, key) == NULL) {
+		char token[64];
+
+		rb_lease_format(&l, token, sizeof token);
+		json_object_set_new(seen_lanes, key, json_pack("{s:s, s:s}", "handler", h, "lease", token));
+	}
+}
+
+static long counts[6];	/* completed, rescheduled, buried, released, lost, bad */
+
+static int
+apply(struct rb_store *store, json_t *results, json_t *lines)
+{
+	struct rb_error err = { 0 };
+	json_t *outcomes = NULL;
+	size_t i;
+	json_t *o;
+
+	if (json_array_size(results) == 0)
+		return 0;
+	if (rb_store_complete(store, &opt.co, results, &outcomes, &err) < 0) {
+		rb_error("stdin:%lld-%lld: %s (these results were not applied)",
+		    json_integer_value(json_array_get(lines, 0)),
+		    json_integer_value(json_array_get(lines, json_array_size(lines) - 1)), err.msg);
+		return err.exit_code != 0 ? err.exit_code : RB_EXIT_SOFTWARE;
+	}
+	json_array_foreach(outcomes, i, o) {
+		const char *oc = json_string_value(json_object_get(o, "outcome"));
+		long line = (long)json_integer_value(json_array_get(lines, i));
+
+		if (oc == NULL)
+			oc = "lost";
+		if (strcmp(oc, "completed") == 0)
+			counts[0]++;
+		else if (strcmp(oc, "rescheduled") == 0)
+			counts[1]++;
+		else if (strcmp(oc, "buried") == 0)
+			counts[2]++;
+		else if (strcmp(oc, "released") == 0)
+			counts[3]++;
+		else
+			counts[4]++;
+		if (json_is_true(json_object_get(o, "missing")))
+			rb_warn("stdin:%ld: delivery %s of %s does not exist (completed elsewhere, or never "
+			    "published): not applied", line, json_string_value(json_object_get(o, "event_id")),
+			    json_string_value(json_object_get(o, "handler")));
+		else if (strcmp(oc, "lost") == 0)
+			rb_info("stdin:%ld: lease lost for %s of %s: not applied", line,
+			    json_string_value(json_object_get(o, "event_id")),
+			    json_string_value(json_object_get(o, "handler")));
+		json_object_set_new(o, "line", json_integer(line));
+		if (rb_jsonl_write(stdout, o) < 0) {
+			json_decref(outcomes);
+			rb_die_errno(RB_EXIT_IOERR, "cannot write to stdout");
+		}
+	}
+	json_decref(outcomes);
+	if (fflush(stdout) != 0)
+		rb_die_errno(RB_EXIT_IOERR, "cannot write to stdout");
+	json_array_clear(results);
+	json_array_clear(lines);
+	return 0;
+}
+
+int
+main(int argc, char **argv)
+{
+	struct rb_store *store;
+	struct rb_jsonl_reader *in;
+	json_t *results, *lines;
+	const char *line;
+	size_t len;
+	int st, exit_code = RB_EXIT_OK;
+	bool bad = false;
+	int64_t group_deadline = 0;
+
+	rb_cli_init("rb-complete", &opt.common);
+	parse_args(argc, argv);
+	store = rb_cli_open(&opt.common);
+	in = rb_jsonl_reader_new(STDIN_FILENO, 0);
+	results = json_array();
+	lines = json_array();
+	seen_lanes = json_object();
+	for (;;) {
+		int timeout = -1;
+
+		if (json_array_size(results) > 0) {
+			int64_t left = group_deadline - rb_mono_ms();
+
+			timeout = left > 0 ? (int)left : 0;
+		}
+		st = rb_jsonl_next(in, timeout, &line, &len);
+		if (st == RB_JSONL_AGAIN) {
+			if ((exit_code = apply(store, results, lines)) != 0)
+				break;
+			continue;
+		}
+		if (st == RB_JSONL_EOF)
+			break;
+		if (st == RB_JSONL_ERR) {
+			rb_error("cannot read stdin: %s", strerror(errno));
+			exit_code = RB_EXIT_IOERR;
+			break;
+		}
+		if (st == RB_JSONL_TOOLONG) {
+			rb_error("stdin:%ld: line longer than %d bytes: not applied", rb_jsonl_lineno(in),
+			    RB_JSONL_DEFAULT_MAX);
+			counts[5]++;
+			bad = true;
+			continue;
+		}
+		{
+			json_t *r;
+			char why[256];
+			struct rb_error err = { 0 };
+
+			if (rb_jsonl_parse(line, len, &r, why, sizeof why) < 0 ||
+			    (rb_result_validate(r, &err) < 0 && snprintf(why, sizeof why, "%s", err.msg) >= 0)) {
+				json_decref(r);
+				rb_error("stdin:%ld: %s: not applied", rb_jsonl_lineno(in), why);
+				counts[5]++;
+				bad = true;
+				continue;
+			}
+			remember_lane(r);
+			if (json_array_size(results) == 0)
+				group_deadline = rb_mono_ms() + opt.window_ms;
+			json_array_append_new(results, r);
+			json_array_append_new(lines, json_integer(rb_jsonl_lineno(in)));
+		}
+		if (json_array_size(results) >= (size_t)opt.batch &&
+		    (exit_code = apply(store, results, lines)) != 0)
+			break;
+	}
+	if (exit_code == RB_EXIT_OK)
+		exit_code = apply(store, results, lines);
+	if (exit_code == RB_EXIT_OK && opt.relinquish && json_object_size(seen_lanes) > 0) {
+		json_t *leases = json_array(), *v;
+		const char *k;
+		struct rb_error err = { 0 };
+		int n;
+
+		json_object_foreach(seen_lanes, k, v)
+			json_array_append(leases, v);
+		if ((n = rb_store_relinquish_leases(store, leases, &err)) < 0)
+			rb_warn("could not hand back the lanes (they free up when the lease ends): %s", err.msg);
+		else
+			rb_info("handed back %d lanes", n);
+		json_decref(leases);
+	}
+	if (exit_code == RB_EXIT_OK && bad)
+		exit_code = RB_EXIT_DATAERR;
+	rb_info("%ld completed, %ld rescheduled, %ld buried, %ld released, %ld lost, %ld bad lines",
+	    counts[0], counts[1], counts[2], counts[3], counts[4], counts[5]);
+	json_decref(results);
+	json_decref(lines);
+	json_decref(seen_lanes);
+	rb_jsonl_reader_free(in);
+	rb_store_close(store);
+	return exit_code;
+}
