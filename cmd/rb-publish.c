@@ -350,7 +350,7 @@ main(int argc, char **argv)
 	}
 	if (exit_code == RB_EXIT_OK)
 		exit_code = flush_batch(store, &b);
-	if (exit_code == RB_EXIT_OK && bad_seen)
+	if (exit_code == RB_EXIT_OK && (bad_seen || cnt.rejected > 0))
 		exit_code = RB_EXIT_DATAERR;
 	summary();
 	batch_clear(&b);

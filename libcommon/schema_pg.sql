@@ -210,6 +210,8 @@ DECLARE
     v_live     bigint[];
     v_picked   bigint[] := '{}';
     v_take     integer := 4;
+    v_charged  smallint[] := '{}';
+    v_used     smallint[];
     l          record;
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM @S@.relaybus_lanes x WHERE x.handler = p_handler AND x.lane = 0) THEN
@@ -263,6 +265,7 @@ BEGIN
                        last_error = 'lease of ' || l.lease_owner || ' expired: attempt lost',
                        updated_at = v_now
                  WHERE d.id = ANY (l.in_flight) AND d.status = 'pending';
+                v_charged := v_charged || l.lane;
             END IF;
             v_new := v_new || l.lane;
         END LOOP;
@@ -284,8 +287,12 @@ BEGIN
             LIMIT p_batch - cardinality(v_picked));
         v_take := v_take * 2;
     END LOOP;
-    -- 3. record: one write per lane (acquired lanes get a new epoch); held
-    -- lanes that run nothing and got nothing are handed back at once
+    -- 3. record: one write per lane that got work (acquired lanes get a new
+    -- epoch).  Acquired lanes that got nothing are left alone (a free lane
+    -- was only locked), except a taken-over lane whose in-flight deliveries
+    -- were charged: it is freed with a new epoch so no one charges them twice.
+    -- Held lanes that run nothing and got nothing are handed back at once.
+    v_used := ARRAY(SELECT DISTINCT d.lane FROM @S@.relaybus_deliveries d WHERE d.id = ANY (v_picked));
     UPDATE @S@.relaybus_lanes x
        SET epoch = CASE WHEN x.lane = ANY (v_acquired) THEN x.epoch + 1 ELSE x.epoch END,
            lease_owner = p_owner,
@@ -293,16 +300,16 @@ BEGIN
            in_flight = ARRAY(SELECT d.id FROM @S@.relaybus_deliveries d
                               WHERE d.id = ANY (v_live || v_picked) AND d.lane = x.lane
                                 AND d.handler = p_handler ORDER BY d.id)
-     WHERE x.handler = p_handler AND x.lane = ANY (v_held)
-       AND (x.lane = ANY (v_acquired) OR EXISTS (
-            SELECT 1 FROM @S@.relaybus_deliveries d
-             WHERE d.id = ANY (v_picked) AND d.lane = x.lane AND d.handler = p_handler));
+     WHERE x.handler = p_handler AND x.lane = ANY (v_used);
+    UPDATE @S@.relaybus_lanes x
+       SET epoch = x.epoch + 1, lease_owner = NULL, lease_expires_at = NULL, in_flight = '{}'
+     WHERE x.handler = p_handler AND x.lane = ANY (v_charged) AND NOT (x.lane = ANY (v_used));
     UPDATE @S@.relaybus_lanes x
        SET lease_owner = NULL, lease_expires_at = NULL, in_flight = '{}'
      WHERE x.handler = p_handler AND x.lane = ANY (v_held) AND NOT (x.lane = ANY (v_acquired))
-       AND x.lease_owner = p_owner
+       AND NOT (x.lane = ANY (v_used)) AND x.lease_owner = p_owner
        AND NOT EXISTS (SELECT 1 FROM @S@.relaybus_deliveries d
-                        WHERE d.id = ANY (v_live || v_picked) AND d.lane = x.lane AND d.handler = p_handler);
+                        WHERE d.id = ANY (v_live) AND d.lane = x.lane AND d.handler = p_handler);
     RETURN QUERY
         SELECT d.id, d.event_id, d.handler, d.lane, x.epoch, d.claims, d.attempts,
                e.name, e.key, d.sequence, e.payload, e.headers, @S@.relaybus_ts(d.created_at)

@@ -9,7 +9,7 @@ teardown_file() { drop_schema; }
 
 catalog() {  # a stable description of the schema's tables, indexes and options
   local s=${1:-$RB_SCHEMA}
-  q "SELECT c.relname || ' ' || c.relkind || ' ' || coalesce(array_to_string(c.reloptions, ','), '-')
+  q "SELECT c.relname || ' ' || c.relkind::text || ' ' || coalesce(array_to_string(c.reloptions, ','), '-')
        FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
       WHERE n.nspname = '$s' AND c.relkind IN ('r', 'i')
       ORDER BY 1;
@@ -98,9 +98,10 @@ mailer order.created" ]
   before=$(catalog)
   q "INSERT INTO relaybus_events (id, name, payload) VALUES ('keep', 'x', '{}')"
   rb-setup -s h1:a.b
+  [[ "$before" == *"relaybus_lanes r fillfactor=50"* ]]
   [ "$(catalog)" = "$before" ]
-  [ "$(q "SELECT count(*) FROM relaybus_lanes")" = 256 ]
-  [ "$(q "SELECT count(*) FROM relaybus_subscriptions")" = 1 ]
+  [ "$(q "SELECT count(*) FROM relaybus_lanes WHERE handler = 'h1'")" = 256 ]
+  [ "$(q "SELECT count(*) FROM relaybus_subscriptions WHERE handler = 'h1'")" = 1 ]
   [ "$(q "SELECT count(*) FROM relaybus_events")" = 1 ]
 }
 

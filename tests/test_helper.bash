@@ -44,9 +44,24 @@ need_pg() {
   export RELAYBUS_SCHEMA=$RB_SCHEMA
 }
 
+# For setup_file: true when there is a database to prepare; without one
+# the tests skip (need_pg), or the file fails when RELAYBUS_REQUIRE_PG=1.
+have_pg() {
+  if [ -z "$_test_pg_url" ]; then
+    if [ "$_require_pg" = 1 ]; then
+      echo "RELAYBUS_REQUIRE_PG=1 but RELAYBUS_TEST_PG_URL is not set" >&2
+      exit 1
+    fi
+    return 1
+  fi
+  export RELAYBUS_URL=$_test_pg_url
+  export RELAYBUS_SCHEMA=$RB_SCHEMA
+}
+
 # The schema of this file: unique per file and run.
 _base=$(basename "$BATS_TEST_FILENAME" .bats | tr -c 'a-z0-9_\n' '_')
-RB_SCHEMA="t_${_base}_$$"
+_run=$(printf '%s' "$BATS_RUN_TMPDIR" | cksum | cut -d' ' -f1)
+RB_SCHEMA="t_${_base}_${_run}"
 RB_SCHEMA=${RB_SCHEMA:0:50}
 
 # psql against the test database with the file's schema on the search path.

@@ -1,0 +1,319 @@
+#!/usr/bin/env bats
+# The delivery path: rb-claim | handler | rb-complete, lane leases, fencing,
+# per-key order, retries, dead letters, takeovers and effectively-once.
+
+load test_helper
+
+setup_file() { drop_schema; have_pg || return 0; rb-setup -s 'h1:job.*' -s 'h2:job.*' -s 'k:keyed.*'; }
+teardown_file() { drop_schema; }
+setup() {
+  need_pg
+  q "TRUNCATE relaybus_events, relaybus_deliveries, relaybus_keys; UPDATE relaybus_lanes SET lease_owner = NULL, lease_expires_at = NULL, in_flight = '{}'"
+}
+
+ok_all() { jq -c '. + {ok: true}'; }
+
+@test "a pipeline drains 10,000 events for 2 handlers: each ran once, nothing left" {
+  gen_events 10000 job.x 0 | rb-publish -q --batch 1000
+  ran=$BATS_TEST_TMPDIR/ran
+  for h in h1 h2; do
+    while rb-claim -q -H "$h" --batch 500 >"$BATS_TEST_TMPDIR/batch"; do
+      jq -r '"\(.event_id) \(.handler)"' "$BATS_TEST_TMPDIR/batch" >>"$ran"
+      ok_all <"$BATS_TEST_TMPDIR/batch" | rb-complete -q >/dev/null
+    done
+  done
+  [ "$(wc -l <"$ran")" -eq 20000 ]
+  [ "$(sort -u "$ran" | wc -l)" -eq 20000 ]
+  [ "$(q "SELECT count(*) FROM relaybus_deliveries")" = 0 ]
+  [ "$(q "SELECT count(*) FROM relaybus_lanes WHERE lease_owner IS NOT NULL")" = 0 ]
+}
+
+@test "the pipe form: rb-claim | handler | rb-complete, with outcome lines" {
+  gen_events 30 job.x 0 | rb-publish -q
+  run --separate-stderr bash -c "rb-claim -H h1 --batch 50 | jq -c '. + {ok: true}' | rb-complete"
+  [ "$status" -eq 0 ]
+  [ "${#lines[@]}" -eq 30 ]
+  [ "$(printf '%s\n' "$output" | jq -r .outcome | sort -u)" = completed ]
+  [ "$(q "SELECT count(*) FROM relaybus_deliveries WHERE handler = 'h1'")" = 0 ]
+}
+
+@test "claim exit 1 means nothing was due; --wait returns as soon as work arrives" {
+  run rb-claim -H h1
+  [ "$status" -eq 1 ]
+  [ -z "$output" ]
+  ( sleep 0.5; echo '{"id":"w1","name":"job.x","payload":1}' | rb-publish -q ) &
+  start=$(date +%s%N)
+  run rb-claim -H h1 --wait 10s --poll 5s
+  ms=$(( ($(date +%s%N) - start) / 1000000 ))
+  wait
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | jq -r .event_id)" = w1 ]
+  echo "woken after ${ms} ms" >&3
+  [ "$ms" -lt 3000 ]
+  start=$(date +%s%N)
+  run rb-claim -H h1 --wait 300ms
+  [ "$status" -eq 1 ]
+  [ $(( ($(date +%s%N) - start) / 1000000 )) -ge 300 ]
+}
+
+claimers() {  # n: run n claimers until nothing is due; each records "owner lane:epoch event_id"
+  local n=$1 pids=()
+  for w in $(seq 1 "$n"); do
+    (
+      idle=0
+      while [ $idle -lt 3 ]; do
+        if rb-claim -q -H k --owner "w$w" --batch 7 >"$BATS_TEST_TMPDIR/c$w"; then
+          idle=0
+          jq -r --arg w "w$w" '"\($w) \(.lease | split(":")[0:2] | join(":")) \(.event_id) \(.key) \(.sequence)"' "$BATS_TEST_TMPDIR/c$w" >>"$BATS_TEST_TMPDIR/log$w"
+          ok_all <"$BATS_TEST_TMPDIR/c$w" | rb-complete -q >/dev/null
+        else
+          idle=$((idle + 1)); sleep 0.1
+        fi
+      done
+    ) &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p"; done
+  cat "$BATS_TEST_TMPDIR"/log* >"$BATS_TEST_TMPDIR/all"
+}
+
+@test "two and four concurrent claimers never get the same delivery and never share a lane" {
+  for n in 2 4; do
+    q "TRUNCATE relaybus_events, relaybus_deliveries"
+    rm -f "$BATS_TEST_TMPDIR"/log* "$BATS_TEST_TMPDIR/all"
+    awk 'BEGIN { for (i = 1; i <= 1500; i++) printf "{\"id\":\"c%d\",\"name\":\"keyed.x\",\"payload\":%d}\n", i, i }' | rb-publish -q
+    claimers "$n"
+    [ "$(wc -l <"$BATS_TEST_TMPDIR/all")" -eq 1500 ]
+    [ "$(awk '{print $3}' "$BATS_TEST_TMPDIR/all" | sort | uniq -d | wc -l)" -eq 0 ]
+    # a (lane, epoch) lease belongs to one owner only
+    [ "$(awk '{print $2, $1}' "$BATS_TEST_TMPDIR/all" | sort -u | awk '{print $1}' | uniq -d | wc -l)" -eq 0 ]
+    # and the work was shared
+    [ "$(awk '{print $1}' "$BATS_TEST_TMPDIR/all" | sort -u | wc -l)" -eq "$n" ]
+    [ "$(q "SELECT count(*) FROM relaybus_deliveries")" = 0 ]
+  done
+}
+
+@test "per-key order holds with three concurrent claimers" {
+  awk 'BEGIN { for (i = 1; i <= 600; i++) printf "{\"id\":\"o%d\",\"name\":\"keyed.x\",\"key\":\"key%d\",\"payload\":%d}\n", i, i % 12, i }' | rb-publish -q --batch 50
+  claimers 3
+  [ "$(wc -l <"$BATS_TEST_TMPDIR/all")" -eq 600 ]
+  # in the order they were handled, each key's sequences only grow (files are per claimer, so
+  # merge them by the order of completion: the sequence itself must be strictly increasing
+  # per key within each claimer, and across claimers no sequence runs before its predecessor
+  # completed, which the per-key claim rule enforces: check every key's sequence set is complete)
+  for f in "$BATS_TEST_TMPDIR"/log*; do
+    [ "$(awk '{ if (($4 in last) && $5 <= last[$4]) bad++; last[$4] = $5 } END { print bad + 0 }' "$f")" -eq 0 ]
+  done
+  [ "$(q "SELECT count(*) FROM relaybus_deliveries")" = 0 ]
+}
+
+@test "a keyed delivery waits while an earlier one of its key is in flight or pending" {
+  printf '%s\n' '{"id":"a1","name":"keyed.x","key":"K","payload":1}' '{"id":"a2","name":"keyed.x","key":"K","payload":2}' \
+    '{"id":"a3","name":"keyed.x","key":"K","payload":3}' '{"id":"u1","name":"keyed.x","payload":4}' | rb-publish -q
+  run rb-claim -H k --owner A --batch 10
+  [ "$(echo "$output" | jq -r .event_id | sort | tr '\n' ' ')" = "a1 u1 " ]
+  head1=$(echo "$output" | jq -c 'select(.event_id == "a1")')
+  # a failing head pauses its key
+  echo "$head1" | jq -c '. + {ok: false, error: "boom", retry_ms: 0}' | rb-complete -q --no-relinquish >/dev/null
+  run rb-claim -H k --owner A --batch 10
+  [ "$(echo "$output" | jq -r .event_id)" = a1 ]
+  [ "$(echo "$output" | jq -r .attempt)" = 2 ]
+  # buried: its followers proceed
+  echo "$output" | jq -c '. + {ok: false, dead: true, error: "poison"}' | rb-complete -q >/dev/null
+  run rb-claim -H k --owner A --batch 10
+  [ "$(echo "$output" | jq -r .event_id)" = a2 ]
+  echo "$output" | ok_all | rb-complete -q >/dev/null
+  run rb-claim -H k --owner A --batch 10
+  [ "$(echo "$output" | jq -r .event_id)" = a3 ]
+  [ "$(q "SELECT status || ' ' || attempts || ' ' || last_error FROM relaybus_deliveries WHERE event_id = 'a1'")" = "dead 2 poison" ]
+}
+
+@test "retry with backoff, dead letter after the maximum attempts, explicit dead" {
+  echo '{"id":"r","name":"keyed.x","payload":1}' | rb-publish -q
+  rb-claim -H k | jq -c '. + {ok: false, error: "e1"}' | rb-complete -q --max-attempts 3 --backoff 2s,1m,3 >"$BATS_TEST_TMPDIR/o"
+  [ "$(jq -r '.outcome + " " + (.attempts | tostring)' "$BATS_TEST_TMPDIR/o")" = "rescheduled 1" ]
+  # first retry after BASE (2 s)
+  [ "$(q "SELECT round(extract(epoch FROM available_at - updated_at))::int FROM relaybus_deliveries WHERE event_id = 'r'")" = 2 ]
+  run rb-claim -H k
+  [ "$status" -eq 1 ]
+  q "UPDATE relaybus_deliveries SET available_at = now() WHERE event_id = 'r'"
+  rb-claim -H k | jq -c '. + {ok: false, error: "e2"}' | rb-complete -q --max-attempts 3 --backoff 2s,1m,3 >/dev/null
+  # second retry after BASE * FACTOR
+  [ "$(q "SELECT round(extract(epoch FROM available_at - updated_at))::int || ' ' || last_error FROM relaybus_deliveries WHERE event_id = 'r'")" = "6 e2" ]
+  q "UPDATE relaybus_deliveries SET available_at = now() WHERE event_id = 'r'"
+  run bash -c "rb-claim -H k | jq -c '. + {ok: false, error: \"e3\"}' | rb-complete --max-attempts 3"
+  [ "$(echo "$output" | jq -r .outcome)" = buried ]
+  [ "$(q "SELECT status || ' ' || attempts FROM relaybus_deliveries WHERE event_id = 'r'")" = "dead 3" ]
+  run rb-claim -H k
+  [ "$status" -eq 1 ]
+  # explicit dead buries at once; retry_ms overrides the backoff
+  printf '%s\n' '{"id":"x","name":"keyed.x","payload":1}' '{"id":"y","name":"keyed.x","payload":1}' | rb-publish -q
+  rb-claim -H k --batch 5 | jq -c 'if .event_id == "x" then . + {dead: true, error: "bad"} else . + {ok: false, retry_ms: 60000} end' | rb-complete >"$BATS_TEST_TMPDIR/o"
+  [ "$(jq -r '"\(.event_id)=\(.outcome)"' "$BATS_TEST_TMPDIR/o" | sort | tr '\n' ' ')" = "x=buried y=rescheduled " ]
+  [ "$(q "SELECT round(extract(epoch FROM available_at - updated_at))::int FROM relaybus_deliveries WHERE event_id = 'y'")" = 60 ]
+}
+
+@test "a worker that dies: after its lease another takes the lane and the attempt is charged" {
+  echo '{"id":"d","name":"keyed.x","payload":1}' | rb-publish -q
+  run rb-claim -H k --owner dead --lease 500ms
+  [ "$(echo "$output" | jq -r .attempt)" = 1 ]
+  stale=$output
+  run rb-claim -H k --owner other
+  [ "$status" -eq 1 ]
+  sleep 0.7
+  run rb-claim -H k --owner other
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | jq -r .attempt)" = 2 ]
+  [ "$(q "SELECT attempts || ' ' || last_error FROM relaybus_deliveries WHERE event_id = 'd'")" = "1 lease of dead expired: attempt lost" ]
+  # the dead worker's late completion changes nothing and says lost
+  run --separate-stderr bash -c "echo '$stale' | jq -c '. + {ok: true}' | rb-complete"
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | jq -r .outcome)" = lost ]
+  [ "$(q "SELECT count(*) FROM relaybus_deliveries WHERE event_id = 'd'")" = 1 ]
+  # the new holder completes it
+  run bash -c "echo '$(echo "$output" | head -0)'; rb-claim -H k --owner other"
+}
+
+@test "a stale lease completes nothing and reports lost; the new holder completes" {
+  echo '{"id":"s","name":"keyed.x","payload":1}' | rb-publish -q
+  old=$(rb-claim -H k --owner A --lease 300ms)
+  sleep 0.4
+  new=$(rb-claim -H k --owner B)
+  [ "$(echo "$old" | jq -r .lease | cut -d: -f2)" -lt "$(echo "$new" | jq -r .lease | cut -d: -f2)" ]
+  run bash -c "echo '$old' | jq -c '. + {ok: true}' | rb-complete"
+  [ "$(echo "$output" | jq -r .outcome)" = lost ]
+  run bash -c "echo '$old' | jq -c '. + {ok: false, error: \"x\"}' | rb-complete"
+  [ "$(echo "$output" | jq -r .outcome)" = lost ]
+  [ "$(q "SELECT attempts FROM relaybus_deliveries WHERE event_id = 's'")" = 1 ]
+  run bash -c "echo '$new' | jq -c '. + {ok: true}' | rb-complete"
+  [ "$(echo "$output" | jq -r .outcome)" = completed ]
+  [ "$(q "SELECT count(*) FROM relaybus_deliveries")" = 0 ]
+}
+
+@test "a poison delivery whose worker always dies still ends dead" {
+  echo '{"id":"p","name":"keyed.x","payload":1}' | rb-publish -q
+  for i in 1 2 3; do
+    run rb-claim -H k --owner "crash$i" --lease 200ms --max-attempts 3
+    [ "$status" -eq 0 ]
+    [ "$(echo "$output" | jq -r .attempt)" = "$i" ]
+    sleep 0.3
+  done
+  run rb-claim -H k --owner final --max-attempts 3
+  [ "$status" -eq 1 ]
+  [ "$(q "SELECT status || ' ' || attempts FROM relaybus_deliveries WHERE event_id = 'p'")" = "dead 3" ]
+}
+
+@test "release charges no attempt; relinquish frees lanes for another owner at once" {
+  printf '%s\n' '{"id":"r1","name":"keyed.x","key":"L","payload":1}' | rb-publish -q
+  run bash -c "rb-claim -H k --owner A --lease 1m | jq -c '. + {release: true}' | rb-complete"
+  [ "$(echo "$output" | jq -r .outcome)" = released ]
+  [ "$(q "SELECT attempts FROM relaybus_deliveries WHERE event_id = 'r1'")" = 0 ]
+  # handed back at end of input: B can claim at once, with a new epoch
+  run rb-claim -H k --owner B --lease 1m
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | jq -r .attempt)" = 1 ]
+  # B keeps the lane while it holds the delivery; with --no-relinquish it keeps it after too
+  echo "$output" | ok_all | rb-complete -q --no-relinquish >/dev/null
+  echo '{"id":"r2","name":"keyed.x","key":"L","payload":2}' | rb-publish -q
+  run rb-claim -H k --owner C
+  [ "$status" -eq 1 ]
+  [ "$(q "SELECT lease_owner FROM relaybus_lanes WHERE handler = 'k' AND lane = relaybus_lane('L')")" = B ]
+  # B's own next claim gets it; completing it with relinquish frees the lane
+  rb-claim -H k --owner B | ok_all | rb-complete -q >/dev/null
+  [ "$(q "SELECT coalesce(lease_owner, 'free') FROM relaybus_lanes WHERE handler = 'k' AND lane = relaybus_lane('L')")" = free ]
+}
+
+@test "effectively-once: --sql commits with the deletion, and a takeover cannot also win" {
+  q "CREATE TABLE IF NOT EXISTS effects (event_id text PRIMARY KEY, at timestamptz DEFAULT clock_timestamp())"
+  q "TRUNCATE effects"
+  echo '{"id":"e1","name":"keyed.x","payload":1}' | rb-publish -q
+  # the completion holds the lane (KEY SHARE) while its SQL runs longer than the lease
+  rb-claim -H k --owner A --lease 500ms | ok_all >"$BATS_TEST_TMPDIR/a"
+  rb-complete --sql "INSERT INTO $RB_SCHEMA.effects (event_id) SELECT (\$1::jsonb)->>'event_id' FROM pg_sleep(1.5)" <"$BATS_TEST_TMPDIR/a" >"$BATS_TEST_TMPDIR/out" &
+  sleep 0.9
+  # the lease has expired, but the lane is locked by the completion: the takeover skips it
+  run rb-claim -H k --owner B
+  [ "$status" -eq 1 ]
+  wait
+  [ "$(jq -r .outcome "$BATS_TEST_TMPDIR/out")" = completed ]
+  [ "$(q "SELECT string_agg(event_id, ',') FROM effects")" = e1 ]
+  [ "$(q "SELECT count(*) FROM relaybus_deliveries")" = 0 ]
+  # the other order: the takeover wins, the late completion's SQL is rolled back
+  echo '{"id":"e2","name":"keyed.x","payload":1}' | rb-publish -q
+  rb-claim -H k --owner A --lease 300ms | ok_all >"$BATS_TEST_TMPDIR/a"
+  sleep 0.4
+  run rb-claim -H k --owner B
+  [ "$(echo "$output" | jq -r .attempt)" = 2 ]
+  run rb-complete --sql "INSERT INTO $RB_SCHEMA.effects (event_id) SELECT (\$1::jsonb)->>'event_id'" <"$BATS_TEST_TMPDIR/a"
+  [ "$(echo "$output" | jq -r .outcome)" = lost ]
+  [ "$(q "SELECT count(*) FROM effects WHERE event_id = 'e2'")" = 0 ]
+}
+
+@test "--sql that fails counts as a failed attempt and commits nothing" {
+  echo '{"id":"f1","name":"keyed.x","payload":1}' | rb-publish -q
+  run bash -c "rb-claim -H k | jq -c '. + {ok: true}' | rb-complete --sql 'SELECT 1/0'"
+  [ "$(echo "$output" | jq -r '.outcome + " " + .error')" = "rescheduled --sql failed: division by zero" ]
+  [ "$(q "SELECT attempts || ' ' || last_error FROM relaybus_deliveries WHERE event_id = 'f1'")" = "1 --sql failed: division by zero" ]
+}
+
+@test "after a claim and a completion, deliveries were never updated and every lane update was HOT" {
+  stats() { q "SELECT n_tup_ins || ' ' || n_tup_upd || ' ' || n_tup_hot_upd || ' ' || n_tup_del FROM pg_stat_user_tables WHERE schemaname = '$RB_SCHEMA' AND relname = '$1'"; }
+  d0=$(stats relaybus_deliveries); l0=$(stats relaybus_lanes)
+  echo '{"id":"hot","name":"keyed.x","payload":1}' | rb-publish -q
+  rb-claim -H k | ok_all | rb-complete -q >/dev/null
+  for _ in $(seq 1 30); do
+    d1=$(stats relaybus_deliveries); l1=$(stats relaybus_lanes)
+    [ "${d1##* }" != "${d0##* }" ] && [ "$l1" != "$l0" ] && break
+    sleep 0.1
+  done
+  read -r di du dh dd <<<"$d1"; read -r di0 du0 dh0 dd0 <<<"$d0"
+  read -r li lu lh ld <<<"$l1"; read -r li0 lu0 lh0 ld0 <<<"$l0"
+  echo "deliveries +ins $((di - di0)) +upd $((du - du0)) +del $((dd - dd0)); lanes +upd $((lu - lu0)) +hot $((lh - lh0))" >&3
+  [ $((di - di0)) -eq 1 ]
+  [ $((du - du0)) -eq 0 ]
+  [ $((dd - dd0)) -eq 1 ]
+  [ $((lu - lu0)) -gt 0 ]
+  [ $((lh - lh0)) -eq $((lu - lu0)) ]
+}
+
+@test "bad result lines are reported and never applied; the others still are" {
+  printf '%s\n' '{"id":"b1","name":"keyed.x","payload":1}' '{"id":"b2","name":"keyed.x","payload":1}' | rb-publish -q
+  rb-claim -H k --batch 5 | ok_all >"$BATS_TEST_TMPDIR/good"
+  {
+    sed -n 1p "$BATS_TEST_TMPDIR/good"
+    echo '{"event_id":"b2","handler":"k","lease":"12:x:0","ok":true}'
+    echo 'garbage'
+    echo '{"event_id":"nope","handler":"k","lease":"1:1:0","ok":true}'
+    echo '{"event_id":"b2","handler":"k","ok":true}'
+    sed -n 2p "$BATS_TEST_TMPDIR/good"
+  } >"$BATS_TEST_TMPDIR/in"
+  run --separate-stderr rb-complete <"$BATS_TEST_TMPDIR/in"
+  [ "$status" -eq 65 ]
+  [[ "$stderr" == *"rb-complete: stdin:2: field 'lease' is not a lease token (lane:epoch:claims): not applied"* ]]
+  [[ "$stderr" == *"rb-complete: stdin:3: invalid JSON: "*": not applied"* ]]
+  [[ "$stderr" == *"rb-complete: stdin:4: delivery nope of k does not exist (completed elsewhere, or never published): not applied"* ]]
+  [[ "$stderr" == *"rb-complete: stdin:5: missing field 'lease': not applied"* ]]
+  [ "$(printf '%s\n' "$output" | jq -r '"\(.line) \(.outcome)"' | tr '\n' ' ')" = "1 completed 4 lost 6 completed " ]
+  [ "$(q "SELECT count(*) FROM relaybus_deliveries")" = 0 ]
+}
+
+@test "usage errors exit 64" {
+  run --separate-stderr rb-claim
+  [ "$status" -eq 64 ]
+  [ "${stderr_lines[0]}" = "rb-claim: --handler is required" ]
+  run --separate-stderr rb-claim -H 'a b'
+  [ "$status" -eq 64 ]
+  run --separate-stderr rb-claim -H x --lease soon
+  [ "$status" -eq 64 ]
+  [[ "${stderr_lines[0]}" == "rb-claim: --lease: 'soon' is not a duration"* ]]
+  run --separate-stderr rb-complete --backoff 1s,2s,0.5
+  [ "$status" -eq 64 ]
+  run --separate-stderr rb-complete --max-attempts 0
+  [ "$status" -eq 64 ]
+}
+
+@test "a schema that is not set up is a clear configuration error" {
+  run --separate-stderr env RELAYBUS_SCHEMA=nothing_here rb-claim -H x
+  [ "$status" -eq 78 ]
+  [[ "$stderr" == *'schema "nothing_here" is not set up'*"run rb-setup"* ]]
+}

@@ -1,0 +1,257 @@
+#!/usr/bin/env bats
+# rb-publish and the SQL publish function: atomicity, fan-out, inbox dedup,
+# per-key commit order, delays, and every bad-input path.
+
+load test_helper
+
+setup_file() { drop_schema; have_pg || return 0; rb-setup -s 'mail:order.*' -s audit:order.created -s 'bill:invoice.?aid'; }
+teardown_file() { drop_schema; }
+setup() { need_pg; q "TRUNCATE relaybus_events, relaybus_deliveries, relaybus_keys"; }
+
+count() { q "SELECT count(*) FROM $1"; }
+
+@test "the SQL function publishes atomically inside the caller's transaction" {
+  q "CREATE TABLE IF NOT EXISTS orders (id int PRIMARY KEY, paid boolean)"
+  q "TRUNCATE orders"
+  sql -c "BEGIN" -c "INSERT INTO orders VALUES (1, true)" \
+      -c "SELECT * FROM relaybus_publish('order.paid', '{\"order\":1}', p_id => 'rolled')" -c "ROLLBACK" >/dev/null
+  [ "$(count relaybus_events)" = 0 ]
+  [ "$(count relaybus_deliveries)" = 0 ]
+  [ "$(count orders)" = 0 ]
+  run sql -c "BEGIN" -c "INSERT INTO orders VALUES (2, true)" \
+      -c "SELECT event_id, deliveries, duplicate FROM relaybus_publish('order.paid', '{\"order\":2}', p_id => 'kept')" -c "COMMIT"
+  [ "$status" -eq 0 ]
+  [ "$output" = "kept|1|f" ]
+  [ "$(q "SELECT handler FROM relaybus_deliveries WHERE event_id = 'kept'")" = mail ]
+  [ "$(count orders)" = 1 ]
+}
+
+@test "fan-out: exact and glob subscriptions, and events that match no handler" {
+  run --separate-stderr rb-publish -o <<'EOF2'
+{"id":"a","name":"order.created","payload":{}}
+{"id":"b","name":"order.shipped","payload":{}}
+{"id":"c","name":"invoice.paid","payload":{}}
+{"id":"d","name":"invoice.xaid","payload":{}}
+{"id":"e","name":"invoice.unpaid","payload":{}}
+{"id":"f","name":"order","payload":{}}
+EOF2
+  [ "$status" -eq 0 ]
+  [ "$(q "SELECT string_agg(event_id || ':' || handler, ' ' ORDER BY event_id, handler) FROM relaybus_deliveries")" = "a:audit a:mail b:mail c:bill d:bill" ]
+  [ "$(echo "$output" | jq -r 'select(.id=="a") | .handlers | join(",")')" = "audit,mail" ]
+  # stored and reported
+  [ "$(count relaybus_events)" = 6 ]
+  [[ "$stderr" == *"stdin:5: event e (invoice.unpaid) matches no handler"* ]]
+  [[ "$stderr" == *"stdin:6: event f (order) matches no handler"* ]]
+  [[ "${stderr_lines[-1]}" == "rb-publish: 6 events, 5 deliveries, 0 duplicates, 2 without handlers, 0 rejected; committed through line 6" ]]
+}
+
+@test "explicit handlers override the subscriptions" {
+  echo '{"id":"x","name":"order.created","payload":1,"handlers":["ledger","mail","ledger"]}' | rb-publish -q
+  [ "$(q "SELECT string_agg(handler, ',' ORDER BY handler) FROM relaybus_deliveries WHERE event_id = 'x'")" = "ledger,mail" ]
+  [ "$(q "SELECT array_to_string(handlers, ',') FROM relaybus_events WHERE id = 'x'")" = "ledger,mail" ]
+  # a handler without subscription gets its lanes when first claimed
+  run rb-claim -H ledger
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | jq -r .event_id)" = x ]
+}
+
+@test "redelivery of an id adds nothing; a completed handler never runs again; a new handler gets one" {
+  echo '{"id":"r1","name":"order.created","payload":{"v":1}}' | rb-publish -q
+  rb-claim -H mail | jq -c '. + {ok: true}' | rb-complete -q >/dev/null
+  [ "$(q "SELECT string_agg(handler, ',') FROM relaybus_deliveries WHERE event_id = 'r1'")" = audit ]
+  run --separate-stderr rb-publish -o <<<'{"id":"r1","name":"order.created","payload":{"v":1}}'
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | jq -c '[.duplicate, .deliveries]')" = "[true,0]" ]
+  [[ "${stderr_lines[-1]}" == *"1 duplicates"* ]]
+  # mail completed and is not delivered again; audit is still the one pending
+  [ "$(q "SELECT string_agg(handler, ',') FROM relaybus_deliveries WHERE event_id = 'r1'")" = audit ]
+  # a handler subscribed later gets a delivery on redelivery, the others do not
+  rb-setup -s 'crm:order.*'
+  run rb-publish -o <<<'{"id":"r1","name":"order.created","payload":{"v":1}}'
+  [ "$(echo "$output" | jq -c '[.duplicate, .deliveries, .handlers]')" = '[true,1,["crm"]]' ]
+  [ "$(q "SELECT string_agg(handler, ',' ORDER BY handler) FROM relaybus_deliveries WHERE event_id = 'r1'")" = "audit,crm" ]
+  [ "$(q "SELECT array_to_string(handlers, ',') FROM relaybus_events WHERE id = 'r1'")" = "audit,mail,crm" ]
+  rb-setup --unsubscribe 'crm:order.*'
+}
+
+@test "the same id twice in one batch gives one set of deliveries" {
+  printf '%s\n' '{"id":"d1","name":"order.created","payload":1}' '{"id":"d1","name":"order.created","payload":1}' | rb-publish -q
+  [ "$(q "SELECT count(*) FROM relaybus_deliveries WHERE event_id = 'd1'")" = 2 ]
+}
+
+@test "per-key sequences follow commit order, not start order" {
+  # A starts first but commits last; B starts later and commits first.
+  sql -c "BEGIN" -c "SELECT pg_sleep(0.8)" -c "SELECT 1 FROM relaybus_publish('order.created', '1', 'K', 'A')" -c "COMMIT" >/dev/null &
+  a=$!
+  sleep 0.2
+  sql -c "BEGIN" -c "SELECT 1 FROM relaybus_publish('order.created', '2', 'K', 'B')" -c "COMMIT" >/dev/null
+  wait $a
+  [ "$(q "SELECT string_agg(event_id || '=' || sequence, ' ' ORDER BY sequence) FROM relaybus_deliveries WHERE handler = 'mail'")" = "B=1 A=2" ]
+  # C publishes first and holds the key; D publishes meanwhile and must wait for C's commit
+  q "TRUNCATE relaybus_events, relaybus_deliveries"
+  sql -c "BEGIN" -c "SELECT 1 FROM relaybus_publish('order.created', '3', 'K', 'C')" -c "SELECT pg_sleep(1)" -c "COMMIT" >/dev/null &
+  c=$!
+  sleep 0.3
+  start=$(date +%s%N)
+  sql -c "BEGIN" -c "SELECT 1 FROM relaybus_publish('order.created', '4', 'K', 'D')" -c "COMMIT" >/dev/null
+  waited=$(( ($(date +%s%N) - start) / 1000000 ))
+  wait $c
+  [ "$waited" -ge 400 ]
+  [ "$(q "SELECT string_agg(event_id || '=' || sequence, ' ' ORDER BY sequence) FROM relaybus_deliveries WHERE handler = 'mail'")" = "C=3 D=4" ]
+}
+
+@test "two rb-publish processes on one key: every sequence is unique and claims come in sequence order" {
+  gen() { for i in $(seq 1 200); do echo "{\"id\":\"$1$i\",\"name\":\"order.created\",\"key\":\"hot\",\"payload\":$i}"; done; }
+  gen p | rb-publish -q --batch 7 &
+  gen q | rb-publish -q --batch 5
+  wait
+  [ "$(q "SELECT count(DISTINCT sequence) || '/' || count(*) FROM relaybus_deliveries WHERE handler = 'mail'")" = "400/400" ]
+  # within each publisher, input order is sequence order
+  [ "$(q "SELECT bool_and(s > lag_s) FROM (SELECT sequence s, lag(sequence) OVER (PARTITION BY left(event_id, 1) ORDER BY substr(event_id, 2)::int) lag_s FROM relaybus_deliveries WHERE handler = 'mail') x WHERE lag_s IS NOT NULL")" = t ]
+}
+
+@test "the lane is FNV-1a of the key, or of the id" {
+  printf '%s\n' '{"id":"foobar","name":"order.created","payload":1}' '{"id":"z","name":"order.created","key":"a","payload":1}' | rb-publish -q
+  [ "$(q "SELECT lane FROM relaybus_deliveries WHERE event_id = 'foobar' AND handler = 'mail'")" = 104 ]
+  [ "$(q "SELECT lane FROM relaybus_deliveries WHERE event_id = 'z' AND handler = 'mail'")" = 44 ]
+}
+
+@test "delay_ms and available_at make a delivery due later" {
+  printf '%s\n' '{"id":"later","name":"invoice.paid","payload":1,"delay_ms":600000}' \
+    '{"id":"past","name":"invoice.paid","payload":1,"available_at":"2020-01-01T00:00:00Z"}' \
+    '{"id":"future","name":"invoice.paid","payload":1,"available_at":"2999-01-01T00:00:00+02:00"}' | rb-publish -q
+  run rb-claim -H bill --batch 10
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | jq -r .event_id)" = past ]
+  run rb-claim -H bill --batch 10
+  [ "$status" -eq 1 ]
+  [ "$(q "SELECT available_at > now() + interval '9 minutes' FROM relaybus_deliveries WHERE event_id = 'later'")" = t ]
+}
+
+@test "a short delay becomes due on time" {
+  echo '{"id":"soon","name":"invoice.paid","payload":1,"delay_ms":700}' | rb-publish -q
+  run rb-claim -H bill
+  [ "$status" -eq 1 ]
+  sleep 0.8
+  run rb-claim -H bill
+  [ "$status" -eq 0 ]
+}
+
+bad_case() {  # stdin-content expected-message
+  run --separate-stderr rb-publish --batch 2
+  [ "$status" -eq 65 ]
+}
+
+@test "bad lines: one-line error naming the line, exit 65, and the batch is not committed" {
+  ok='{"name":"order.created","payload":1}'
+  for c in 'not json|invalid JSON: ' '[1,2]|not a JSON object' '{"payload":1}|missing field '"'"'name'"'" \
+           '{"name":"x"}|missing field '"'"'payload'"'" '{"name":7,"payload":1}|field '"'"'name'"'"' must be a string' \
+           '{"name":"x","payload":1,"headers":[]}|field '"'"'headers'"'"' must be an object' \
+           '{"name":"x","payload":1,"delay_ms":"soon"}|field '"'"'delay_ms'"'"' must be a whole number >= 0' \
+           '{"name":"x","payload":1,"key":""}|field '"'"'key'"'"' must not be empty' \
+           '{"name":"x","payload":1,"handlers":"mail"}|field '"'"'handlers'"'"' must be an array of names'; do
+    line=${c%%|*}; want=${c#*|}
+    q "TRUNCATE relaybus_events, relaybus_deliveries"
+    run --separate-stderr rb-publish --batch 2 < <(printf '%s\n' "$ok" "$ok" "$ok" "$line" "$ok")
+    [ "$status" -eq 65 ]
+    [[ "${stderr_lines[0]}" == "rb-publish: stdin:4: $want"* ]]
+    # lines 1-2 are a committed batch; line 3 shared its batch with the bad line
+    [ "$(count relaybus_events)" = 2 ]
+    [[ "${stderr_lines[-1]}" == *"committed through line 2" ]]
+  done
+}
+
+@test "invalid UTF-8 and overlong lines are bad input" {
+  run --separate-stderr rb-publish < <(printf '{"name":"order.created","payload":"\xff"}\n')
+  [ "$status" -eq 65 ]
+  [[ "${stderr_lines[0]}" == "rb-publish: stdin:1: invalid JSON: "* ]]
+  [ "$(count relaybus_events)" = 0 ]
+  long=$(head -c 3000 /dev/zero | tr '\0' 'x')
+  run --separate-stderr rb-publish --max-line 1000 < <(echo "{\"name\":\"order.created\",\"payload\":\"$long\"}")
+  [ "$status" -eq 65 ]
+  [ "${stderr_lines[0]}" = "rb-publish: stdin:1: line longer than 1000 bytes" ]
+}
+
+@test "--keep-going skips bad lines and --rejects saves them verbatim" {
+  rej=$BATS_TEST_TMPDIR/rejects.jsonl
+  run --separate-stderr rb-publish --keep-going --rejects "$rej" --batch 2 <<'EOF2'
+{"id":"k1","name":"order.created","payload":1}
+{oops
+{"id":"k2","name":"order.created","payload":2}
+
+{"id":"k3","name":"order.created"}
+{"id":"k4","name":"order.created","payload":4}
+EOF2
+  [ "$status" -eq 65 ]
+  [ "$(q "SELECT string_agg(id, ',' ORDER BY id) FROM relaybus_events")" = "k1,k2,k4" ]
+  [ "$(cat "$rej")" = '{oops
+{"id":"k3","name":"order.created"}' ]
+  [[ "$stderr" == *"stdin:2: invalid JSON"* ]]
+  [[ "$stderr" == *"stdin:5: missing field 'payload'"* ]]
+  [[ "${stderr_lines[-1]}" == *"3 events, 6 deliveries, 0 duplicates, 0 without handlers, 2 rejected; committed through line 6" ]]
+}
+
+@test "a data error found by the database: the batch is not committed; --keep-going rejects just that event" {
+  bad='{"id":"m2","name":"order.created","payload":1,"available_at":"2026-13-45T00:00:00Z"}'
+  run --separate-stderr rb-publish --batch 3 < <(printf '%s\n' '{"id":"m1","name":"order.created","payload":1}' "$bad" '{"id":"m3","name":"order.created","payload":1}')
+  [ "$status" -eq 65 ]
+  [[ "${stderr_lines[0]}" == "rb-publish: stdin:1-3: publish: "*"(this batch was not committed; committed through line 0)" ]]
+  [ "$(count relaybus_events)" = 0 ]
+  run --separate-stderr rb-publish --batch 3 --keep-going < <(printf '%s\n' '{"id":"m1","name":"order.created","payload":1}' "$bad" '{"id":"m3","name":"order.created","payload":1}')
+  [ "$status" -eq 65 ]
+  [ "$(q "SELECT string_agg(id, ',' ORDER BY id) FROM relaybus_events")" = "m1,m3" ]
+  [[ "$stderr" == *"stdin:2: publish: "* ]]
+}
+
+@test "unreachable database: exit 69 and nothing read" {
+  run --separate-stderr rb-publish --db 'postgresql://u:secret@127.0.0.1:1/x' <<<'{"name":"a","payload":1}'
+  [ "$status" -eq 69 ]
+  [[ "$stderr" == *"u:xxxxx@"* ]]
+  [[ "$stderr" != *secret* ]]
+}
+
+@test "connection lost mid-stream: exit 75 naming the last committed line; a rerun is idempotent" {
+  input=$BATS_TEST_TMPDIR/in.jsonl
+  for i in 1 2 3 4; do echo "{\"id\":\"s$i\",\"name\":\"order.created\",\"payload\":$i}"; done >"$input"
+  run --separate-stderr bash -c "
+    { sed -n 1,2p '$input'; sleep 0.5
+      psql '$_test_pg_url' -XAtqc \"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'rb-publish'\" >/dev/null
+      sed -n 3,4p '$input'; } | rb-publish --batch 2"
+  [ "$status" -eq 75 ]
+  [[ "$stderr" == *"stdin:3: "*"committed through line 2"* ]]
+  [ "$(q "SELECT string_agg(id, ',' ORDER BY id) FROM relaybus_events")" = "s1,s2" ]
+  rb-publish -q <"$input"
+  [ "$(q "SELECT count(*) || '/' || count(DISTINCT (event_id, handler)) FROM relaybus_deliveries")" = "8/8" ]
+}
+
+@test "a partial batch is committed when input pauses" {
+  coproc PUB { rb-publish --batch 1000 --flush 50ms -o; }
+  echo '{"id":"t1","name":"order.created","payload":1}' >&"${PUB[1]}"
+  read -r -t 5 ack <&"${PUB[0]}"
+  [ "$(echo "$ack" | jq -r .id)" = t1 ]
+  [ "$(count relaybus_events)" = 1 ]
+  exec {PUB[1]}>&-
+  wait
+}
+
+@test "memory stays flat however long the input" {
+  peak() {  # events -> peak RSS in kB of rb-publish
+    gen_events "$1" order.created 50 | rb-publish -q --batch 500 &
+    local pid=$! max=0 v
+    sleep 0.05
+    local p
+    p=$(pgrep -n -x rb-publish || true)
+    while kill -0 "$pid" 2>/dev/null; do
+      v=$(awk '/VmHWM/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0)
+      [ "${v:-0}" -gt "$max" ] && max=$v
+      sleep 0.1
+    done
+    wait "$pid"
+    echo "$max"
+  }
+  small=$(peak 2000)
+  q "TRUNCATE relaybus_events, relaybus_deliveries, relaybus_keys"
+  big=$(peak 40000)
+  echo "peak RSS: 2000 events ${small} kB, 40000 events ${big} kB" >&3
+  [ "$big" -lt $(( small + 4096 )) ]
+}
