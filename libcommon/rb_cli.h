@@ -25,7 +25,6 @@ enum {
 
 #define RB_COMMON_LONGOPTS						\
 	{ "db", required_argument, NULL, RB_OPT_DB },			\
-	{ "url", required_argument, NULL, 'u' },			\
 	{ "schema", required_argument, NULL, RB_OPT_SCHEMA },		\
 	{ "log-format", required_argument, NULL, RB_OPT_LOG_FORMAT },	\
 	{ "verbose", no_argument, NULL, 'v' },				\
