@@ -182,3 +182,14 @@ entries() { jq -r --arg n "relaybus_deliveries_$1" '.indexes[] | select(.name ==
   [ "$status" -eq 0 ]
   [[ "$output" == "rb-pageinspect "* ]]
 }
+
+@test "an interrupted lifecycle drops its scratch schema" {
+  need_pg
+  for d in 0.005 0.01 0.02 0.03; do
+    run --separate-stderr timeout --preserve-status -s INT "$d" rb-pageinspect lifecycle
+    # 130: the signal came before the handler was installed, before any connection
+    [ "$status" -eq 0 ] || [ "$status" -eq 75 ] || [ "$status" -eq 130 ]
+    [ "$status" -ne 75 ] || [ "$stderr" = "rb-pageinspect: interrupted" ]
+  done
+  [ "$(q "SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'rb\_inspect\_%'")" = 0 ]
+}
