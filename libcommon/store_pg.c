@@ -25,6 +25,7 @@
 #include "rb_store.h"
 #include "rb_util.h"
 #include "store_int.h"
+#include "store_pg_int.h"
 
 extern const char rb_schema_pg_sql[];
 extern const char rb_schema_history_pg_sql[];
@@ -1220,3 +1221,11 @@ const struct rb_store_ops rb_store_pg_ops = {
 	.socket = pg_socket,
 	.notified = pg_notified,
 };
+
+/* ---- private accessor (store_pg_int.h) ------------------------------------ */
+
+PGconn *
+rb_pg_conn(struct rb_store *s)
+{
+	return ((struct pg_be *)s->be)->conn;
+}
