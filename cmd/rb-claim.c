@@ -207,8 +207,9 @@ main(int argc, char **argv)
 			int e = errno;
 
 			give_back(store, deliveries, i, owner);
-			if (e == EPIPE && rb_log_level() < RB_LOG_INFO)
-				exit_code = RB_EXIT_IOERR;
+			/* a reader that went away (EPIPE) is normal in a pipeline: say it only with -v */
+			if (e == EPIPE)
+				rb_info("stdout closed: %d deliveries released", n - (int)i);
 			else
 				rb_error("cannot write to stdout: %s (%d deliveries released)", strerror(e),
 				    n - (int)i);

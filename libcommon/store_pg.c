@@ -1058,8 +1058,7 @@ pg_complete(struct rb_store *s, const struct rb_complete_opts *o, const json_t *
 			fail[nfail++] = i;
 	}
 	if (o->sql != NULL && *o->sql != '\0') {
-		size_t keep = 0;
-
+		/* one transaction per delivery: the caller's statement and the deletion */
 		for (size_t k = 0; k < nok; k++) {
 			int c = complete_sql(s, o, json_array_get(results, ok[k]), ok[k], outcomes, err);
 
@@ -1070,7 +1069,6 @@ pg_complete(struct rb_store *s, const struct rb_complete_opts *o, const json_t *
 				fail[nfail++] = ok[k];
 			}
 		}
-		nok = keep;
 	} else if (nok > 0 && complete_ok(s, results, ok, nok, outcomes, err) < 0)
 		goto out;
 	if (nfail > 0) {

@@ -317,3 +317,18 @@ claimers() {  # n: run n claimers until nothing is due; each records "owner lane
   [ "$status" -eq 78 ]
   [[ "$stderr" == *'schema "nothing_here" is not set up'*"run rb-setup"* ]]
 }
+
+@test "with --completion-history each completion appends one row, and nothing else changes" {
+  rb-setup --completion-history
+  echo '{"id":"h1","name":"keyed.x","payload":1}' | rb-publish -q
+  rb-claim -H k | jq -c '. + {ok: false, error: "once"}' | rb-complete -q >/dev/null
+  q "UPDATE relaybus_deliveries SET available_at = now()"
+  rb-claim -H k | ok_all | rb-complete -q >/dev/null
+  [ "$(q "SELECT event_id || ' ' || handler || ' ' || attempts FROM relaybus_completions")" = "h1 k 2" ]
+  [ "$(q "SELECT count(*) FROM relaybus_deliveries")" = 0 ]
+  # effectively-once completions are recorded too
+  echo '{"id":"h2","name":"keyed.x","payload":1}' | rb-publish -q
+  rb-claim -H k | ok_all | rb-complete -q --sql 'SELECT 1' >/dev/null
+  [ "$(q "SELECT count(*) FROM relaybus_completions WHERE event_id = 'h2'")" = 1 ]
+  q "DROP TABLE relaybus_completions"
+}
