@@ -25,6 +25,7 @@
 #include "rb_store.h"
 #include "rb_util.h"
 #include "store_int.h"
+#include "store_pg_int.h"
 
 extern const char rb_schema_pg_sql[];
 extern const char rb_schema_history_pg_sql[];
@@ -1220,3 +1221,25 @@ const struct rb_store_ops rb_store_pg_ops = {
 	.socket = pg_socket,
 	.notified = pg_notified,
 };
+
+/* ---- for the other backend files (store_pg_int.h) ------------------------ */
+
+PGconn *
+rb_pg_conn(struct rb_store *s)
+{
+	if (s == NULL || s->ops != &rb_store_pg_ops || be_of(s) == NULL)
+		return NULL;
+	return be_of(s)->conn;
+}
+
+char *
+rb_pg_render(const struct rb_store *s, const char *tmpl)
+{
+	return render(tmpl, s->schema);
+}
+
+int
+rb_pg_fail(struct rb_store *s, PGresult *res, const char *what, struct rb_error *err)
+{
+	return pg_fail(s, res, what, err);
+}
