@@ -276,10 +276,16 @@ parse_args(int argc, char **argv)
 		rb_cli_usage_error(usage_str, "unknown command '%s'", argv[i]);
 	cmd_usage = xasprintf("usage: rb-admin %s\n", the_cmd->usage);
 	/* the command's options and arguments, in any order */
-	argc -= i;
-	argv += i;
-	optind = 0;
-	i = parse_opts(argc, argv, RB_COMMON_SHORTOPTS "n:a");
+	{
+		char *prog = argv[0], *name = argv[i];
+
+		argc -= i;
+		argv += i;
+		argv[0] = prog;		/* getopt's messages name the program */
+		optind = 0;
+		i = parse_opts(argc, argv, RB_COMMON_SHORTOPTS "n:a");
+		argv[0] = name;
+	}
 	for (int b = 0; b < 16; b++)
 		if ((opt.seen & ~the_cmd->opts) & (1u << b))
 			rb_cli_usage_error(cmd_usage, "%s: %s does not apply", the_cmd->name,
@@ -288,6 +294,20 @@ parse_args(int argc, char **argv)
 		rb_cli_usage_error(cmd_usage, "%s: missing argument", the_cmd->name);
 	if (argc - i > the_cmd->max_args)
 		rb_cli_usage_error(cmd_usage, "%s: unexpected argument '%s'", the_cmd->name, argv[i]);
+	if (the_cmd->run == cmd_purge && opt.dead_older < 0 && opt.completed_older < 0 &&
+	    opt.history_older < 0)
+		rb_cli_usage_error(cmd_usage, "purge: give --dead-older-than, --completed-older-than "
+		    "or --history-older-than");
+	if (the_cmd->opts & F_ALL && the_cmd->run != cmd_lanes) {
+		bool select = (opt.seen & (F_ALL | F_KEY | F_EVENT | F_LIMIT)) != 0;
+
+		if (select && argc > i)
+			rb_cli_usage_error(cmd_usage, "%s: give event ids or --all/--key/--event/--limit, "
+			    "not both", the_cmd->name);
+		if (!select && argc == i && isatty(STDIN_FILENO))
+			rb_cli_usage_error(cmd_usage, "%s: give event ids (arguments or stdin), or "
+			    "--all/--key/--event/--limit", the_cmd->name);
+	}
 	if (opt.table < 0)
 		opt.table = isatty(STDOUT_FILENO);
 	cmd_argc = argc - i;
@@ -740,9 +760,6 @@ apply_cmd(struct rb_store *s, enum rb_admin_action action, int argc, char **argv
 	struct tally t = { 0 };
 	bool select = (opt.seen & (F_ALL | F_KEY | F_EVENT | F_LIMIT)) != 0;
 
-	if (select && argc > 0)
-		rb_cli_usage_error(cmd_usage, "%s: give event ids or --all/--key/--event/--limit, "
-		    "not both", the_cmd->name);
 	if (select) {
 		/* every matching delivery that the action could apply to */
 		struct rb_admin_filter f = the_filter(action == RB_ADMIN_REQUEUE ? "dead" :
@@ -840,9 +857,6 @@ cmd_purge(struct rb_store *s, int argc, char **argv)
 	int64_t t0 = rb_mono_ms();
 	json_t *sum;
 
-	if (ages[0] < 0 && ages[1] < 0 && ages[2] < 0)
-		rb_cli_usage_error(cmd_usage, "purge: give --dead-older-than, --completed-older-than "
-		    "or --history-older-than");
 	memset(&sa, 0, sizeof sa);
 	sa.sa_handler = on_stop;
 	sa.sa_flags = SA_RESTART;
@@ -876,9 +890,9 @@ cmd_purge(struct rb_store *s, int argc, char **argv)
 		if (progress)
 			fputc('\n', stderr);
 	}
-	sum = json_pack("{s:I, s:I, s:I, s:I, s:f, s:b}", "dead", (json_int_t)deleted[0],
+	sum = json_pack("{s:I, s:I, s:I, s:I, s:I, s:b}", "dead", (json_int_t)deleted[0],
 	    "events", (json_int_t)deleted[1], "history", (json_int_t)deleted[2],
-	    "batches", (json_int_t)batches, "seconds", (double)(rb_mono_ms() - t0) / 1000.0,
+	    "batches", (json_int_t)batches, "elapsed_ms", (json_int_t)(rb_mono_ms() - t0),
 	    "interrupted", stop_signal != 0);
 	if (opt.table)
 		printf("purged %ld dead deliveries, %ld events, %ld history rows in %ld batches "
