@@ -357,9 +357,13 @@ mailer pending -" ]
   fixture
   q "INSERT INTO relaybus_deliveries (event_id, handler, lane, status, updated_at)
        SELECT 'd' || g, 'audit', g % 256, 'dead', now() - interval '8 days' FROM generate_series(1, 100000) g"
-  rb-admin purge --dead-older-than 7d --batch 20 >"$BATS_TEST_TMPDIR/out" 2>"$BATS_TEST_TMPDIR/err" &
+  rb-admin purge --dead-older-than 7d --batch 10 >"$BATS_TEST_TMPDIR/out" 2>"$BATS_TEST_TMPDIR/err" &
   pid=$!
-  sleep 1
+  # signal once it has deleted something (its handlers are installed by then)
+  for i in $(seq 100); do
+    [ "$(q "SELECT count(*) FROM relaybus_deliveries WHERE status = 'dead'")" -lt 100001 ] && break
+    sleep 0.1
+  done
   kill -INT "$pid"
   rc=0
   wait "$pid" || rc=$?
@@ -367,9 +371,9 @@ mailer pending -" ]
   done=$(jq .dead <"$BATS_TEST_TMPDIR/out")
   [ "$(jq .interrupted <"$BATS_TEST_TMPDIR/out")" = true ]
   [ "$done" -gt 0 ] && [ "$done" -lt 100000 ]
-  [ "$(jq .batches <"$BATS_TEST_TMPDIR/out")" -eq $((done / 20)) ]
+  [ "$(jq .batches <"$BATS_TEST_TMPDIR/out")" -eq $((done / 10)) ]
   [ "$(q "SELECT count(*) FROM relaybus_deliveries WHERE status = 'dead' AND updated_at < now() - interval '7 days'")" -eq $((100000 - done)) ]
-  grep -q "^rb-admin: purge interrupted by SIGINT: the $((done / 20)) batches done are committed; run it again to go on$" "$BATS_TEST_TMPDIR/err"
+  grep -q "^rb-admin: purge interrupted by SIGINT: the $((done / 10)) batches done are committed; run it again to go on$" "$BATS_TEST_TMPDIR/err"
 }
 
 @test "usage errors exit 64 with a usage line" {
