@@ -1220,10 +1220,24 @@ const struct rb_store_ops rb_store_pg_ops = {
 	.notified = pg_notified,
 };
 
-/* ---- private accessor (store_pg_int.h) ------------------------------------ */
+/* ---- for the other backend files (store_pg_int.h) ------------------------ */
 
 PGconn *
 rb_pg_conn(struct rb_store *s)
 {
-	return ((struct pg_be *)s->be)->conn;
+	if (s == NULL || s->ops != &rb_store_pg_ops || be_of(s) == NULL)
+		return NULL;
+	return be_of(s)->conn;
+}
+
+char *
+rb_pg_render(const struct rb_store *s, const char *tmpl)
+{
+	return render(tmpl, s->schema);
+}
+
+int
+rb_pg_fail(struct rb_store *s, PGresult *res, const char *what, struct rb_error *err)
+{
+	return pg_fail(s, res, what, err);
 }

@@ -1,18 +1,26 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * store_pg_int.h: PRIVATE to the store library.  Lets the other
- * PostgreSQL-only parts of libcommon (diagnostics such as
- * store_pg_inspect.c) reach the connection of a store opened on a
- * postgres:// URL.  Programs never include this header.
+ * store_pg_int.h: PRIVATE to the store library.  What the PostgreSQL
+ * backend lends to the other files of the backend (store_pg_admin.c, store_pg_inspect.c):
+ * the connection, the statement renderer and the error mapping.  Only
+ * backend files include this (it pulls in libpq-fe.h).
  */
 #ifndef STORE_PG_INT_H
 #define STORE_PG_INT_H
 
 #include <libpq-fe.h>
 
-struct rb_store;
+#include "rb_store.h"
 
-/** The store's libpq connection (borrowed; the store owns and closes it). */
-PGconn	*rb_pg_conn(struct rb_store *s);
+/** The store's connection (borrowed), or NULL if the store is not PostgreSQL or not open. */
+PGconn	*rb_pg_conn(struct rb_store *);
+/** Render tmpl for the store's schema (@S@ = quoted schema).  New string, caller frees. */
+char	*rb_pg_render(const struct rb_store *, const char *tmpl);
+/**
+ * Map a failed result (res may be NULL) to err, with the same exit codes
+ * as the delivery path ("schema not set up" is RB_EXIT_CONFIG, a lost
+ * connection RB_EXIT_TEMPFAIL...).  what prefixes the message.  Returns -1.
+ */
+int	rb_pg_fail(struct rb_store *, PGresult *res, const char *what, struct rb_error *err);
 
 #endif

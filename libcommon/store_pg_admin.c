@@ -1,0 +1,738 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * store_pg_admin.c: the PostgreSQL side of rb-admin (rb_admin.h).  Every
+ * statement is a template rendered for the store's schema and run with
+ * parameters only.  Nothing here is on the delivery path: listings are
+ * scans (the seed's "Admin listings are scans"), and the writes (requeue,
+ * bury, cancel, purge) are short transactions that lock what a claim
+ * would lock, in the order a claim locks it, so that an admin action and
+ * a worker never both act on one delivery.
+ *
+ * "In flight" (status processing) means: a pending delivery whose id is
+ * in its lane row's in_flight array.
+ */
+#include "config.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <libpq-fe.h>
+
+#include "rb_admin.h"
+#include "rb_exit.h"
+#include "rb_store.h"
+#include "store_int.h"
+#include "store_pg_int.h"
+
+/* ---- helpers ------------------------------------------------------------- */
+
+static bool
+is_pg(struct rb_store *s, struct rb_error *err)
+{
+	if (rb_pg_conn(s) == NULL) {
+		rb_seterr(err, RB_EXIT_UNAVAILABLE, "admin not supported by the %s backend",
+		    rb_store_backend(s));
+		return false;
+	}
+	return true;
+}
+
+static bool
+retryable(const PGresult *res)
+{
+	const char *st = res != NULL ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+
+	return st != NULL && (strcmp(st, "40001") == 0 || strcmp(st, "40P01") == 0);
+}
+
+/* Render tmpl and run it with text parameters; NULL + err unless the
+ * result has status want.  *retry (may be NULL) is set when the failure
+ * was a deadlock or serialization failure. */
+static PGresult *
+q(struct rb_store *s, const char *tmpl, int n, const char *const *params, ExecStatusType want,
+    const char *what, bool *retry, struct rb_error *err)
+{
+	char *sql = rb_pg_render(s, tmpl);
+	PGresult *res = PQexecParams(rb_pg_conn(s), sql, n, NULL, params, NULL, NULL, 0);
+
+	free(sql);
+	if (retry != NULL)
+		*retry = false;
+	if (res != NULL && PQresultStatus(res) == want)
+		return res;
+	if (retry != NULL)
+		*retry = retryable(res);
+	rb_pg_fail(s, res, what, err);
+	PQclear(res);
+	return NULL;
+}
+
+static int
+cmd(struct rb_store *s, const char *sql, const char *what, struct rb_error *err)
+{
+	PGresult *res = q(s, sql, 0, NULL, PGRES_COMMAND_OK, what, NULL, err);
+
+	PQclear(res);
+	return res != NULL ? 0 : -1;
+}
+
+static void
+rollback(struct rb_store *s)
+{
+	PQclear(PQexec(rb_pg_conn(s), "ROLLBACK"));
+}
+
+static json_t *
+col_str(const PGresult *res, int i, int j)
+{
+	return PQgetisnull(res, i, j) ? json_null() : json_string(PQgetvalue(res, i, j));
+}
+
+static json_t *
+col_int(const PGresult *res, int i, int j)
+{
+	return PQgetisnull(res, i, j) ? json_null() :
+	    json_integer(strtoll(PQgetvalue(res, i, j), NULL, 10));
+}
+
+static json_t *
+col_bool(const PGresult *res, int i, int j)
+{
+	return PQgetisnull(res, i, j) ? json_null() : json_boolean(PQgetvalue(res, i, j)[0] == 't');
+}
+
+/* A jsonb/json column as JSON (the text form from the server is valid JSON). */
+static json_t *
+col_json(const PGresult *res, int i, int j)
+{
+	json_t *v;
+
+	if (PQgetisnull(res, i, j))
+		return json_null();
+	v = json_loads(PQgetvalue(res, i, j), JSON_DECODE_ANY, NULL);
+	return v != NULL ? v : json_string(PQgetvalue(res, i, j));
+}
+
+/* 1 if the schema has the completion history table, 0 if not, -1 error. */
+static int
+has_history(struct rb_store *s, struct rb_error *err)
+{
+	PGresult *res = q(s, "SELECT to_regclass('@S@.relaybus_completions') IS NOT NULL", 0, NULL,
+	    PGRES_TUPLES_OK, "history", NULL, err);
+	int h;
+
+	if (res == NULL)
+		return -1;
+	h = PQgetvalue(res, 0, 0)[0] == 't';
+	PQclear(res);
+	return h;
+}
+
+/* ---- statistics ---------------------------------------------------------- */
+
+/* The in-flight ids of every lane, one row per id. */
+#define IN_FLIGHT_CTE							\
+	"f AS (SELECT x.handler, x.lane, x.lease_owner, x.lease_expires_at, "	\
+	"  unnest(x.in_flight) AS id FROM @S@.relaybus_lanes x "		\
+	"  WHERE cardinality(x.in_flight) > 0) "
+
+#define STATS_SQL(COMPLETIONS)						\
+	"WITH " IN_FLIGHT_CTE ", "					\
+	"d AS (SELECT d.handler, "					\
+	"  count(*) FILTER (WHERE d.status = 'pending' AND f.id IS NULL AND d.available_at <= now()) AS due, " \
+	"  count(*) FILTER (WHERE d.status = 'pending' AND f.id IS NULL AND d.available_at > now()) AS delayed, " \
+	"  count(*) FILTER (WHERE d.status = 'pending' AND f.id IS NOT NULL) AS processing, " \
+	"  count(*) FILTER (WHERE d.status = 'dead') AS dead, "		\
+	"  min(d.created_at) FILTER (WHERE d.status = 'pending' AND f.id IS NULL) AS oldest " \
+	"  FROM @S@.relaybus_deliveries d "				\
+	"  LEFT JOIN f ON f.id = d.id AND f.handler = d.handler AND f.lane = d.lane " \
+	"  GROUP BY d.handler), "					\
+	"c AS (" COMPLETIONS "), "					\
+	"h AS (SELECT handler FROM d UNION SELECT handler FROM c "	\
+	"  UNION SELECT handler FROM @S@.relaybus_subscriptions "	\
+	"  UNION SELECT DISTINCT handler FROM @S@.relaybus_lanes) "	\
+	"SELECT h.handler, coalesce(d.due, 0), coalesce(d.delayed, 0), coalesce(d.processing, 0), " \
+	"  coalesce(d.dead, 0), c.n, floor(extract(epoch FROM now() - d.oldest) * 1000)::bigint " \
+	"FROM h LEFT JOIN d USING (handler) LEFT JOIN c USING (handler) ORDER BY h.handler"
+
+static const char stats_sql_hist[] = STATS_SQL(
+    "SELECT handler, count(*) AS n FROM @S@.relaybus_completions GROUP BY handler");
+static const char stats_sql_nohist[] = STATS_SQL(
+    "SELECT NULL::text AS handler, NULL::bigint AS n WHERE false");
+
+static const char orphans_sql[] =
+    "SELECT count(*) FROM @S@.relaybus_events e "
+    "WHERE NOT EXISTS (SELECT 1 FROM @S@.relaybus_deliveries d WHERE d.event_id = e.id)";
+
+static void
+add_count(json_t *total, const char *field, const json_t *v)
+{
+	json_t *t = json_object_get(total, field);
+
+	if (json_is_integer(v))
+		json_object_set_new(total, field, json_integer(json_integer_value(v) +
+		    (json_is_integer(t) ? json_integer_value(t) : 0)));
+}
+
+int
+rb_admin_stats(struct rb_store *s, json_t **out, struct rb_error *err)
+{
+	static const char *const counts[] = { "pending", "due", "delayed", "processing", "dead",
+	    "completed" };
+	PGresult *res = NULL, *orph = NULL;
+	json_t *handlers = NULL, *total = NULL;
+	int64_t oldest = -1;
+	int hist, rc = -1;
+
+	*out = NULL;
+	if (!is_pg(s, err))
+		return -1;
+	/* one snapshot, one now(), for every number */
+	if (cmd(s, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", "stats", err) < 0)
+		return -1;
+	if ((hist = has_history(s, err)) < 0)
+		goto out;
+	res = q(s, hist ? stats_sql_hist : stats_sql_nohist, 0, NULL, PGRES_TUPLES_OK, "stats", NULL, err);
+	if (res == NULL)
+		goto out;
+	orph = q(s, orphans_sql, 0, NULL, PGRES_TUPLES_OK, "stats", NULL, err);
+	if (orph == NULL)
+		goto out;
+	handlers = json_array();
+	total = json_pack("{s:n, s:i, s:i, s:i, s:i, s:i}", "handler", "pending", 0, "due", 0,
+	    "delayed", 0, "processing", 0, "dead", 0);
+	json_object_set_new(total, "completed", hist ? json_integer(0) : json_null());
+	for (int i = 0; i < PQntuples(res); i++) {
+		int64_t due = strtoll(PQgetvalue(res, i, 1), NULL, 10);
+		int64_t delayed = strtoll(PQgetvalue(res, i, 2), NULL, 10);
+		json_t *h = json_object();
+
+		json_object_set_new(h, "handler", col_str(res, i, 0));
+		json_object_set_new(h, "pending", json_integer(due + delayed));
+		json_object_set_new(h, "due", json_integer(due));
+		json_object_set_new(h, "delayed", json_integer(delayed));
+		json_object_set_new(h, "processing", col_int(res, i, 3));
+		json_object_set_new(h, "dead", col_int(res, i, 4));
+		json_object_set_new(h, "completed", !hist ? json_null() :
+		    (PQgetisnull(res, i, 5) ? json_integer(0) : col_int(res, i, 5)));
+		json_object_set_new(h, "oldest_pending_age_ms", col_int(res, i, 6));
+		if (!PQgetisnull(res, i, 6) && strtoll(PQgetvalue(res, i, 6), NULL, 10) > oldest)
+			oldest = strtoll(PQgetvalue(res, i, 6), NULL, 10);
+		for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++)
+			add_count(total, counts[k], json_object_get(h, counts[k]));
+		json_array_append_new(handlers, h);
+	}
+	json_object_set_new(total, "oldest_pending_age_ms", oldest >= 0 ? json_integer(oldest) : json_null());
+	*out = json_pack("{s:b, s:I, s:o, s:o}", "history", hist,
+	    "events_without_deliveries", (json_int_t)strtoll(PQgetvalue(orph, 0, 0), NULL, 10),
+	    "handlers", handlers, "total", total);
+	handlers = total = NULL;
+	rc = 0;
+out:
+	PQclear(res);
+	PQclear(orph);
+	json_decref(handlers);
+	json_decref(total);
+	if (rc == 0)
+		rc = cmd(s, "COMMIT", "stats", err);
+	else
+		rollback(s);
+	if (rc < 0) {
+		json_decref(*out);
+		*out = NULL;
+	}
+	return rc;
+}
+
+/* ---- listings ------------------------------------------------------------ */
+
+static const char *const statuses[] = { "pending", "processing", "dead", "completed" };
+
+/* Parse "a,b" into flags per statuses[]; -1 on an unknown word. */
+static int
+status_flags(const char *status, bool flags[4])
+{
+	const char *p = status;
+
+	memset(flags, 0, 4 * sizeof flags[0]);
+	if (status == NULL) {
+		flags[0] = flags[1] = flags[2] = true;
+		return 0;
+	}
+	for (;;) {
+		size_t n = strcspn(p, ","), k;
+
+		for (k = 0; k < 4; k++)
+			if (strlen(statuses[k]) == n && strncmp(p, statuses[k], n) == 0)
+				break;
+		if (k == 4)
+			return -1;
+		flags[k] = true;
+		if (p[n] == '\0')
+			return 0;
+		p += n + 1;
+	}
+}
+
+bool
+rb_admin_status_valid(const char *status)
+{
+	bool f[4];
+
+	return status != NULL && status_flags(status, f) == 0;
+}
+
+static const char list_sql[] =
+    "WITH " IN_FLIGHT_CTE ", "
+    "l AS (SELECT d.*, "
+    "  CASE WHEN d.status = 'dead' THEN 'dead' WHEN f.id IS NOT NULL THEN 'processing' "
+    "       ELSE 'pending' END AS state, "
+    "  CASE WHEN d.status = 'pending' THEN f.lease_owner END AS owner, "
+    "  CASE WHEN d.status = 'pending' THEN f.lease_expires_at END AS lease_until "
+    "  FROM @S@.relaybus_deliveries d "
+    "  LEFT JOIN f ON f.id = d.id AND f.handler = d.handler AND f.lane = d.lane "
+    "  WHERE ($1::text IS NULL OR d.handler = $1) AND ($2::text IS NULL OR d.key = $2) "
+    "    AND ($3::text IS NULL OR d.event_id = $3)) "
+    "SELECT l.id::text, l.event_id, l.handler, e.name, l.key, l.state, l.attempts, l.last_error, "
+    "  @S@.relaybus_ts(l.available_at), l.lane, l.owner, @S@.relaybus_ts(l.lease_until), "
+    "  @S@.relaybus_ts(l.created_at), @S@.relaybus_ts(l.updated_at) "
+    "FROM l LEFT JOIN @S@.relaybus_events e ON e.id = l.event_id "
+    "WHERE l.state = ANY ($4::text[]) "
+    "ORDER BY l.created_at, l.id LIMIT $5::bigint";
+
+static const char list_completed_sql[] =
+    "SELECT c.event_id, c.handler, e.name, e.key, c.attempts, @S@.relaybus_ts(c.completed_at) "
+    "FROM @S@.relaybus_completions c LEFT JOIN @S@.relaybus_events e ON e.id = c.event_id "
+    "WHERE ($1::text IS NULL OR c.handler = $1) AND ($2::text IS NULL OR e.key = $2) "
+    "  AND ($3::text IS NULL OR c.event_id = $3) "
+    "ORDER BY c.completed_at, c.event_id, c.handler LIMIT $4::bigint";
+
+/* Append the rows matching f to rows; history: whether the table exists. */
+static int
+list_into(struct rb_store *s, const struct rb_admin_filter *f, bool flags[4], int history,
+    json_t *rows, struct rb_error *err)
+{
+	char limit[32], states[64] = "{";
+	const char *limitp = NULL;
+	PGresult *res;
+
+	if (f->limit > 0) {
+		snprintf(limit, sizeof limit, "%" PRId64, f->limit);
+		limitp = limit;
+	}
+	for (int k = 0; k < 3; k++)
+		if (flags[k]) {
+			if (states[1] != '\0')
+				strcat(states, ",");
+			strcat(states, statuses[k]);
+		}
+	strcat(states, "}");
+	if (flags[0] || flags[1] || flags[2]) {
+		const char *params[5] = { f->handler, f->key, f->event_id, states, limitp };
+
+		res = q(s, list_sql, 5, params, PGRES_TUPLES_OK, "list", NULL, err);
+		if (res == NULL)
+			return -1;
+		for (int i = 0; i < PQntuples(res); i++) {
+			json_t *o = json_object();
+
+			json_object_set_new(o, "delivery_id", col_str(res, i, 0));
+			json_object_set_new(o, "event_id", col_str(res, i, 1));
+			json_object_set_new(o, "handler", col_str(res, i, 2));
+			json_object_set_new(o, "name", col_str(res, i, 3));
+			json_object_set_new(o, "key", col_str(res, i, 4));
+			json_object_set_new(o, "status", col_str(res, i, 5));
+			json_object_set_new(o, "attempts", col_int(res, i, 6));
+			json_object_set_new(o, "last_error", col_str(res, i, 7));
+			json_object_set_new(o, "available_at", col_str(res, i, 8));
+			json_object_set_new(o, "lane", col_int(res, i, 9));
+			json_object_set_new(o, "owner", col_str(res, i, 10));
+			json_object_set_new(o, "lease_expires_at", col_str(res, i, 11));
+			json_object_set_new(o, "created_at", col_str(res, i, 12));
+			json_object_set_new(o, "updated_at", col_str(res, i, 13));
+			json_array_append_new(rows, o);
+		}
+		PQclear(res);
+	}
+	if (flags[3] && history) {
+		int64_t left = f->limit > 0 ? f->limit - (int64_t)json_array_size(rows) : 0;
+
+		if (f->limit > 0 && left <= 0)
+			return 0;
+		if (limitp != NULL)
+			snprintf(limit, sizeof limit, "%" PRId64, left);
+		const char *params[4] = { f->handler, f->key, f->event_id, limitp };
+
+		res = q(s, list_completed_sql, 4, params, PGRES_TUPLES_OK, "list", NULL, err);
+		if (res == NULL)
+			return -1;
+		for (int i = 0; i < PQntuples(res); i++) {
+			json_t *o = json_object();
+
+			json_object_set_new(o, "delivery_id", json_null());
+			json_object_set_new(o, "event_id", col_str(res, i, 0));
+			json_object_set_new(o, "handler", col_str(res, i, 1));
+			json_object_set_new(o, "name", col_str(res, i, 2));
+			json_object_set_new(o, "key", col_str(res, i, 3));
+			json_object_set_new(o, "status", json_string("completed"));
+			json_object_set_new(o, "attempts", col_int(res, i, 4));
+			json_object_set_new(o, "completed_at", col_str(res, i, 5));
+			json_array_append_new(rows, o);
+		}
+		PQclear(res);
+	}
+	return 0;
+}
+
+int
+rb_admin_list(struct rb_store *s, const struct rb_admin_filter *f, json_t **out, struct rb_error *err)
+{
+	bool flags[4];
+	int hist = 0;
+	json_t *rows;
+
+	*out = NULL;
+	if (!is_pg(s, err))
+		return -1;
+	if (status_flags(f->status, flags) < 0)
+		return rb_seterr(err, RB_EXIT_USAGE,
+		    "unknown status '%s': use pending, processing, dead or completed", f->status);
+	if (flags[3]) {
+		if ((hist = has_history(s, err)) < 0)
+			return -1;
+		if (!hist)
+			return rb_seterr(err, RB_EXIT_CONFIG, "schema \"%s\" keeps no completion history "
+			    "(rb-setup --completion-history)", rb_store_schema(s));
+	}
+	rows = json_array();
+	if (list_into(s, f, flags, hist, rows, err) < 0) {
+		json_decref(rows);
+		return -1;
+	}
+	*out = rows;
+	return (int)json_array_size(rows);
+}
+
+static const char show_sql[] =
+    "SELECT id, name, key, payload::text, headers::text, array_to_json(handlers)::text, "
+    "  @S@.relaybus_ts(created_at) FROM @S@.relaybus_events WHERE id = $1";
+
+int
+rb_admin_show(struct rb_store *s, const char *event_id, json_t **out, struct rb_error *err)
+{
+	struct rb_admin_filter f = { .event_id = event_id };
+	bool flags[4] = { true, true, true, true };
+	PGresult *res;
+	json_t *ev, *dels;
+	int hist;
+
+	*out = NULL;
+	if (!is_pg(s, err))
+		return -1;
+	if ((hist = has_history(s, err)) < 0)
+		return -1;
+	const char *params[1] = { event_id };
+	res = q(s, show_sql, 1, params, PGRES_TUPLES_OK, "show", NULL, err);
+	if (res == NULL)
+		return -1;
+	ev = json_object();
+	json_object_set_new(ev, "id", json_string(event_id));
+	if (PQntuples(res) > 0) {
+		json_object_set_new(ev, "name", col_str(res, 0, 1));
+		json_object_set_new(ev, "key", col_str(res, 0, 2));
+		json_object_set_new(ev, "payload", col_json(res, 0, 3));
+		json_object_set_new(ev, "headers", col_json(res, 0, 4));
+		json_object_set_new(ev, "handlers", col_json(res, 0, 5));
+		json_object_set_new(ev, "created_at", col_str(res, 0, 6));
+	}
+	dels = json_array();
+	if (list_into(s, &f, flags, hist, dels, err) < 0) {
+		PQclear(res);
+		json_decref(ev);
+		json_decref(dels);
+		return -1;
+	}
+	if (PQntuples(res) == 0 && json_array_size(dels) == 0) {
+		json_decref(ev);
+		json_decref(dels);
+	} else {
+		json_object_set_new(ev, "deliveries", dels);
+		*out = ev;
+	}
+	PQclear(res);
+	return 0;
+}
+
+/* ---- requeue, bury, cancel ----------------------------------------------- */
+
+/* Lock the lane rows of the targeted deliveries, in the order a claim and
+ * relaybus_fail lock them: a claim of one of those lanes now waits (or
+ * skips the lane), so "in flight" cannot change under the update. */
+static const char lock_lanes_sql[] =
+    "SELECT 1 FROM @S@.relaybus_lanes x "
+    "WHERE (x.handler, x.lane) IN (SELECT d.handler, d.lane FROM @S@.relaybus_deliveries d "
+    "  JOIN unnest($1::text[], $2::text[]) AS t(event_id, handler) "
+    "    ON d.event_id = t.event_id AND (t.handler IS NULL OR d.handler = t.handler)) "
+    "ORDER BY x.handler, x.lane FOR NO KEY UPDATE OF x";
+
+#define APPLY_SQL(ACTION, DONE, NEW_STATUS)				\
+	"WITH t AS (SELECT * FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS t(event_id, handler, ord)), " \
+	"m AS (SELECT t.ord, t.event_id AS t_event, t.handler AS t_handler, d.id, d.handler, d.status, " \
+	"  (d.status = 'pending' AND EXISTS (SELECT 1 FROM @S@.relaybus_lanes x "	\
+	"     WHERE x.handler = d.handler AND x.lane = d.lane AND d.id = ANY (x.in_flight))) AS in_flight " \
+	"  FROM t LEFT JOIN @S@.relaybus_deliveries d "			\
+	"    ON d.event_id = t.event_id AND (t.handler IS NULL OR d.handler = t.handler)), " \
+	"ch AS (" ACTION " RETURNING d.id) "				\
+	"SELECT m.t_event, coalesce(m.handler, m.t_handler), m.id::text, "	\
+	"  CASE WHEN m.id IS NULL THEN 'missing' WHEN c.id IS NOT NULL THEN '" DONE "' ELSE 'skipped' END, " \
+	"  CASE WHEN m.id IS NULL THEN NULL WHEN c.id IS NOT NULL THEN " NEW_STATUS " "	\
+	"       WHEN m.in_flight THEN 'processing' ELSE m.status END "	\
+	"FROM m LEFT JOIN (SELECT DISTINCT id FROM ch) c ON c.id = m.id ORDER BY m.ord, m.handler"
+
+static const char requeue_sql[] = APPLY_SQL(
+    "UPDATE @S@.relaybus_deliveries d SET status = 'pending', attempts = 0, claims = d.claims + 1, "
+    "  available_at = now(), updated_at = now() FROM m WHERE d.id = m.id AND m.status = 'dead'",
+    "requeued", "'pending'");
+static const char bury_sql[] = APPLY_SQL(
+    "UPDATE @S@.relaybus_deliveries d SET status = 'dead', last_error = $3, updated_at = now() "
+    "  FROM m WHERE d.id = m.id AND m.status = 'pending' AND NOT m.in_flight",
+    "buried", "'dead'");
+static const char cancel_sql[] = APPLY_SQL(
+    "DELETE FROM @S@.relaybus_deliveries d USING m "
+    "  WHERE d.id = m.id AND m.status = 'pending' AND NOT m.in_flight",
+    "cancelled", "NULL");
+
+/* text[] literal of one field of every target (NULL elements for a missing one). */
+static char *
+target_array(const json_t *targets, const char *field)
+{
+	size_t i, cap = 64, n = 0;
+	const json_t *t;
+	char *buf = malloc(cap);
+
+	if (buf == NULL)
+		return NULL;
+	buf[n++] = '{';
+	json_array_foreach(targets, i, t) {
+		const char *v = json_string_value(json_object_get(t, field));
+		size_t need = (v != NULL ? 2 * strlen(v) : 0) + 8;
+
+		if (n + need + 2 > cap) {
+			char *nb;
+
+			cap = (n + need + 2) * 2;
+			if ((nb = realloc(buf, cap)) == NULL) {
+				free(buf);
+				return NULL;
+			}
+			buf = nb;
+		}
+		if (i > 0)
+			buf[n++] = ',';
+		if (v == NULL) {
+			memcpy(buf + n, "NULL", 4);
+			n += 4;
+			continue;
+		}
+		buf[n++] = '"';
+		for (; *v != '\0'; v++) {
+			if (*v == '"' || *v == '\\')
+				buf[n++] = '\\';
+			buf[n++] = *v;
+		}
+		buf[n++] = '"';
+	}
+	buf[n++] = '}';
+	buf[n] = '\0';
+	return buf;
+}
+
+int
+rb_admin_apply(struct rb_store *s, enum rb_admin_action action, const json_t *targets,
+    const char *reason, json_t **out, struct rb_error *err)
+{
+	static const char *const what[] = { "requeue", "bury", "cancel" };
+	const char *sql = action == RB_ADMIN_REQUEUE ? requeue_sql :
+	    action == RB_ADMIN_BURY ? bury_sql : cancel_sql;
+	char *evs = NULL, *hs = NULL;
+	PGresult *res = NULL;
+	json_t *outcomes = NULL;
+	bool retry = false;
+	int rc = -1, changed = 0;
+
+	*out = NULL;
+	if (!is_pg(s, err))
+		return -1;
+	if (json_array_size(targets) == 0) {
+		*out = json_array();
+		return 0;
+	}
+	evs = target_array(targets, "event_id");
+	hs = target_array(targets, "handler");
+	if (evs == NULL || hs == NULL) {
+		rb_seterr(err, RB_EXIT_OSERR, "out of memory");
+		goto out;
+	}
+	const char *params[3] = { evs, hs, reason != NULL ? reason : "buried by rb-admin" };
+	/* a deadlock with a claim locking the same lanes: run it again */
+	for (int attempt = 0; attempt < 5; attempt++) {
+		PGresult *lk;
+
+		if (cmd(s, "BEGIN", what[action], err) < 0)
+			goto out;
+		lk = q(s, lock_lanes_sql, 2, params, PGRES_TUPLES_OK, what[action], &retry, err);
+		if (lk != NULL) {
+			PQclear(lk);
+			res = q(s, sql, action == RB_ADMIN_BURY ? 3 : 2, params, PGRES_TUPLES_OK,
+			    what[action], &retry, err);
+		}
+		if (res != NULL)
+			break;
+		rollback(s);
+		if (!retry)
+			goto out;
+	}
+	if (res == NULL)
+		goto out;
+	if (cmd(s, "COMMIT", what[action], err) < 0)
+		goto out;
+	outcomes = json_array();
+	for (int i = 0; i < PQntuples(res); i++) {
+		json_t *o = json_object();
+
+		json_object_set_new(o, "event_id", col_str(res, i, 0));
+		json_object_set_new(o, "handler", col_str(res, i, 1));
+		json_object_set_new(o, "delivery_id", col_str(res, i, 2));
+		json_object_set_new(o, "outcome", col_str(res, i, 3));
+		json_object_set_new(o, "status", col_str(res, i, 4));
+		if (strcmp(PQgetvalue(res, i, 3), "skipped") != 0 &&
+		    strcmp(PQgetvalue(res, i, 3), "missing") != 0)
+			changed++;
+		json_array_append_new(outcomes, o);
+	}
+	*out = outcomes;
+	rc = changed;
+out:
+	PQclear(res);
+	free(evs);
+	free(hs);
+	return rc;
+}
+
+/* ---- purge --------------------------------------------------------------- */
+
+#define CUTOFF "now() - $1::bigint * interval '1 millisecond'"
+
+static const char purge_dead_sql[] =
+    "DELETE FROM @S@.relaybus_deliveries WHERE id = ANY (ARRAY("
+    "  SELECT id FROM @S@.relaybus_deliveries WHERE status = 'dead' AND updated_at < " CUTOFF
+    "  ORDER BY updated_at, id LIMIT $2::integer FOR UPDATE SKIP LOCKED)) AND status = 'dead'";
+static const char purge_events_sql[] =
+    "DELETE FROM @S@.relaybus_events WHERE id = ANY (ARRAY("
+    "  SELECT e.id FROM @S@.relaybus_events e WHERE e.created_at < " CUTOFF
+    "    AND NOT EXISTS (SELECT 1 FROM @S@.relaybus_deliveries d WHERE d.event_id = e.id) "
+    "  LIMIT $2::integer FOR UPDATE OF e SKIP LOCKED))";
+static const char purge_history_sql[] =
+    "DELETE FROM @S@.relaybus_completions WHERE ctid = ANY (ARRAY("
+    "  SELECT ctid FROM @S@.relaybus_completions WHERE completed_at < " CUTOFF
+    "  ORDER BY completed_at LIMIT $2::integer FOR UPDATE SKIP LOCKED))";
+
+int
+rb_admin_purge(struct rb_store *s, enum rb_admin_purge kind, int64_t older_than_ms, int batch,
+    struct rb_error *err)
+{
+	char age[32], lim[16];
+	const char *params[2] = { age, lim };
+	PGresult *res;
+	int n;
+
+	if (!is_pg(s, err))
+		return -1;
+	if (batch < 1 || older_than_ms < 0)
+		return rb_seterr(err, RB_EXIT_USAGE, "purge: invalid batch or age");
+	if (kind == RB_PURGE_HISTORY) {
+		int h = has_history(s, err);
+
+		if (h <= 0)
+			return h;
+	}
+	snprintf(age, sizeof age, "%" PRId64, older_than_ms);
+	snprintf(lim, sizeof lim, "%d", batch);
+	res = q(s, kind == RB_PURGE_DEAD ? purge_dead_sql : kind == RB_PURGE_EVENTS ?
+	    purge_events_sql : purge_history_sql, 2, params, PGRES_COMMAND_OK, "purge", NULL, err);
+	if (res == NULL)
+		return -1;
+	n = atoi(PQcmdTuples(res));
+	PQclear(res);
+	return n;
+}
+
+/* ---- lanes and subscriptions --------------------------------------------- */
+
+static const char lanes_sql[] =
+    "SELECT handler, lane, epoch, lease_owner, @S@.relaybus_ts(lease_expires_at), "
+    "  lease_expires_at <= now(), cardinality(in_flight), array_to_json(in_flight::text[])::text "
+    "FROM @S@.relaybus_lanes "
+    "WHERE ($1::text IS NULL OR handler = $1) "
+    "  AND ($2::boolean OR lease_owner IS NOT NULL OR cardinality(in_flight) > 0) "
+    "ORDER BY handler, lane";
+
+int
+rb_admin_lanes(struct rb_store *s, const char *handler, bool all, json_t **out, struct rb_error *err)
+{
+	const char *params[2] = { handler, all ? "true" : "false" };
+	PGresult *res;
+	json_t *rows;
+
+	*out = NULL;
+	if (!is_pg(s, err))
+		return -1;
+	res = q(s, lanes_sql, 2, params, PGRES_TUPLES_OK, "lanes", NULL, err);
+	if (res == NULL)
+		return -1;
+	rows = json_array();
+	for (int i = 0; i < PQntuples(res); i++) {
+		json_t *o = json_object();
+
+		json_object_set_new(o, "handler", col_str(res, i, 0));
+		json_object_set_new(o, "lane", col_int(res, i, 1));
+		json_object_set_new(o, "epoch", col_int(res, i, 2));
+		json_object_set_new(o, "owner", col_str(res, i, 3));
+		json_object_set_new(o, "lease_expires_at", col_str(res, i, 4));
+		json_object_set_new(o, "expired", col_bool(res, i, 5));
+		json_object_set_new(o, "in_flight", col_int(res, i, 6));
+		json_object_set_new(o, "in_flight_ids", col_json(res, i, 7));
+		json_array_append_new(rows, o);
+	}
+	PQclear(res);
+	*out = rows;
+	return (int)json_array_size(rows);
+}
+
+static const char subs_sql[] =
+    "SELECT handler, pattern, @S@.relaybus_ts(created_at) FROM @S@.relaybus_subscriptions "
+    "WHERE $1::text IS NULL OR handler = $1 ORDER BY handler, pattern";
+
+int
+rb_admin_subscriptions(struct rb_store *s, const char *handler, json_t **out, struct rb_error *err)
+{
+	const char *params[1] = { handler };
+	PGresult *res;
+	json_t *rows;
+
+	*out = NULL;
+	if (!is_pg(s, err))
+		return -1;
+	res = q(s, subs_sql, 1, params, PGRES_TUPLES_OK, "subscriptions", NULL, err);
+	if (res == NULL)
+		return -1;
+	rows = json_array();
+	for (int i = 0; i < PQntuples(res); i++)
+		json_array_append_new(rows, json_pack("{s:o, s:o, s:o}", "handler", col_str(res, i, 0),
+		    "pattern", col_str(res, i, 1), "created_at", col_str(res, i, 2)));
+	PQclear(res);
+	*out = rows;
+	return (int)json_array_size(rows);
+}
