@@ -250,6 +250,21 @@ run(struct rb_store *s, const char *sql, int n, const char *const *params, ExecS
 	return NULL;
 }
 
+/* Run a command; returns the number of rows it affected, or -1. */
+static int
+run_affected(struct rb_store *s, const char *sql, int n, const char *const *params, const char *what,
+    struct rb_error *err)
+{
+	PGresult *res = run(s, sql, n, params, PGRES_COMMAND_OK, what, true, err);
+	int rows;
+
+	if (res == NULL)
+		return -1;
+	rows = atoi(PQcmdTuples(res));
+	PQclear(res);
+	return rows;
+}
+
 static int
 run_cmd(struct rb_store *s, const char *sql, const char *what, struct rb_error *err)
 {
@@ -707,16 +722,9 @@ pg_extend(struct rb_store *s, const char *handler, const char *owner, int64_t le
 {
 	char lease[32];
 	const char *params[3] = { handler, owner, lease };
-	PGresult *res;
-	int n;
 
 	snprintf(lease, sizeof lease, "%" PRId64, lease_ms);
-	res = run(s, be_of(s)->q_extend, 3, params, PGRES_COMMAND_OK, "extend", true, err);
-	if (res == NULL)
-		return -1;
-	n = atoi(PQcmdTuples(res));
-	PQclear(res);
-	return n;
+	return run_affected(s, be_of(s)->q_extend, 3, params, "extend", err);
 }
 
 /* ---- complete ------------------------------------------------------------ */
@@ -1096,14 +1104,8 @@ static int
 pg_relinquish(struct rb_store *s, const char *handler, const char *owner, struct rb_error *err)
 {
 	const char *params[2] = { handler, owner };
-	PGresult *res = run(s, be_of(s)->q_relinquish, 2, params, PGRES_COMMAND_OK, "relinquish", true, err);
-	int n;
 
-	if (res == NULL)
-		return -1;
-	n = atoi(PQcmdTuples(res));
-	PQclear(res);
-	return n;
+	return run_affected(s, be_of(s)->q_relinquish, 2, params, "relinquish", err);
 }
 
 static int
@@ -1112,7 +1114,6 @@ pg_relinquish_leases(struct rb_store *s, const json_t *leases, struct rb_error *
 	struct sbuf h, lane, epoch;
 	size_t i;
 	json_t *v;
-	PGresult *res;
 	int n;
 
 	if (json_array_size(leases) == 0)
@@ -1137,14 +1138,10 @@ pg_relinquish_leases(struct rb_store *s, const json_t *leases, struct rb_error *
 	sb_puts(&lane, "}");
 	sb_puts(&epoch, "}");
 	const char *params[3] = { h.s, lane.s, epoch.s };
-	res = run(s, be_of(s)->q_relinquish_leases, 3, params, PGRES_COMMAND_OK, "relinquish", true, err);
+	n = run_affected(s, be_of(s)->q_relinquish_leases, 3, params, "relinquish", err);
 	free(h.s);
 	free(lane.s);
 	free(epoch.s);
-	if (res == NULL)
-		return -1;
-	n = atoi(PQcmdTuples(res));
-	PQclear(res);
 	return n;
 }
 
