@@ -168,27 +168,85 @@ BEGIN
 END $$;
 
 -- Publish a JSON array of events (the objects rb-publish reads) in the
--- caller's transaction; one row per event, in order.
+-- caller's transaction; one row per event, in order.  Set-based: new
+-- events, their key sequences (in batch order, keys locked in key order so
+-- that concurrent batches cannot deadlock) and their deliveries are written
+-- by one statement; ids that exist already (a redelivery, or twice in the
+-- batch) then go through relaybus_publish one by one for the dedup rule.
 CREATE OR REPLACE FUNCTION @S@.relaybus_publish_batch(p_events jsonb)
 RETURNS TABLE (ord integer, event_id text, deliveries integer, duplicate boolean, handlers text[])
 LANGUAGE plpgsql AS $$
+#variable_conflict use_column
 DECLARE
-    e jsonb;
-    r record;
+    v_ords  integer[];
+    v_ids   text[];
+    v_hs    jsonb[];
+    v_notify text[];
+    r       record;
 BEGIN
-    ord := 0;
-    FOR e IN SELECT value FROM jsonb_array_elements(p_events) LOOP
-        ord := ord + 1;
-        SELECT * INTO r FROM @S@.relaybus_publish(
-            e->>'name', e->'payload', e->>'key', e->>'id',
-            CASE WHEN jsonb_typeof(e->'headers') = 'object' THEN e->'headers' END,
-            (e->>'available_at')::timestamptz, (e->>'delay_ms')::bigint,
-            CASE WHEN e ? 'handlers' THEN ARRAY(SELECT jsonb_array_elements_text(e->'handlers')) END);
-        event_id := r.event_id;
-        deliveries := r.deliveries;
-        duplicate := r.duplicate;
-        handlers := r.handlers;
-        RETURN NEXT;
+    WITH src AS (
+        SELECT x.o::integer AS ord, coalesce(x.e->>'id', gen_random_uuid()::text) AS id,
+               x.e->>'name' AS name, x.e->>'key' AS key, x.e->'payload' AS payload,
+               CASE WHEN jsonb_typeof(x.e->'headers') = 'object' THEN x.e->'headers' ELSE '{}' END AS headers,
+               coalesce((x.e->>'available_at')::timestamptz,
+                        now() + coalesce((x.e->>'delay_ms')::bigint, 0) * interval '1 millisecond') AS at,
+               CASE WHEN jsonb_typeof(x.e->'handlers') = 'array' THEN
+                    ARRAY(SELECT DISTINCT h FROM jsonb_array_elements_text(x.e->'handlers') h ORDER BY 1) END AS explicit
+          FROM jsonb_array_elements(p_events) WITH ORDINALITY AS x(e, o)
+    ), routed AS (
+        SELECT s.*, coalesce(s.explicit, ARRAY(
+                   SELECT DISTINCT sub.handler FROM @S@.relaybus_subscriptions sub
+                    WHERE s.name LIKE sub.like_pattern ORDER BY 1)) AS hs
+          FROM src s
+    ), ins AS (
+        INSERT INTO @S@.relaybus_events AS ev (id, name, key, payload, headers, handlers)
+        SELECT id, name, key, payload, headers, hs FROM routed ORDER BY ord
+        ON CONFLICT (id) DO NOTHING
+        RETURNING ev.id
+    ), fresh AS (
+        -- the first occurrence of each inserted id
+        SELECT DISTINCT ON (r.id) r.* FROM routed r JOIN ins ON ins.id = r.id ORDER BY r.id, r.ord
+    ), keyed AS (
+        SELECT f.key, count(*) AS n FROM fresh f
+         WHERE f.key IS NOT NULL AND cardinality(f.hs) > 0 GROUP BY f.key
+    ), seq AS (
+        INSERT INTO @S@.relaybus_keys AS k (key, sequence)
+        SELECT key, n FROM keyed ORDER BY key
+        ON CONFLICT (key) DO UPDATE SET sequence = k.sequence + excluded.sequence
+        RETURNING k.key, k.sequence
+    ), numbered AS (
+        SELECT f.*, CASE WHEN f.key IS NOT NULL THEN
+                   sq.sequence - kd.n + row_number() OVER (PARTITION BY f.key ORDER BY f.ord) END AS sequence
+          FROM fresh f LEFT JOIN seq sq ON sq.key = f.key LEFT JOIN keyed kd ON kd.key = f.key
+         WHERE cardinality(f.hs) > 0
+    ), del AS (
+        INSERT INTO @S@.relaybus_deliveries (event_id, handler, lane, key, sequence, available_at)
+        SELECT n.id, h, @S@.relaybus_lane(coalesce(n.key, n.id)), n.key, n.sequence, n.at
+          FROM numbered n, unnest(n.hs) h
+        RETURNING handler, available_at
+    )
+    SELECT array_agg(f.ord ORDER BY f.ord), array_agg(f.id ORDER BY f.ord), array_agg(to_jsonb(f.hs) ORDER BY f.ord),
+           (SELECT array_agg(DISTINCT d.handler) FROM del d WHERE d.available_at <= now())
+      INTO v_ords, v_ids, v_hs, v_notify
+      FROM fresh f;
+    -- one notification per handler and transaction
+    PERFORM pg_notify('@CHAN@', h) FROM unnest(v_notify) h;
+    RETURN QUERY
+        SELECT u.o, u.i, jsonb_array_length(u.h), false, ARRAY(SELECT jsonb_array_elements_text(u.h))
+          FROM unnest(v_ords, v_ids, v_hs) AS u(o, i, h);
+    -- the others: ids that existed, or came twice in this batch
+    FOR r IN
+        SELECT x.o::integer AS o, x.e FROM jsonb_array_elements(p_events) WITH ORDINALITY AS x(e, o)
+         WHERE NOT (x.o::integer = ANY (coalesce(v_ords, '{}')))
+         ORDER BY x.o
+    LOOP
+        RETURN QUERY
+            SELECT r.o, p.event_id, p.deliveries, p.duplicate, p.handlers
+              FROM @S@.relaybus_publish(
+                r.e->>'name', r.e->'payload', r.e->>'key', r.e->>'id',
+                CASE WHEN jsonb_typeof(r.e->'headers') = 'object' THEN r.e->'headers' END,
+                (r.e->>'available_at')::timestamptz, (r.e->>'delay_ms')::bigint,
+                CASE WHEN r.e ? 'handlers' THEN ARRAY(SELECT jsonb_array_elements_text(r.e->'handlers')) END) p;
     END LOOP;
 END $$;
 
