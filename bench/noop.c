@@ -1,0 +1,129 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * noop: the bench's no-op handler.  Reads delivery lines on stdin and
+ * writes each back with "ok":true appended (a result line for rb-complete
+ * or rb-dispatch --pipe).  Every line is also appended to LOGDIR/h.PID with
+ * the time it was handled in front: {"_ts":MICROSECONDS,...the line...},
+ * which the harness reads to check exactness, key order and latency.
+ * Output is flushed whenever no more input is waiting, so a stream of
+ * lines is answered in chunks and a single line at once.
+ *
+ *   noop LOGDIR
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static char *out, *lg;
+static size_t out_n, out_cap, lg_n, lg_cap;
+
+static void
+put(char **b, size_t *n, size_t *cap, const char *s, size_t len)
+{
+	if (*n + len > *cap) {
+		*cap = (*n + len) * 2;
+		if ((*b = realloc(*b, *cap)) == NULL) {
+			perror("noop");
+			exit(71);
+		}
+	}
+	memcpy(*b + *n, s, len);
+	*n += len;
+}
+
+static void
+drain(int fd, char *b, size_t *n)
+{
+	size_t off = 0;
+
+	while (off < *n) {
+		ssize_t w = write(fd, b + off, *n - off);
+
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0) {
+			perror("noop: write");
+			exit(74);
+		}
+		off += (size_t)w;
+	}
+	*n = 0;
+}
+
+static void
+line(const char *s, size_t len, long long ts)
+{
+	char pre[48];
+	int k;
+
+	while (len > 0 && (s[len - 1] == '\r' || s[len - 1] == ' '))
+		len--;
+	if (len < 2 || s[0] != '{' || s[len - 1] != '}')
+		return;
+	k = snprintf(pre, sizeof pre, "{\"_ts\":%lld,", ts);
+	put(&lg, &lg_n, &lg_cap, pre, (size_t)k);
+	put(&lg, &lg_n, &lg_cap, s + 1, len - 1);
+	put(&lg, &lg_n, &lg_cap, "\n", 1);
+	put(&out, &out_n, &out_cap, s, len - 1);
+	put(&out, &out_n, &out_cap, ",\"ok\":true}\n", 12);
+}
+
+int
+main(int argc, char **argv)
+{
+	static char buf[1 << 20];
+	size_t have = 0;
+	char path[4096];
+	int logfd;
+
+	if (argc != 2) {
+		fprintf(stderr, "usage: noop LOGDIR\n");
+		return 64;
+	}
+	snprintf(path, sizeof path, "%s/h.%ld", argv[1], (long)getpid());
+	if ((logfd = open(path, O_WRONLY | O_CREAT | O_APPEND, 0644)) < 0) {
+		perror(path);
+		return 73;
+	}
+	for (;;) {
+		ssize_t r = read(0, buf + have, sizeof buf - have);
+		struct timespec t;
+		long long ts;
+		size_t start = 0;
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			break;
+		have += (size_t)r;
+		clock_gettime(CLOCK_REALTIME, &t);
+		ts = (long long)t.tv_sec * 1000000 + t.tv_nsec / 1000;
+		for (size_t i = 0; i < have; i++) {
+			if (buf[i] == '\n') {
+				line(buf + start, i - start, ts);
+				start = i + 1;
+			}
+		}
+		memmove(buf, buf + start, have - start);
+		have -= start;
+		if (have == sizeof buf) {
+			fprintf(stderr, "noop: line too long\n");
+			return 65;
+		}
+		drain(logfd, lg, &lg_n);
+		drain(1, out, &out_n);
+	}
+	if (have > 0) {
+		struct timespec t;
+
+		clock_gettime(CLOCK_REALTIME, &t);
+		line(buf, have, (long long)t.tv_sec * 1000000 + t.tv_nsec / 1000);
+	}
+	drain(logfd, lg, &lg_n);
+	drain(1, out, &out_n);
+	return 0;
+}

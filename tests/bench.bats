@@ -1,0 +1,37 @@
+#!/usr/bin/env bats
+# bench/run on tiny sizes, so that the harness cannot rot: it must build its
+# drivers, run every scenario against the test database (schemas of its own,
+# dropped at the end), print the tables, and find every run VALID.  Not a
+# measurement: nothing here is timed.
+
+load test_helper
+
+@test "bench/run --tiny prints the tables and every run is valid" {
+  need_pg
+  command -v jq >/dev/null || skip "jq is not installed"
+  command -v cc >/dev/null && pkg-config --exists libpq || skip "cc or libpq-dev is missing"
+  run --separate-stderr env RB_BINDIR="$RB_BINDIR" "$RB_SRCDIR/bench/run" --tiny \
+    --db "$RELAYBUS_TEST_PG_URL" --out "$BATS_TEST_TMPDIR/out"
+  echo "$stderr" | tail -n 20 >&2
+  [ "$status" -eq 0 ]
+  [[ "$output" == *"### pg: publish only (scenario 1)"* ]]
+  [[ "$output" == *"### pg: dispatch (scenario 2, 600 preloaded events"* ]]
+  [[ "$output" == *"### pg: mixed steady state (scenario 5)"* ]]
+  [[ "$output" == *"| P=1 batch=1 | "*" -> **"*"| VALID |"* ]]
+  [[ "$output" == *"| P=1 batch=100 | "*"| VALID |"* ]]
+  [[ "$output" == *"| 1 proc, plain-SQL limit"*"| VALID |"* ]]
+  [[ "$output" == *"| 1 proc, row-lease 0.1.0"*"| VALID |"* ]]
+  [[ "$output" == *"| 1 x shell pipeline loop"*" -> **"*"| VALID |"* ]]
+  [[ "$output" != *INVALID* ]]
+  # rb-dispatch runs when built, else its rows say why they were skipped
+  if [ -x "$RB_BINDIR/rb-dispatch" ]; then
+    [[ "$output" == *"| 1 inst, defaults"*"| VALID |"* ]]
+  else
+    [[ "$output" == *"skipped: cmd/rb-dispatch is not built"* ]]
+  fi
+  # raw results beside the tables, and no schema left behind
+  [ "$(jq -s 'map(select(.valid == "VALID")) | length' "$BATS_TEST_TMPDIR/out/results.jsonl")" -ge 7 ]
+  [ -s "$BATS_TEST_TMPDIR/out/results.csv" ]
+  jq -e '.cores > 0 and .synchronous_commit != null and .shared_buffers != null' "$BATS_TEST_TMPDIR/out/machine.json"
+  [ "$(q "SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'rbbench\_%'")" = 0 ]
+}
