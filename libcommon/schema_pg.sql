@@ -43,8 +43,11 @@ CREATE TABLE IF NOT EXISTS @S@.relaybus_deliveries (
     CONSTRAINT relaybus_deliveries_pkey PRIMARY KEY (id),
     CONSTRAINT relaybus_deliveries_event_handler_unique UNIQUE (event_id, handler)
 ) WITH (autovacuum_vacuum_scale_factor = 0.02);
+-- Claims read unkeyed work through lane_due and keyed work through
+-- lane_key (the head of each key: a skip scan, so a deep backlog of one key
+-- costs one probe); every pending delivery is in exactly one of the two.
 CREATE INDEX IF NOT EXISTS relaybus_deliveries_lane_due_idx
-    ON @S@.relaybus_deliveries (handler, lane, available_at, id) WHERE status = 'pending';
+    ON @S@.relaybus_deliveries (handler, lane, available_at, id) WHERE status = 'pending' AND key IS NULL;
 CREATE INDEX IF NOT EXISTS relaybus_deliveries_lane_key_idx
     ON @S@.relaybus_deliveries (handler, lane, key, sequence) WHERE key IS NOT NULL AND status = 'pending';
 CREATE INDEX IF NOT EXISTS relaybus_deliveries_dead_idx
@@ -250,6 +253,39 @@ BEGIN
     END LOOP;
 END $$;
 
+-- The due deliveries of one lane that a claim may take: unkeyed ones,
+-- oldest first, then the head (lowest sequence) of each key when it is due
+-- and not in flight.  Followers of a key are never read: the heads come
+-- from a skip scan of relaybus_deliveries_lane_key_idx.
+CREATE OR REPLACE FUNCTION @S@.relaybus_lane_candidates(
+    p_handler text, p_lane smallint, p_now timestamptz, p_live bigint[], p_limit integer)
+RETURNS SETOF bigint
+LANGUAGE sql STABLE AS $$
+    (SELECT d.id FROM @S@.relaybus_deliveries d
+      WHERE d.handler = p_handler AND d.lane = p_lane AND d.status = 'pending' AND d.key IS NULL
+        AND d.available_at <= p_now AND NOT (d.id = ANY (p_live))
+      ORDER BY d.available_at, d.id
+      LIMIT p_limit)
+    UNION ALL
+    (WITH RECURSIVE heads AS (
+        (SELECT d.key, d.id, d.available_at FROM @S@.relaybus_deliveries d
+          WHERE d.handler = p_handler AND d.lane = p_lane AND d.key IS NOT NULL AND d.status = 'pending'
+          ORDER BY d.key, d.sequence
+          LIMIT 1)
+        UNION ALL
+        SELECT n.key, n.id, n.available_at
+          FROM heads h, LATERAL (
+            SELECT d.key, d.id, d.available_at FROM @S@.relaybus_deliveries d
+             WHERE d.handler = p_handler AND d.lane = p_lane AND d.key IS NOT NULL
+               AND d.status = 'pending' AND d.key > h.key
+             ORDER BY d.key, d.sequence
+             LIMIT 1) n
+     )
+     SELECT h.id FROM heads h WHERE h.available_at <= p_now AND NOT (h.id = ANY (p_live))
+     LIMIT p_limit)
+    LIMIT p_limit
+$$;
+
 -- Claim due deliveries for p_owner in one transaction (the seed's "Lane
 -- leases").  Writes lane rows only: no delivery row is written or locked,
 -- except the one-attempt charge of a takeover.
@@ -288,17 +324,8 @@ BEGIN
      WHERE x.handler = p_handler AND x.lane = ANY (v_held) AND d.status = 'pending';
     IF cardinality(v_held) > 0 THEN
         v_picked := ARRAY(
-            SELECT c.id FROM unnest(v_held) hl(lane)
-            CROSS JOIN LATERAL (
-                SELECT d.id FROM @S@.relaybus_deliveries d
-                 WHERE d.handler = p_handler AND d.lane = hl.lane AND d.status = 'pending'
-                   AND d.available_at <= v_now AND NOT (d.id = ANY (v_live))
-                   AND (d.key IS NULL OR NOT EXISTS (
-                        SELECT 1 FROM @S@.relaybus_deliveries p
-                         WHERE p.handler = d.handler AND p.lane = d.lane AND p.key = d.key
-                           AND p.status = 'pending' AND p.sequence < d.sequence))
-                 ORDER BY d.available_at, d.id
-                 LIMIT p_batch) c
+            SELECT c FROM unnest(v_held) hl(lane)
+            CROSS JOIN LATERAL @S@.relaybus_lane_candidates(p_handler, hl.lane, v_now, v_live, p_batch) c
             LIMIT p_batch);
     END IF;
     -- 2. more lanes, a few at a time: free ones and expired ones with due work
@@ -308,9 +335,12 @@ BEGIN
             SELECT x.lane, x.lease_owner, x.in_flight FROM @S@.relaybus_lanes x
              WHERE x.handler = p_handler AND NOT (x.lane = ANY (v_held))
                AND (x.lease_owner IS NULL OR x.lease_expires_at <= v_now)
-               AND EXISTS (SELECT 1 FROM @S@.relaybus_deliveries d
-                            WHERE d.handler = p_handler AND d.lane = x.lane
-                              AND d.status = 'pending' AND d.available_at <= v_now)
+               AND (EXISTS (SELECT 1 FROM @S@.relaybus_deliveries d
+                             WHERE d.handler = p_handler AND d.lane = x.lane AND d.key IS NULL
+                               AND d.status = 'pending' AND d.available_at <= v_now)
+                    OR EXISTS (SELECT 1 FROM @S@.relaybus_deliveries d
+                             WHERE d.handler = p_handler AND d.lane = x.lane AND d.key IS NOT NULL
+                               AND d.status = 'pending' AND d.available_at <= v_now))
              ORDER BY x.lane
              LIMIT v_take
              FOR UPDATE OF x SKIP LOCKED
@@ -331,17 +361,9 @@ BEGIN
         v_held := v_held || v_new;
         v_acquired := v_acquired || v_new;
         v_picked := v_picked || ARRAY(
-            SELECT c.id FROM unnest(v_new) hl(lane)
-            CROSS JOIN LATERAL (
-                SELECT d.id FROM @S@.relaybus_deliveries d
-                 WHERE d.handler = p_handler AND d.lane = hl.lane AND d.status = 'pending'
-                   AND d.available_at <= v_now
-                   AND (d.key IS NULL OR NOT EXISTS (
-                        SELECT 1 FROM @S@.relaybus_deliveries p
-                         WHERE p.handler = d.handler AND p.lane = d.lane AND p.key = d.key
-                           AND p.status = 'pending' AND p.sequence < d.sequence))
-                 ORDER BY d.available_at, d.id
-                 LIMIT p_batch - cardinality(v_picked)) c
+            SELECT c FROM unnest(v_new) hl(lane)
+            CROSS JOIN LATERAL @S@.relaybus_lane_candidates(p_handler, hl.lane, v_now, '{}',
+                                                           p_batch - cardinality(v_picked)) c
             LIMIT p_batch - cardinality(v_picked));
         v_take := v_take * 2;
     END LOOP;

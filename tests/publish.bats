@@ -237,19 +237,10 @@ EOF2
 @test "memory stays flat however long the input" {
   # AddressSanitizer keeps freed memory in quarantine: RSS says nothing there
   [ -z "${RELAYBUS_TEST_ASAN:-}" ] || skip "RSS is not meaningful under AddressSanitizer"
-  peak() {  # events -> peak RSS in kB of rb-publish
-    gen_events "$1" order.created 50 | rb-publish -q --batch 500 &
-    local pid=$! max=0 v
-    sleep 0.05
-    local p
-    p=$(pgrep -n -x rb-publish || true)
-    while kill -0 "$pid" 2>/dev/null; do
-      v=$(awk '/VmHWM/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0)
-      [ "${v:-0}" -gt "$max" ] && max=$v
-      sleep 0.1
-    done
-    wait "$pid"
-    echo "$max"
+  peak() {  # events -> peak RSS in kB of rb-publish (the kernel's maximum resident set size)
+    gen_events "$1" order.created 50 >"$BATS_TEST_TMPDIR/in"
+    /usr/bin/time -f %M -o "$BATS_TEST_TMPDIR/rss" rb-publish -q --batch 500 <"$BATS_TEST_TMPDIR/in"
+    cat "$BATS_TEST_TMPDIR/rss"
   }
   small=$(peak 2000)
   q "TRUNCATE relaybus_events, relaybus_deliveries, relaybus_keys"

@@ -56,7 +56,7 @@ lane
 sequence
 updated_at" ]
   # the partial ones
-  [ "$(q "SELECT pg_get_expr(indpred, indrelid) FROM pg_index WHERE indexrelid = 'relaybus_deliveries_lane_due_idx'::regclass")" = "(status = 'pending'::text)" ]
+  [ "$(q "SELECT pg_get_expr(indpred, indrelid) FROM pg_index WHERE indexrelid = 'relaybus_deliveries_lane_due_idx'::regclass")" = "((status = 'pending'::text) AND (key IS NULL))" ]
   [ "$(q "SELECT pg_get_expr(indpred, indrelid) FROM pg_index WHERE indexrelid = 'relaybus_deliveries_dead_idx'::regclass")" = "(status = 'dead'::text)" ]
 }
 
