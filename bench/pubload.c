@@ -4,12 +4,18 @@
  *
  *   pubload rb  [options] -- RB-PUBLISH-COMMAND...   feed the real rb-publish
  *   pubload sql [options]                            the hand-written outbox insert
+ *   pubload same [options]                           relaybus's own statements, as plain SQL
  *
  * Both publish --events N events named ev.<prefix> in calls of --batch
  * events.  rb mode starts the command given after "--" (rb-publish ... -o),
  * writes one call's lines to its stdin and times until its acks are read
  * back; sql mode runs, per call, one statement that inserts the event rows
- * and one delivery row per subscribed handler (one transaction per call).
+ * and one delivery row per subscribed handler (one transaction per call);
+ * same mode runs, per call, the statements rb-publish's batch function runs
+ * (the event insert with its dedup, the per-key counters, the deliveries
+ * with their lanes, the notification) as one plain SQL statement against a
+ * schema made by rb-setup: the baseline that isolates what rb-publish and
+ * its function add.
  * Call latencies (microseconds) go to --lat FILE, one per line.
  *
  * With --rate R the lines are written at R events/s in ticks of --tick-ms
@@ -22,6 +28,7 @@
  * Output: one JSON line {"events","deliveries","start_us","end_us"}.
  */
 #include <errno.h>
+#include <stdbool.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -178,7 +185,7 @@ main(int argc, char **argv)
 
 	signal(SIGPIPE, SIG_IGN);
 	if (argc < 2)
-		die("usage: pubload rb|sql [--url U] [--schema S] [--events N] [--batch B] [--prefix P] "
+		die("usage: pubload rb|sql|same [--url U] [--schema S] [--events N] [--batch B] [--prefix P] "
 		    "[--keyed F] [--keys K] [--start-at US] [--lat FILE] [--rate R] [--tick-ms T] [-- CMD...]");
 	mode = argv[1];
 	for (i = 2; i < argc; i++) {
@@ -287,21 +294,46 @@ main(int argc, char **argv)
 		end = now_us();
 		if (waitpid(pid, &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
 			die("rb-publish failed");
-	} else if (strcmp(mode, "sql") == 0) {
+	} else if (strcmp(mode, "sql") == 0 || strcmp(mode, "same") == 0) {
 		PGconn *conn = PQconnectdb(url != NULL ? url : "");
 		struct sb q = { 0 };
+		bool same = strcmp(mode, "same") == 0;
 
 		if (PQstatus(conn) != CONNECTION_OK)
 			die(PQerrorMessage(conn));
-		/* the minimal outbox insert a user writes by hand: the event rows,
-		 * and one delivery row per subscribed handler, in one transaction */
-		sb_printf(&q,
-		    "WITH e AS (INSERT INTO %s.events (name, key, payload) "
-		    "  SELECT x.name, x.key, x.payload FROM jsonb_to_recordset($1::jsonb) "
-		    "    AS x(name text, key text, payload jsonb) RETURNING id, name) "
-		    "INSERT INTO %s.deliveries (event_id, handler) "
-		    "SELECT e.id, s.handler FROM e JOIN %s.subscriptions s ON e.name LIKE s.pattern",
-		    schema, schema, schema);
+		if (!same)
+			/* the minimal outbox insert a user writes by hand: the event rows,
+			 * and one delivery row per subscribed handler, in one transaction */
+			sb_printf(&q,
+			    "WITH e AS (INSERT INTO %s.events (name, key, payload) "
+			    "  SELECT x.name, x.key, x.payload FROM jsonb_to_recordset($1::jsonb) "
+			    "    AS x(name text, key text, payload jsonb) RETURNING id, name) "
+			    "INSERT INTO %s.deliveries (event_id, handler) "
+			    "SELECT e.id, s.handler FROM e JOIN %s.subscriptions s ON e.name LIKE s.pattern",
+			    schema, schema, schema);
+		else
+			/* relaybus_publish_batch's statements (libcommon/schema_pg.sql), sent as SQL */
+			sb_printf(&q,
+			    "WITH src AS (SELECT x.o AS ord, coalesce(x.e->>'id', gen_random_uuid()::text) AS id, "
+			    "    x.e->>'name' AS name, x.e->>'key' AS key, x.e->'payload' AS payload "
+			    "  FROM jsonb_array_elements($1::jsonb) WITH ORDINALITY AS x(e, o)), "
+			    "routed AS (SELECT s.*, ARRAY(SELECT DISTINCT sub.handler FROM %s.relaybus_subscriptions sub "
+			    "    WHERE s.name LIKE sub.like_pattern ORDER BY 1) AS hs FROM src s), "
+			    "ins AS (INSERT INTO %s.relaybus_events AS ev (id, name, key, payload, handlers) "
+			    "  SELECT id, name, key, payload, hs FROM routed ORDER BY ord ON CONFLICT (id) DO NOTHING RETURNING ev.id), "
+			    "fresh AS (SELECT r.* FROM routed r JOIN ins ON ins.id = r.id), "
+			    "keyed AS (SELECT key, count(*) AS n FROM fresh WHERE key IS NOT NULL GROUP BY key), "
+			    "seq AS (INSERT INTO %s.relaybus_keys AS k (key, sequence) SELECT key, n FROM keyed ORDER BY key "
+			    "  ON CONFLICT (key) DO UPDATE SET sequence = k.sequence + excluded.sequence RETURNING k.key, k.sequence), "
+			    "numbered AS (SELECT f.*, CASE WHEN f.key IS NOT NULL THEN sq.sequence - kd.n "
+			    "    + row_number() OVER (PARTITION BY f.key ORDER BY f.ord) END AS seqn "
+			    "  FROM fresh f LEFT JOIN seq sq ON sq.key = f.key LEFT JOIN keyed kd ON kd.key = f.key), "
+			    "del AS (INSERT INTO %s.relaybus_deliveries (event_id, handler, lane, key, sequence) "
+			    "  SELECT n.id, h, %s.relaybus_lane(coalesce(n.key, n.id)), n.key, n.seqn FROM numbered n, unnest(n.hs) h "
+			    "  RETURNING handler) "
+			    "SELECT (SELECT count(*) FROM del), "
+			    "  (SELECT count(pg_notify('relaybus_%s', h)) FROM (SELECT DISTINCT handler AS h FROM del) x)",
+			    schema, schema, schema, schema, schema, schema);
 		wait_start(start_at);
 		start = now_us();
 		while (done < events) {
@@ -321,9 +353,9 @@ main(int argc, char **argv)
 			p[0] = b.s;
 			t0 = now_us();
 			res = PQexecParams(conn, q.s, 1, NULL, p, NULL, NULL, 0);
-			if (PQresultStatus(res) != PGRES_COMMAND_OK)
+			if (PQresultStatus(res) != (same ? PGRES_TUPLES_OK : PGRES_COMMAND_OK))
 				die(PQresultErrorMessage(res));
-			deliveries += atol(PQcmdTuples(res));
+			deliveries += same ? atol(PQgetvalue(res, 0, 0)) : atol(PQcmdTuples(res));
 			PQclear(res);
 			if (lat != NULL)
 				fprintf(lat, "%lld\n", now_us() - t0);
@@ -333,7 +365,7 @@ main(int argc, char **argv)
 		PQfinish(conn);
 		free(q.s);
 	} else {
-		die("mode must be rb or sql");
+		die("mode must be rb, sql or same");
 	}
 	if (lat != NULL)
 		fclose(lat);
