@@ -81,8 +81,9 @@ CREATE TABLE IF NOT EXISTS @S@.relaybus_subscriptions (
 );
 
 -- RFC 3339 UTC text of a timestamp, as every program prints times.
+-- STABLE like to_char itself, so that the planner inlines it.
 CREATE OR REPLACE FUNCTION @S@.relaybus_ts(t timestamptz) RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS
+LANGUAGE sql STABLE PARALLEL SAFE AS
 $$ SELECT to_char(t AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"') $$;
 
 -- The lane of a delivery: FNV-1a (32 bit) of the key or event id, mod 256.
@@ -306,6 +307,10 @@ DECLARE
     v_take     integer := 4;
     v_charged  smallint[] := '{}';
     v_used     smallint[];
+    -- at most this many picks per lane and claim: keeps in_flight arrays
+    -- small (lane rows stay small enough for HOT updates, never TOASTed)
+    -- and spreads a batch over lanes; a last pass tops up when lanes run out
+    c_per_lane CONSTANT integer := 64;
     l          record;
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM @S@.relaybus_lanes x WHERE x.handler = p_handler AND x.lane = 0) THEN
@@ -325,7 +330,8 @@ BEGIN
     IF cardinality(v_held) > 0 THEN
         v_picked := ARRAY(
             SELECT c FROM unnest(v_held) hl(lane)
-            CROSS JOIN LATERAL @S@.relaybus_lane_candidates(p_handler, hl.lane, v_now, v_live, p_batch) c
+            CROSS JOIN LATERAL @S@.relaybus_lane_candidates(p_handler, hl.lane, v_now, v_live,
+                least(p_batch, c_per_lane)) c
             LIMIT p_batch);
     END IF;
     -- 2. more lanes, a few at a time: free ones and expired ones with due work
@@ -363,10 +369,18 @@ BEGIN
         v_picked := v_picked || ARRAY(
             SELECT c FROM unnest(v_new) hl(lane)
             CROSS JOIN LATERAL @S@.relaybus_lane_candidates(p_handler, hl.lane, v_now, '{}',
-                                                           p_batch - cardinality(v_picked)) c
+                least(p_batch - cardinality(v_picked), c_per_lane)) c
             LIMIT p_batch - cardinality(v_picked));
         v_take := v_take * 2;
     END LOOP;
+    -- no more lanes to take: top up from the lanes already in hand
+    IF cardinality(v_picked) < p_batch AND cardinality(v_held) > 0 THEN
+        v_picked := v_picked || ARRAY(
+            SELECT c FROM unnest(v_held) hl(lane)
+            CROSS JOIN LATERAL @S@.relaybus_lane_candidates(p_handler, hl.lane, v_now, v_live || v_picked,
+                p_batch - cardinality(v_picked)) c
+            LIMIT p_batch - cardinality(v_picked));
+    END IF;
     -- 3. record: one write per lane that got work (acquired lanes get a new
     -- epoch).  Acquired lanes that got nothing are left alone (a free lane
     -- was only locked), except a taken-over lane whose in-flight deliveries
