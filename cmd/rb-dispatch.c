@@ -835,6 +835,7 @@ proc_result(int i, const char *text, size_t len)
 	} else if (!json_is_string(json_object_get(r, "error"))) {
 		json_object_set_new(r, "error", json_string("handler failed"));
 	}
+	procs[i].backoff_ms = 0;	/* it works: a later crash restarts it at once */
 	finish_slot(s, r);
 out:
 	json_decref(in);
