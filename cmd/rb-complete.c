@@ -68,34 +68,6 @@ static struct options {
 	  .window_ms = 2, .batch = 500, .relinquish = true };
 
 static void
-parse_backoff(const char *arg)
-{
-	char *copy = xstrdup(arg), *save = NULL, *part;
-	int i = 0;
-
-	for (part = strtok_r(copy, ",", &save); part != NULL; part = strtok_r(NULL, ",", &save), i++) {
-		if (i == 0)
-			opt.co.backoff.base_ms = rb_cli_duration(usage_str, "--backoff", part);
-		else if (i == 1)
-			opt.co.backoff.max_ms = rb_cli_duration(usage_str, "--backoff", part);
-		else if (i == 2) {
-			char *end;
-
-			errno = 0;
-			opt.co.backoff.factor = strtod(part, &end);
-			if (errno != 0 || *end != '\0' || opt.co.backoff.factor < 1 || opt.co.backoff.factor > 100)
-				rb_cli_usage_error(usage_str, "--backoff: factor '%s' is not a number from 1 to 100", part);
-		} else
-			rb_cli_usage_error(usage_str, "--backoff: '%s' is not BASE[,MAX[,FACTOR]]", arg);
-	}
-	free(copy);
-	if (i == 0)
-		rb_cli_usage_error(usage_str, "--backoff: '%s' is not BASE[,MAX[,FACTOR]]", arg);
-	if (opt.co.backoff.max_ms < opt.co.backoff.base_ms)
-		opt.co.backoff.max_ms = opt.co.backoff.base_ms;
-}
-
-static void
 parse_args(int argc, char **argv)
 {
 	static const struct option longopts[] = {
@@ -118,7 +90,7 @@ parse_args(int argc, char **argv)
 			opt.co.max_attempts = rb_cli_int(usage_str, "--max-attempts", optarg, 1, 1000000);
 			break;
 		case OPT_BACKOFF:
-			parse_backoff(optarg);
+			rb_cli_backoff(usage_str, "--backoff", optarg, &opt.co.backoff);
 			break;
 		case OPT_SQL:
 			if (*optarg == '\0')

@@ -2,6 +2,7 @@
 /* rb_cli.c: the command-line conventions every program shares. */
 #include "config.h"
 
+#include <errno.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -146,4 +147,33 @@ rb_cli_owner(void)
 	clock_gettime(CLOCK_REALTIME, &ts);
 	srandom((unsigned)(ts.tv_nsec ^ getpid()));
 	return xasprintf("%s:%d:%08lx", host, (int)getpid(), (unsigned long)random());
+}
+
+void
+rb_cli_backoff(const char *usage, const char *opt, const char *arg, struct rb_backoff *b)
+{
+	char *copy = xstrdup(arg), *save = NULL, *part;
+	int i = 0;
+
+	for (part = strtok_r(copy, ",", &save); part != NULL; part = strtok_r(NULL, ",", &save), i++) {
+		if (i == 0)
+			b->base_ms = rb_cli_duration(usage, opt, part);
+		else if (i == 1)
+			b->max_ms = rb_cli_duration(usage, opt, part);
+		else if (i == 2) {
+			char *end;
+
+			errno = 0;
+			b->factor = strtod(part, &end);
+			if (errno != 0 || *end != '\0' || b->factor < 1 || b->factor > 100)
+				rb_cli_usage_error(usage, "%s: factor '%s' is not a number from 1 to 100",
+				    opt, part);
+		} else
+			rb_cli_usage_error(usage, "%s: '%s' is not BASE[,MAX[,FACTOR]]", opt, arg);
+	}
+	free(copy);
+	if (i == 0)
+		rb_cli_usage_error(usage, "%s: '%s' is not BASE[,MAX[,FACTOR]]", opt, arg);
+	if (b->max_ms < b->base_ms)
+		b->max_ms = b->base_ms;
 }

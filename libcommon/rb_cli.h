@@ -55,5 +55,11 @@ long long rb_cli_duration(const char *usage, const char *opt, const char *arg);
 int	rb_cli_int(const char *usage, const char *opt, const char *arg, int min, int max);
 /** A default lease owner name: host:pid:random. New string. */
 char	*rb_cli_owner(void);
+/**
+ * Parse a backoff option "BASE[,MAX[,FACTOR]]" (durations, factor 1 to 100)
+ * into *b, keeping b's defaults for omitted parts; a usage error names opt.
+ * MAX below BASE is raised to BASE.
+ */
+void	rb_cli_backoff(const char *usage, const char *opt, const char *arg, struct rb_backoff *b);
 
 #endif

@@ -414,16 +414,16 @@ static int
 pg_reconnect(struct rb_store *s, struct rb_error *err)
 {
 	struct pg_be *be = be_of(s);
-	bool relisten = be->listening;
 
+	/* be->listening survives failed attempts: the next good connection
+	 * listens again */
 	if (be->conn != NULL)
 		PQfinish(be->conn);
 	be->conn = NULL;
-	be->listening = false;
 	be->history = -1;
 	if (pg_connect(s, err) < 0)
 		return -1;
-	if (relisten)
+	if (be->listening)
 		return pg_listen(s, err);
 	return 0;
 }

@@ -1,0 +1,1431 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * rb-dispatch: the long-running worker of one handler.  It claims due
+ * deliveries (lane leases), runs each through the handler, renews the
+ * leases while they run, and completes the results in groups: everything
+ * that finished within --window goes to the store in one call.
+ *
+ * One thread and one poll(2) loop: the handler's child processes (--exec:
+ * one per delivery; --pipe: --procs long-running co-processes speaking
+ * JSON lines), a self-pipe for SIGCHLD/SIGTERM/SIGINT and the database
+ * socket, which carries LISTEN/NOTIFY wake-ups (a latency hint; polling
+ * every --poll stays the correctness path).  --sql runs a statement in
+ * the transaction that deletes the delivery (effectively-once).
+ *
+ * Surprises: a lost connection is re-established with backoff and the
+ * unapplied results are applied afterwards, under a fresh lease owner
+ * name, so that a claim whose answer was lost can never stay in flight
+ * under a lease this process keeps renewing.  stdout carries nothing of
+ * ours (--exec handlers inherit it).
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "rb_cli.h"
+#include "rb_exit.h"
+#include "rb_jsonl.h"
+#include "rb_log.h"
+#include "rb_store.h"
+#include "rb_util.h"
+
+extern char **environ;
+
+static const char usage_str[] =
+"usage: rb-dispatch --handler H (--exec CMD | --pipe CMD | --sql SQL) [--concurrency N]\n"
+"                   [--batch N] [--procs N] [--lease DUR] [--timeout DUR] [--grace DUR]\n"
+"                   [--max-attempts N] [--backoff BASE[,MAX[,FACTOR]]] [--poll DUR]\n"
+"                   [--window DUR] [--stats-every DUR] [--owner NAME] [--drain]\n"
+"                   [--db URL] [--schema NAME]\n"
+"\n"
+"Claim the due deliveries of handler H, run them, renew their leases and complete them.\n"
+"\n"
+"  -H, --handler H        the handler whose deliveries to run (required)\n"
+"      --exec CMD         run /bin/sh -c CMD per delivery, the delivery line on stdin:\n"
+"                         exit 0 completes, 75 retries, anything else fails the attempt\n"
+"      --pipe CMD         run CMD as co-processes: delivery lines in, result lines out\n"
+"                         (the delivery line plus ok, error, retry_ms, dead), any order\n"
+"      --sql SQL          run SQL ($1 = the delivery as JSON) in the transaction that\n"
+"                         completes the delivery (effectively-once)\n"
+"  -c, --concurrency N    at most N deliveries in flight (default 10)\n"
+"  -b, --batch N          claim at most N at a time (default 100)\n"
+"      --procs N          --pipe co-processes (default 1)\n"
+"  -l, --lease DUR        lane lease, renewed every third of it (default 30s)\n"
+"  -t, --timeout DUR      kill (--exec) or fail (--pipe) an attempt after DUR (default 5m)\n"
+"      --grace DUR        on SIGTERM/SIGINT, let running handlers finish for DUR (default 30s)\n"
+"  -m, --max-attempts N   a failure that reaches N attempts buries (default 10)\n"
+"      --backoff SPEC     retry delay BASE[,MAX[,FACTOR]]: BASE*FACTOR^(attempts-1), at most\n"
+"                         MAX (default 1s,5m,2)\n"
+"      --poll DUR         look for due work every DUR when idle (default 1s)\n"
+"      --window DUR       complete the results finished within DUR together (default 2ms)\n"
+"      --stats-every DUR  a status line every DUR (default: off)\n"
+"      --owner NAME       lease owner (default host:pid:random)\n"
+"      --drain            exit once nothing is due and nothing is in flight\n"
+"  -u, --db URL           postgresql:// URL or conninfo (default: $RELAYBUS_URL, PG*)\n"
+"      --schema NAME      relaybus schema (default: $RELAYBUS_SCHEMA or public)\n"
+"  -v, --verbose          more messages (-vv: debug)\n"
+"  -q, --quiet            errors only\n"
+"      --log-format FMT   text (default) or json diagnostics on stderr\n"
+"  -h, --help             this help\n"
+"  -V, --version          version and libraries\n"
+"\n"
+"Exit status: 0 stopped by a signal or drained, 64 usage, 69 database unavailable at\n"
+"start, 70 internal error, 71 cannot start the handler, 75 stopped with results not\n"
+"applied (database down), 77 permission denied, 78 bad URL or schema not set up.\n";
+
+enum { OPT_EXEC = RB_OPT_FIRST_PROGRAM, OPT_PIPE, OPT_SQL, OPT_PROCS, OPT_GRACE, OPT_BACKOFF,
+	OPT_POLL, OPT_WINDOW, OPT_STATS, OPT_OWNER, OPT_DRAIN };
+
+enum mode { MODE_NONE, MODE_EXEC, MODE_PIPE, MODE_SQL };
+
+static struct options {
+	struct rb_common	common;
+	const char		*handler;
+	enum mode		 mode;
+	const char		*cmd;		/* --exec or --pipe */
+	int			 concurrency;
+	int			 batch;
+	int			 procs;
+	int64_t			 lease_ms;
+	int64_t			 timeout_ms;
+	int64_t			 grace_ms;
+	int64_t			 poll_ms;
+	int64_t			 window_ms;
+	int64_t			 stats_ms;
+	const char		*owner;
+	bool			 drain;
+	struct rb_complete_opts	 co;
+} opt = { .concurrency = 10, .batch = RB_DEFAULT_BATCH, .procs = 1,
+	  .lease_ms = RB_DEFAULT_LEASE_MS, .timeout_ms = 5 * 60 * 1000, .grace_ms = 30000,
+	  .poll_ms = 1000, .window_ms = 2,
+	  .co = { .max_attempts = RB_DEFAULT_MAX_ATTEMPTS,
+		  .backoff = { .base_ms = 1000, .max_ms = 300000, .factor = 2.0 } } };
+
+/*
+ * A delivery in flight.  Exec: its child, and the line still to write to
+ * the child's stdin.  Pipe: the co-process it was handed to.
+ */
+struct slot {
+	bool	 used;
+	bool	 timed_out;	/* exec: killed at --timeout */
+	bool	 aborted;	/* exec: killed at shutdown: release */
+	json_t	*line;		/* the claimed delivery */
+	unsigned gen;		/* lease owner generation that claimed it */
+	int64_t	 deadline;	/* --timeout; 0: none (any more) */
+	pid_t	 pid;
+	int	 in_fd;
+	char	*wbuf;
+	size_t	 wlen, woff;
+	int	 proc;
+};
+
+/* A --pipe co-process. */
+struct coproc {
+	pid_t			 pid;		/* 0: not running */
+	int			 in_fd, out_fd;
+	struct rb_jsonl_reader	*rd;
+	char			*wbuf;
+	size_t			 wlen, woff, wcap;
+	int			 inflight;
+	int64_t			 started, restart_at, backoff_ms;
+};
+
+/*
+ * Lease owner names.  Every reconnect starts a new generation (a new
+ * name); an older one is renewed while deliveries it claimed are in
+ * flight or waiting to be applied, then handed back.
+ */
+#define NOWNERS 8
+struct owner {
+	char	*name;
+	unsigned gen;
+	long	 count;		/* deliveries in flight or queued */
+};
+
+/* A result waiting for the next group completion. */
+struct pending {
+	json_t	*r;
+	unsigned gen;
+};
+
+static struct rb_store	*store;
+static struct slot	*slots;
+static int		 running;	/* used slots */
+static struct coproc	*procs;
+static struct owner	 owners[NOWNERS];
+static unsigned		 cur_gen;
+static char		*owner_base;
+static struct pending	*queue;
+static size_t		 nqueue, capqueue;
+static int64_t		 queue_since;
+
+static int		 sigpipe_fd[2] = { -1, -1 };
+static volatile sig_atomic_t got_stop, got_child;
+
+static bool	db_down;
+static int64_t	reconnect_at, reconnect_backoff = 100;
+static bool	wake = true;		/* claim at the next chance */
+static bool	more_work;		/* the last claim found work: claim again when slots free */
+static bool	idle_seen;		/* the last claim found nothing, and nothing completed since */
+static int64_t	next_poll, next_extend, next_stats;
+static int	stop_level;		/* 0 running, 1 stopping (grace), 2 aborted */
+static int64_t	grace_deadline;
+static int	fatal_code;
+
+static struct {
+	long	claimed, completed, rescheduled, buried, released, lost;
+	long	completed_at_last_stats;
+} st;
+
+/* ---- options ------------------------------------------------------------- */
+
+static void
+set_mode(enum mode m, const char *arg)
+{
+	if (opt.mode != MODE_NONE)
+		rb_cli_usage_error(usage_str, "give one of --exec, --pipe and --sql");
+	if (*arg == '\0')
+		rb_cli_usage_error(usage_str, "%s: empty", m == MODE_SQL ? "--sql" :
+		    m == MODE_EXEC ? "--exec" : "--pipe");
+	opt.mode = m;
+	if (m == MODE_SQL)
+		opt.co.sql = arg;
+	else
+		opt.cmd = arg;
+}
+
+static void
+parse_args(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		RB_COMMON_LONGOPTS,
+		{ "handler", required_argument, NULL, 'H' },
+		{ "exec", required_argument, NULL, OPT_EXEC },
+		{ "pipe", required_argument, NULL, OPT_PIPE },
+		{ "sql", required_argument, NULL, OPT_SQL },
+		{ "concurrency", required_argument, NULL, 'c' },
+		{ "batch", required_argument, NULL, 'b' },
+		{ "procs", required_argument, NULL, OPT_PROCS },
+		{ "lease", required_argument, NULL, 'l' },
+		{ "timeout", required_argument, NULL, 't' },
+		{ "grace", required_argument, NULL, OPT_GRACE },
+		{ "max-attempts", required_argument, NULL, 'm' },
+		{ "backoff", required_argument, NULL, OPT_BACKOFF },
+		{ "poll", required_argument, NULL, OPT_POLL },
+		{ "window", required_argument, NULL, OPT_WINDOW },
+		{ "stats-every", required_argument, NULL, OPT_STATS },
+		{ "owner", required_argument, NULL, OPT_OWNER },
+		{ "drain", no_argument, NULL, OPT_DRAIN },
+		{ NULL, 0, NULL, 0 }
+	};
+	int c;
+
+	while ((c = getopt_long(argc, argv, RB_COMMON_SHORTOPTS "H:c:b:l:t:m:", longopts, NULL)) != -1) {
+		if (rb_cli_common(c, optarg, &opt.common, usage_str))
+			continue;
+		switch (c) {
+		case 'H':
+			if (!rb_handler_valid(optarg))
+				rb_cli_usage_error(usage_str, "--handler: '%s' is not a handler name "
+				    "([A-Za-z0-9_.:-], at most 200)", optarg);
+			opt.handler = optarg;
+			break;
+		case OPT_EXEC:
+			set_mode(MODE_EXEC, optarg);
+			break;
+		case OPT_PIPE:
+			set_mode(MODE_PIPE, optarg);
+			break;
+		case OPT_SQL:
+			set_mode(MODE_SQL, optarg);
+			break;
+		case 'c':
+			opt.concurrency = rb_cli_int(usage_str, "--concurrency", optarg, 1, 10000);
+			break;
+		case 'b':
+			opt.batch = rb_cli_int(usage_str, "--batch", optarg, 1, 10000);
+			break;
+		case OPT_PROCS:
+			opt.procs = rb_cli_int(usage_str, "--procs", optarg, 1, 1000);
+			break;
+		case 'l':
+			opt.lease_ms = rb_cli_duration(usage_str, "--lease", optarg);
+			if (opt.lease_ms < 300)
+				rb_cli_usage_error(usage_str, "--lease: at least 300ms");
+			break;
+		case 't':
+			opt.timeout_ms = rb_cli_duration(usage_str, "--timeout", optarg);
+			if (opt.timeout_ms < 1)
+				rb_cli_usage_error(usage_str, "--timeout: at least 1ms");
+			break;
+		case OPT_GRACE:
+			opt.grace_ms = rb_cli_duration(usage_str, "--grace", optarg);
+			break;
+		case 'm':
+			opt.co.max_attempts = rb_cli_int(usage_str, "--max-attempts", optarg, 1, 1000000);
+			break;
+		case OPT_BACKOFF:
+			rb_cli_backoff(usage_str, "--backoff", optarg, &opt.co.backoff);
+			break;
+		case OPT_POLL:
+			opt.poll_ms = rb_cli_duration(usage_str, "--poll", optarg);
+			if (opt.poll_ms < 10)
+				rb_cli_usage_error(usage_str, "--poll: at least 10ms");
+			break;
+		case OPT_WINDOW:
+			opt.window_ms = rb_cli_duration(usage_str, "--window", optarg);
+			break;
+		case OPT_STATS:
+			opt.stats_ms = rb_cli_duration(usage_str, "--stats-every", optarg);
+			break;
+		case OPT_OWNER:
+			if (*optarg == '\0' || strlen(optarg) > 180)
+				rb_cli_usage_error(usage_str, "--owner: 1 to 180 characters");
+			opt.owner = optarg;
+			break;
+		case OPT_DRAIN:
+			opt.drain = true;
+			break;
+		default:
+			rb_cli_bad_option(usage_str);
+		}
+	}
+	if (optind < argc)
+		rb_cli_usage_error(usage_str, "unexpected argument '%s'", argv[optind]);
+	if (opt.handler == NULL)
+		rb_cli_usage_error(usage_str, "--handler is required");
+	if (opt.mode == MODE_NONE)
+		rb_cli_usage_error(usage_str, "a handler is required: --exec, --pipe or --sql");
+	if (opt.procs > opt.concurrency)
+		opt.procs = opt.concurrency;
+}
+
+/* ---- signals and child processes ------------------------------------------ */
+
+static void
+on_signal(int sig)
+{
+	int e = errno;
+	char c = (char)sig;
+
+	if (sig == SIGCHLD)
+		got_child = 1;
+	else
+		got_stop++;
+	(void)!write(sigpipe_fd[1], &c, 1);
+	errno = e;
+}
+
+static void
+set_nonblock(int fd)
+{
+	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+}
+
+static void
+setup_signals(void)
+{
+	struct sigaction sa;
+
+	if (pipe2(sigpipe_fd, O_CLOEXEC | O_NONBLOCK) < 0)
+		rb_die_errno(RB_EXIT_OSERR, "pipe");
+	memset(&sa, 0, sizeof sa);
+	sa.sa_handler = on_signal;
+	sa.sa_flags = SA_RESTART;
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGCHLD, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGINT, &sa, NULL);
+}
+
+/*
+ * Start /bin/sh -c cmd in its own process group (so that a ^C at the
+ * terminal reaches only us, and a timeout kills the whole group) with
+ * stdin from in_fd and, when out_fd >= 0, stdout to out_fd.
+ */
+static pid_t
+spawn(const char *cmd, int in_fd, int out_fd)
+{
+	posix_spawn_file_actions_t fa;
+	posix_spawnattr_t at;
+	sigset_t none, def;
+	char *argv[] = { "/bin/sh", "-c", (char *)cmd, NULL };
+	pid_t pid;
+	int rc;
+
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_adddup2(&fa, in_fd, STDIN_FILENO);
+	if (out_fd >= 0)
+		posix_spawn_file_actions_adddup2(&fa, out_fd, STDOUT_FILENO);
+	posix_spawnattr_init(&at);
+	sigemptyset(&none);
+	sigemptyset(&def);
+	sigaddset(&def, SIGPIPE);
+	sigaddset(&def, SIGCHLD);
+	sigaddset(&def, SIGTERM);
+	sigaddset(&def, SIGINT);
+	posix_spawnattr_setsigmask(&at, &none);
+	posix_spawnattr_setsigdefault(&at, &def);
+	posix_spawnattr_setpgroup(&at, 0);
+	posix_spawnattr_setflags(&at, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF |
+	    POSIX_SPAWN_SETSIGMASK);
+	rc = posix_spawn(&pid, "/bin/sh", &fa, &at, argv, environ);
+	posix_spawn_file_actions_destroy(&fa);
+	posix_spawnattr_destroy(&at);
+	if (rc != 0) {
+		errno = rc;
+		return -1;
+	}
+	return pid;
+}
+
+/* ---- owners ---------------------------------------------------------------- */
+
+static struct owner *
+owner_of(unsigned gen)
+{
+	struct owner *o = &owners[gen % NOWNERS];
+
+	return o->name != NULL && o->gen == gen ? o : NULL;
+}
+
+static void
+new_owner(void)
+{
+	struct owner *o;
+
+	if (owners[cur_gen % NOWNERS].name != NULL)
+		cur_gen++;
+	o = &owners[cur_gen % NOWNERS];
+	if (o->name != NULL) {
+		/* forgotten: its lanes come back when their lease ends */
+		rb_warn("too many reconnects: no longer renewing the lanes of %s", o->name);
+		free(o->name);
+	}
+	o->name = cur_gen == 0 ? xstrdup(owner_base) : xasprintf("%s/r%u", owner_base, cur_gen);
+	o->gen = cur_gen;
+	o->count = 0;
+}
+
+static void
+owner_done(unsigned gen)
+{
+	struct owner *o = owner_of(gen);
+
+	if (o != NULL)
+		o->count--;
+}
+
+/* ---- database errors --------------------------------------------------------- */
+
+static void
+db_error(const struct rb_error *err, const char *what)
+{
+	int code = err->exit_code != 0 ? err->exit_code : RB_EXIT_SOFTWARE;
+
+	if (code == RB_EXIT_TEMPFAIL || code == RB_EXIT_UNAVAILABLE || rb_store_broken(store)) {
+		if (!db_down)
+			rb_warn("%s: %s: reconnecting", what, err->msg);
+		db_down = true;
+		reconnect_at = rb_mono_ms() + (reconnect_backoff > 200 ? 200 : reconnect_backoff);
+		return;
+	}
+	rb_error("%s: %s", what, err->msg);
+	if (fatal_code == 0)
+		fatal_code = code;
+}
+
+static void
+try_reconnect(int64_t now)
+{
+	struct rb_error err = { 0 };
+
+	if (rb_store_reconnect(store, &err) < 0 || rb_store_listen(store, &err) < 0) {
+		rb_debug("reconnect: %s", err.msg);
+		reconnect_at = now + reconnect_backoff;
+		reconnect_backoff = reconnect_backoff * 2 > 5000 ? 5000 : reconnect_backoff * 2;
+		return;
+	}
+	db_down = false;
+	reconnect_backoff = 100;
+	new_owner();
+	rb_warn("reconnected to %s; now leasing as %s", rb_store_url_redacted(store),
+	    owners[cur_gen % NOWNERS].name);
+	wake = true;
+	next_extend = now;
+}
+
+/* ---- results ------------------------------------------------------------------- */
+
+/* Queue a result (steals r) for the next group completion. */
+static void
+queue_result(json_t *r, unsigned gen)
+{
+	if (nqueue == capqueue) {
+		capqueue = capqueue == 0 ? 64 : capqueue * 2;
+		queue = xrealloc(queue, capqueue * sizeof *queue);
+	}
+	if (nqueue == 0)
+		queue_since = rb_mono_ms();
+	queue[nqueue].r = r;
+	queue[nqueue].gen = gen;
+	nqueue++;
+}
+
+/* A result for a delivery: a shallow copy of its line plus fields. */
+static json_t *
+result_fail(const json_t *line, const char *error)
+{
+	json_t *r = json_copy((json_t *)line);
+
+	json_object_set_new(r, "ok", json_false());
+	json_object_set_new(r, "error", json_string(error));
+	return r;
+}
+
+static json_t *
+result_ok(const json_t *line)
+{
+	json_t *r = json_copy((json_t *)line);
+
+	json_object_set_new(r, "ok", json_true());
+	return r;
+}
+
+static json_t *
+result_release(const json_t *line)
+{
+	json_t *r = json_copy((json_t *)line);
+
+	json_object_set_new(r, "release", json_true());
+	return r;
+}
+
+/* The slot's delivery is done: queue the result (stolen) and free the slot. */
+static void
+finish_slot(struct slot *s, json_t *r)
+{
+	const char *ev = json_string_value(json_object_get(s->line, "event_id"));
+
+	if (json_is_false(json_object_get(r, "ok")))
+		rb_info("%s: attempt %" JSON_INTEGER_FORMAT " failed: %s", ev,
+		    json_integer_value(json_object_get(s->line, "attempt")),
+		    json_string_value(json_object_get(r, "error")));
+	queue_result(r, s->gen);
+	if (opt.mode == MODE_PIPE && s->proc >= 0)
+		procs[s->proc].inflight--;
+	if (s->in_fd >= 0)
+		close(s->in_fd);
+	free(s->wbuf);
+	json_decref(s->line);
+	memset(s, 0, sizeof *s);
+	s->in_fd = -1;
+	s->proc = -1;
+	running--;
+}
+
+/* Apply the queued results, at most 1000 per call.  false on a database error. */
+static bool
+flush_results(void)
+{
+	while (nqueue > 0) {
+		size_t n = nqueue > 1000 ? 1000 : nqueue, i;
+		json_t *arr = json_array(), *outcomes = NULL, *o;
+		struct rb_error err = { 0 };
+		bool progress = false;
+
+		for (i = 0; i < n; i++)
+			json_array_append(arr, queue[i].r);
+		if (rb_store_complete(store, &opt.co, arr, &outcomes, &err) < 0) {
+			json_decref(arr);
+			db_error(&err, "complete");
+			return false;
+		}
+		json_array_foreach(outcomes, i, o) {
+			const char *oc = json_string_value(json_object_get(o, "outcome"));
+			const char *ev = json_string_value(json_object_get(o, "event_id"));
+
+			if (oc == NULL)
+				oc = "lost";
+			if (strcmp(oc, "completed") == 0) {
+				st.completed++;
+				progress = true;
+			} else if (strcmp(oc, "rescheduled") == 0) {
+				st.rescheduled++;
+				progress = true;
+			} else if (strcmp(oc, "buried") == 0) {
+				st.buried++;
+				rb_warn("%s: buried after %" JSON_INTEGER_FORMAT " attempts: %s", ev,
+				    json_integer_value(json_object_get(o, "attempts")),
+				    json_string_value(json_object_get(json_array_get(arr, i), "error")));
+			} else if (strcmp(oc, "released") == 0)
+				st.released++;
+			else {
+				st.lost++;
+				if (json_is_true(json_object_get(o, "missing")))
+					rb_debug("%s: already gone (completed before a reconnect)", ev);
+				else
+					rb_info("%s: lease lost, not applied (it runs again elsewhere)", ev);
+			}
+			if (json_is_string(json_object_get(o, "error")))
+				rb_info("%s: %s", ev, json_string_value(json_object_get(o, "error")));
+			rb_debug("%s: %s", ev, oc);
+		}
+		json_decref(outcomes);
+		json_decref(arr);
+		for (i = 0; i < n; i++) {
+			owner_done(queue[i].gen);
+			json_decref(queue[i].r);
+		}
+		memmove(queue, queue + n, (nqueue - n) * sizeof *queue);
+		nqueue -= n;
+		if (nqueue > 0)
+			queue_since = rb_mono_ms();
+		if (progress) {
+			/* deletions may have unblocked the next delivery of a key */
+			more_work = true;
+			idle_seen = false;
+		}
+	}
+	return true;
+}
+
+/* ---- handlers ---------------------------------------------------------------------- */
+
+static char *
+line_text(const json_t *line, size_t *len)
+{
+	char *text = json_dumps(line, JSON_COMPACT);
+	size_t n;
+
+	if (text == NULL)
+		rb_die(RB_EXIT_OSERR, "out of memory");
+	n = strlen(text);
+	text = xrealloc(text, n + 2);
+	text[n] = '\n';
+	text[n + 1] = '\0';
+	*len = n + 1;
+	return text;
+}
+
+/* Write what we can of the line to an exec child; close its stdin when done. */
+static void
+exec_write(struct slot *s)
+{
+	while (s->in_fd >= 0 && s->woff < s->wlen) {
+		ssize_t n = write(s->in_fd, s->wbuf + s->woff, s->wlen - s->woff);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && errno == EAGAIN)
+			return;
+		if (n < 0) {
+			/* EPIPE: the handler did not read its input; its exit status decides */
+			break;
+		}
+		s->woff += (size_t)n;
+	}
+	if (s->in_fd >= 0) {
+		close(s->in_fd);
+		s->in_fd = -1;
+	}
+	free(s->wbuf);
+	s->wbuf = NULL;
+}
+
+static void
+exec_start(struct slot *s)
+{
+	int p[2] = { -1, -1 };
+
+	if (pipe2(p, O_CLOEXEC) < 0 || (s->pid = spawn(opt.cmd, p[0], -1)) < 0) {
+		char msg[200];
+
+		snprintf(msg, sizeof msg, "cannot start the handler: %s", strerror(errno));
+		rb_error("%s", msg);
+		if (p[0] >= 0) {
+			close(p[0]);
+			close(p[1]);
+		}
+		finish_slot(s, result_fail(s->line, msg));
+		return;
+	}
+	close(p[0]);
+	s->in_fd = p[1];
+	set_nonblock(s->in_fd);
+	s->wbuf = line_text(s->line, &s->wlen);
+	s->woff = 0;
+	exec_write(s);
+}
+
+static void
+exec_exited(struct slot *s, int status)
+{
+	char msg[200];
+
+	if (s->aborted) {
+		finish_slot(s, result_release(s->line));
+		return;
+	}
+	if (s->timed_out) {
+		snprintf(msg, sizeof msg, "timed out after %" PRId64 "ms", opt.timeout_ms);
+		finish_slot(s, result_fail(s->line, msg));
+		return;
+	}
+	if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+		finish_slot(s, result_ok(s->line));
+		return;
+	}
+	if (WIFEXITED(status) && WEXITSTATUS(status) == RB_EXIT_TEMPFAIL)
+		snprintf(msg, sizeof msg, "exit %d: retry later", RB_EXIT_TEMPFAIL);
+	else if (WIFEXITED(status))
+		snprintf(msg, sizeof msg, "exit %d", WEXITSTATUS(status));
+	else
+		snprintf(msg, sizeof msg, "killed by signal %d", WTERMSIG(status));
+	finish_slot(s, result_fail(s->line, msg));
+}
+
+static void
+proc_start(int i)
+{
+	struct coproc *c = &procs[i];
+	int in[2] = { -1, -1 }, out[2] = { -1, -1 };
+
+	if (pipe2(in, O_CLOEXEC) < 0 || pipe2(out, O_CLOEXEC) < 0 ||
+	    (c->pid = spawn(opt.cmd, in[0], out[1])) < 0) {
+		rb_error("cannot start the handler: %s", strerror(errno));
+		for (int k = 0; k < 2; k++) {
+			if (in[k] >= 0)
+				close(in[k]);
+			if (out[k] >= 0)
+				close(out[k]);
+		}
+		c->pid = 0;
+		c->backoff_ms = c->backoff_ms == 0 ? 100 : (c->backoff_ms * 2 > 10000 ? 10000 : c->backoff_ms * 2);
+		c->restart_at = rb_mono_ms() + c->backoff_ms;
+		return;
+	}
+	close(in[0]);
+	close(out[1]);
+	c->in_fd = in[1];
+	c->out_fd = out[0];
+	set_nonblock(c->in_fd);
+	set_nonblock(c->out_fd);
+	c->rd = rb_jsonl_reader_new(c->out_fd, 0);
+	c->wlen = c->woff = 0;
+	c->started = rb_mono_ms();
+	c->restart_at = 0;
+	rb_debug("co-process %d started: pid %d", i, (int)c->pid);
+}
+
+static void
+proc_write(struct coproc *c)
+{
+	while (c->in_fd >= 0 && c->woff < c->wlen) {
+		ssize_t n = write(c->in_fd, c->wbuf + c->woff, c->wlen - c->woff);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && errno == EAGAIN)
+			return;
+		if (n < 0) {	/* EPIPE: it is dying; the reap fails its deliveries */
+			close(c->in_fd);
+			c->in_fd = -1;
+			c->wlen = c->woff = 0;
+			return;
+		}
+		c->woff += (size_t)n;
+	}
+	c->wlen = c->woff = 0;
+}
+
+static void
+proc_send(struct coproc *c, const json_t *line)
+{
+	size_t len;
+	char *text = line_text(line, &len);
+
+	if (c->woff > 0 && c->woff == c->wlen)
+		c->wlen = c->woff = 0;
+	if (c->wlen + len > c->wcap) {
+		if (c->woff > 0) {
+			memmove(c->wbuf, c->wbuf + c->woff, c->wlen - c->woff);
+			c->wlen -= c->woff;
+			c->woff = 0;
+		}
+		if (c->wlen + len > c->wcap) {
+			c->wcap = (c->wlen + len) * 2;
+			c->wbuf = xrealloc(c->wbuf, c->wcap);
+		}
+	}
+	memcpy(c->wbuf + c->wlen, text, len);
+	c->wlen += len;
+	free(text);
+	proc_write(c);
+}
+
+/* The slot of a pipe result: same event_id and lease. */
+static struct slot *
+find_slot(const char *ev, const char *lease)
+{
+	for (int i = 0; i < opt.concurrency; i++) {
+		struct slot *s = &slots[i];
+
+		if (s->used && s->proc >= 0 &&
+		    strcmp(json_string_value(json_object_get(s->line, "event_id")), ev) == 0 &&
+		    strcmp(json_string_value(json_object_get(s->line, "lease")), lease) == 0)
+			return s;
+	}
+	return NULL;
+}
+
+static void
+proc_result(int i, const char *text, size_t len)
+{
+	json_t *in, *r;
+	const json_t *ev, *lease, *v;
+	struct slot *s;
+	char why[256];
+	struct rb_error err = { 0 };
+
+	if (rb_jsonl_parse(text, len, &in, why, sizeof why) < 0) {
+		rb_warn("co-process %d: line %ld: %s: ignored", i, rb_jsonl_lineno(procs[i].rd), why);
+		return;
+	}
+	ev = json_object_get(in, "event_id");
+	lease = json_object_get(in, "lease");
+	if (!json_is_string(ev) || !json_is_string(lease)) {
+		rb_warn("co-process %d: line %ld: no event_id and lease: ignored", i,
+		    rb_jsonl_lineno(procs[i].rd));
+		goto out;
+	}
+	s = find_slot(json_string_value(ev), json_string_value(lease));
+	if (s == NULL) {
+		rb_info("co-process %d: result for %s (lease %s) not in flight (timed out?): ignored",
+		    i, json_string_value(ev), json_string_value(lease));
+		goto out;
+	}
+	/* the result is our delivery line plus the handler's verdict */
+	r = json_copy(s->line);
+	if ((v = json_object_get(in, "ok")) != NULL)
+		json_object_set(r, "ok", (json_t *)v);
+	if ((v = json_object_get(in, "error")) != NULL)
+		json_object_set(r, "error", (json_t *)v);
+	if ((v = json_object_get(in, "retry_ms")) != NULL)
+		json_object_set(r, "retry_ms", (json_t *)v);
+	if ((v = json_object_get(in, "dead")) != NULL)
+		json_object_set(r, "dead", (json_t *)v);
+	if (rb_result_validate(r, &err) < 0) {
+		rb_warn("co-process %d: line %ld: %s: counted as a failure", i,
+		    rb_jsonl_lineno(procs[i].rd), err.msg);
+		json_decref(r);
+		r = result_fail(s->line, err.msg);
+	} else if (!json_is_false(json_object_get(r, "ok")) && !json_is_true(json_object_get(r, "dead"))) {
+		json_object_set_new(r, "ok", json_true());
+	} else if (!json_is_string(json_object_get(r, "error"))) {
+		json_object_set_new(r, "error", json_string("handler failed"));
+	}
+	procs[i].backoff_ms = 0;	/* it works: a later crash restarts it at once */
+	finish_slot(s, r);
+out:
+	json_decref(in);
+}
+
+/* Read the results a co-process has written. */
+static void
+proc_read(int i)
+{
+	struct coproc *c = &procs[i];
+	const char *line;
+	size_t len;
+
+	while (c->out_fd >= 0) {
+		int rc = rb_jsonl_next(c->rd, 0, &line, &len);
+
+		if (rc == RB_JSONL_LINE)
+			proc_result(i, line, len);
+		else if (rc == RB_JSONL_TOOLONG)
+			rb_warn("co-process %d: line %ld too long: ignored", i, rb_jsonl_lineno(c->rd));
+		else if (rc == RB_JSONL_AGAIN)
+			return;
+		else {	/* EOF or error: it is going away */
+			close(c->out_fd);
+			c->out_fd = -1;
+			if (c->in_fd >= 0) {
+				close(c->in_fd);
+				c->in_fd = -1;
+			}
+			if (c->pid > 0)
+				kill(-c->pid, SIGTERM);
+		}
+	}
+}
+
+/* A co-process ended: fail what it had in flight, restart it with backoff. */
+static void
+proc_exited(int i, int status)
+{
+	struct coproc *c = &procs[i];
+	int64_t now = rb_mono_ms();
+	char msg[200];
+
+	if (c->out_fd >= 0)
+		proc_read(i);	/* results written just before the end */
+	if (c->out_fd >= 0)
+		close(c->out_fd);
+	if (c->in_fd >= 0)
+		close(c->in_fd);
+	c->in_fd = c->out_fd = -1;
+	rb_jsonl_reader_free(c->rd);
+	c->rd = NULL;
+	c->pid = 0;
+	c->wlen = c->woff = 0;
+	if (WIFEXITED(status))
+		snprintf(msg, sizeof msg, "handler process exited with status %d", WEXITSTATUS(status));
+	else
+		snprintf(msg, sizeof msg, "handler process killed by signal %d", WTERMSIG(status));
+	for (int k = 0; k < opt.concurrency; k++)
+		if (slots[k].used && slots[k].proc == i)
+			finish_slot(&slots[k], stop_level > 0 ? result_release(slots[k].line) :
+			    result_fail(slots[k].line, msg));
+	c->inflight = 0;
+	if (stop_level > 0)
+		return;
+	if (now - c->started > 10000)
+		c->backoff_ms = 0;
+	c->backoff_ms = c->backoff_ms == 0 ? 100 : (c->backoff_ms * 2 > 10000 ? 10000 : c->backoff_ms * 2);
+	c->restart_at = now + c->backoff_ms;
+	rb_warn("co-process %d: %s; restarting in %" PRId64 "ms", i, msg, c->backoff_ms);
+}
+
+static void
+reap(void)
+{
+	int status;
+	pid_t pid;
+
+	got_child = 0;
+	while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+		if (opt.mode == MODE_EXEC) {
+			for (int i = 0; i < opt.concurrency; i++)
+				if (slots[i].used && slots[i].pid == pid) {
+					exec_exited(&slots[i], status);
+					break;
+				}
+		} else if (opt.mode == MODE_PIPE) {
+			for (int i = 0; i < opt.procs; i++)
+				if (procs[i].pid == pid) {
+					proc_exited(i, status);
+					break;
+				}
+		}
+	}
+}
+
+/* Hand a claimed delivery (stolen) to the handler. */
+static void
+start_delivery(json_t *line)
+{
+	struct slot *s = NULL;
+	int best = -1;
+
+	if (opt.mode == MODE_SQL) {
+		queue_result(result_ok(line), cur_gen);
+		json_decref(line);
+		return;
+	}
+	for (int i = 0; i < opt.concurrency && s == NULL; i++)
+		if (!slots[i].used)
+			s = &slots[i];
+	if (s == NULL)	/* cannot happen: we claim at most the free slots */
+		rb_die(RB_EXIT_SOFTWARE, "no free slot");
+	s->used = true;
+	s->line = line;
+	s->gen = cur_gen;
+	s->pid = 0;
+	s->in_fd = -1;
+	s->proc = -1;
+	s->deadline = opt.timeout_ms > 0 ? rb_mono_ms() + opt.timeout_ms : 0;
+	running++;
+	if (opt.mode == MODE_EXEC) {
+		exec_start(s);
+		return;
+	}
+	for (int i = 0; i < opt.procs; i++)
+		if (procs[i].pid > 0 && procs[i].in_fd >= 0 &&
+		    (best < 0 || procs[i].inflight < procs[best].inflight))
+			best = i;
+	if (best < 0) {
+		finish_slot(s, result_release(line));
+		return;
+	}
+	s->proc = best;
+	procs[best].inflight++;
+	proc_send(&procs[best], line);
+}
+
+static bool
+proc_alive(void)
+{
+	for (int i = 0; i < opt.procs; i++)
+		if (procs[i].pid > 0 && procs[i].in_fd >= 0)
+			return true;
+	return false;
+}
+
+/* ---- the delivery loop ------------------------------------------------------------------- */
+
+/* When the next claim is due (now, or the next --poll); 0: no claim possible. */
+static int64_t
+claim_due(int64_t now)
+{
+	int free_slots = opt.concurrency - running - (int)nqueue;
+	int low = opt.batch < opt.concurrency ? opt.batch : opt.concurrency;
+
+	low = low / 4 > 1 ? low / 4 : 1;
+	if (db_down || stop_level > 0 || fatal_code != 0 || free_slots <= 0 ||
+	    (opt.mode == MODE_PIPE && !proc_alive()))
+		return 0;
+	if (wake || now >= next_poll || (more_work && (free_slots >= low || running + (int)nqueue == 0)))
+		return now;
+	return next_poll;
+}
+
+static void
+maybe_claim(int64_t now)
+{
+	int free_slots = opt.concurrency - running - (int)nqueue;
+	struct rb_claim_opts co;
+	struct rb_error err = { 0 };
+	json_t *got = NULL;
+	int64_t due = claim_due(now);
+	int n;
+
+	if (due == 0 || due > now)
+		return;
+	co = (struct rb_claim_opts){ .handler = opt.handler, .owner = owners[cur_gen % NOWNERS].name,
+	    .batch = free_slots < opt.batch ? free_slots : opt.batch, .lease_ms = opt.lease_ms,
+	    .max_attempts = opt.co.max_attempts };
+	wake = false;
+	next_poll = now + opt.poll_ms;
+	n = rb_store_claim(store, &co, &got, &err);
+	if (n < 0) {
+		db_error(&err, "claim");
+		return;
+	}
+	rb_debug("claimed %d (asked %d)", n, co.batch);
+	more_work = n > 0;
+	idle_seen = n == 0;
+	st.claimed += n;
+	owners[cur_gen % NOWNERS].count += n;
+	if (n > 0 && next_extend == 0)
+		next_extend = now + opt.lease_ms / 3;
+	for (int i = 0; i < n; i++)
+		start_delivery(json_incref(json_array_get(got, (size_t)i)));
+	json_decref(got);
+}
+
+static void
+extend_leases(int64_t now)
+{
+	struct rb_error err = { 0 };
+
+	next_extend = now + opt.lease_ms / 3;
+	for (int i = 0; i < NOWNERS; i++) {
+		struct owner *o = &owners[i];
+		int n;
+
+		if (o->name == NULL || o->count <= 0)
+			continue;
+		if ((n = rb_store_extend(store, opt.handler, o->name, opt.lease_ms, &err)) < 0) {
+			db_error(&err, "extend");
+			return;
+		}
+		rb_debug("renewed %d lanes of %s", n, o->name);
+	}
+}
+
+/* Hand back the lanes of older owner names that run nothing any more. */
+static void
+retire_owners(void)
+{
+	struct rb_error err = { 0 };
+
+	for (int i = 0; i < NOWNERS; i++) {
+		struct owner *o = &owners[i];
+
+		if (o->name == NULL || o->gen == cur_gen || o->count > 0)
+			continue;
+		if (rb_store_relinquish(store, opt.handler, o->name, &err) < 0) {
+			db_error(&err, "relinquish");
+			return;
+		}
+		free(o->name);
+		o->name = NULL;
+	}
+}
+
+static void
+check_timeouts(int64_t now)
+{
+	char msg[100];
+
+	for (int i = 0; i < opt.concurrency; i++) {
+		struct slot *s = &slots[i];
+
+		if (!s->used || s->deadline == 0 || now < s->deadline)
+			continue;
+		s->deadline = 0;
+		if (opt.mode == MODE_EXEC) {
+			rb_info("%s: timed out: killing pid %d",
+			    json_string_value(json_object_get(s->line, "event_id")), (int)s->pid);
+			s->timed_out = true;
+			kill(-s->pid, SIGKILL);
+		} else {
+			snprintf(msg, sizeof msg, "timed out after %" PRId64 "ms", opt.timeout_ms);
+			finish_slot(s, result_fail(s->line, msg));
+		}
+	}
+}
+
+/* Stop now: release what runs (no attempt charged). */
+static void
+abort_all(void)
+{
+	stop_level = 2;
+	for (int i = 0; i < opt.concurrency; i++) {
+		struct slot *s = &slots[i];
+
+		if (!s->used)
+			continue;
+		if (opt.mode == MODE_EXEC) {
+			s->aborted = true;
+			kill(-s->pid, SIGKILL);
+		} else
+			finish_slot(s, result_release(s->line));
+	}
+}
+
+static void
+stats_line(int64_t now, int64_t *last)
+{
+	double secs = (double)(now - *last) / 1000.0;
+
+	rb_notice("claimed %ld, completed %ld, failed %ld (buried %ld), released %ld, lost %ld, "
+	    "in flight %d, %.1f/s", st.claimed, st.completed, st.rescheduled + st.buried, st.buried,
+	    st.released, st.lost, running + (int)nqueue,
+	    secs > 0 ? (double)(st.completed - st.completed_at_last_stats) / secs : 0.0);
+	st.completed_at_last_stats = st.completed;
+	*last = now;
+}
+
+static int64_t
+min_deadline(int64_t a, int64_t b)
+{
+	return a == 0 ? b : (b == 0 || a < b ? a : b);
+}
+
+/* One poll: compute the next deadline, wait, and serve the ready fds. */
+static void
+wait_and_serve(int64_t now, struct pollfd *pfd, int *ref)
+{
+	int64_t until = now + 1000;
+	int n = 0, timeout, dbfd = -1, pr;
+
+	pfd[n].fd = sigpipe_fd[0];
+	pfd[n].events = POLLIN;
+	ref[n++] = -1;
+	if (!db_down && (dbfd = rb_store_socket(store)) >= 0) {
+		pfd[n].fd = dbfd;
+		pfd[n].events = POLLIN;
+		ref[n++] = -2;
+	}
+	if (db_down)
+		until = min_deadline(until, reconnect_at);
+	else {
+		if (nqueue > 0)
+			until = min_deadline(until, queue_since + opt.window_ms);
+		until = min_deadline(until, claim_due(now));
+		if (next_extend > 0)
+			until = min_deadline(until, next_extend);
+	}
+	if (stop_level == 1)
+		until = min_deadline(until, grace_deadline);
+	if (next_stats > 0)
+		until = min_deadline(until, next_stats);
+	for (int i = 0; i < opt.concurrency; i++) {
+		struct slot *s = &slots[i];
+
+		if (!s->used)
+			continue;
+		if (s->deadline > 0)
+			until = min_deadline(until, s->deadline);
+		if (s->in_fd >= 0) {
+			pfd[n].fd = s->in_fd;
+			pfd[n].events = POLLOUT;
+			ref[n++] = i;
+		}
+	}
+	for (int i = 0; opt.mode == MODE_PIPE && i < opt.procs; i++) {
+		struct coproc *c = &procs[i];
+
+		if (c->out_fd >= 0) {
+			pfd[n].fd = c->out_fd;
+			pfd[n].events = POLLIN;
+			ref[n++] = 100000 + i;
+		}
+		if (c->in_fd >= 0 && c->wlen > c->woff) {
+			pfd[n].fd = c->in_fd;
+			pfd[n].events = POLLOUT;
+			ref[n++] = 200000 + i;
+		}
+		if (c->pid == 0 && c->restart_at > 0)
+			until = min_deadline(until, c->restart_at);
+	}
+	timeout = until <= now ? 0 : (int)(until - now);
+	if (got_child || got_stop > stop_level)
+		timeout = 0;
+	pr = poll(pfd, (nfds_t)n, timeout);
+	if (pr < 0 && errno != EINTR)
+		rb_die_errno(RB_EXIT_OSERR, "poll");
+	for (int k = 0; pr > 0 && k < n; k++) {
+		if (pfd[k].revents == 0)
+			continue;
+		if (ref[k] == -1) {
+			char buf[64];
+
+			while (read(sigpipe_fd[0], buf, sizeof buf) > 0)
+				;
+		} else if (ref[k] == -2) {
+			struct rb_error err = { 0 };
+			int hit = rb_store_notified(store, opt.handler, 0, &err);
+
+			if (hit < 0)
+				db_error(&err, "notification");
+			else if (hit > 0) {
+				rb_debug("woken by a notification");
+				wake = true;
+			}
+		} else if (ref[k] >= 200000)
+			proc_write(&procs[ref[k] - 200000]);
+		else if (ref[k] >= 100000)
+			proc_read(ref[k] - 100000);
+		else if (slots[ref[k]].used)
+			exec_write(&slots[ref[k]]);
+	}
+}
+
+static void
+stop_procs(void)
+{
+	int64_t until;
+
+	if (opt.mode != MODE_PIPE)
+		return;
+	for (int i = 0; i < opt.procs; i++)
+		if (procs[i].in_fd >= 0) {
+			close(procs[i].in_fd);	/* EOF: the polite way to end a filter */
+			procs[i].in_fd = -1;
+		}
+	until = rb_mono_ms() + 2000;
+	for (;;) {
+		bool any = false;
+
+		reap();
+		for (int i = 0; i < opt.procs; i++)
+			any = any || procs[i].pid > 0;
+		if (!any)
+			break;
+		if (rb_mono_ms() >= until) {
+			for (int i = 0; i < opt.procs; i++)
+				if (procs[i].pid > 0)
+					kill(-procs[i].pid, SIGKILL);
+			until = rb_mono_ms() + 60000;
+		}
+		usleep(10000);
+	}
+}
+
+static void
+hand_back_lanes(void)
+{
+	struct rb_error err = { 0 };
+
+	for (int i = 0; i < NOWNERS; i++) {
+		struct owner *o = &owners[i];
+		int n;
+
+		if (o->name == NULL)
+			continue;
+		if ((n = rb_store_relinquish(store, opt.handler, o->name, &err)) < 0) {
+			rb_warn("could not hand back the lanes of %s (they free up when the lease ends): %s",
+			    o->name, err.msg);
+			return;
+		}
+		rb_info("handed back %d lanes of %s", n, o->name);
+	}
+}
+
+static int
+run(void)
+{
+	size_t npfd = (size_t)opt.concurrency + 2 * (size_t)opt.procs + 2;
+	struct pollfd *pfd = xcalloc(npfd, sizeof *pfd);
+	int *ref = xcalloc(npfd, sizeof *ref);
+	int64_t last_stats = rb_mono_ms();
+	int exit_code = RB_EXIT_OK;
+	struct rb_error err = { 0 };
+
+	if (rb_store_listen(store, &err) < 0)
+		db_error(&err, "listen");
+	if (opt.stats_ms > 0)
+		next_stats = last_stats + opt.stats_ms;
+	for (int i = 0; opt.mode == MODE_PIPE && i < opt.procs; i++)
+		proc_start(i);
+	for (;;) {
+		int64_t now = rb_mono_ms();
+
+		if (got_child)
+			reap();
+		if (got_stop > 0 && stop_level == 0) {
+			rb_info("stopping: waiting up to %" PRId64 "ms for %d running handlers",
+			    opt.grace_ms, running);
+			stop_level = 1;
+			grace_deadline = now + opt.grace_ms;
+		}
+		if (stop_level == 1 && (got_stop > 1 || now >= grace_deadline || fatal_code != 0)) {
+			if (running > 0)
+				rb_info("releasing %d deliveries still running", running);
+			abort_all();
+		}
+		if (fatal_code != 0 && stop_level == 0) {
+			stop_level = 1;
+			abort_all();
+		}
+		check_timeouts(now);
+		for (int i = 0; opt.mode == MODE_PIPE && stop_level == 0 && i < opt.procs; i++)
+			if (procs[i].pid == 0 && procs[i].restart_at > 0 && now >= procs[i].restart_at)
+				proc_start(i);
+		if (db_down && now >= reconnect_at)
+			try_reconnect(now);
+		if (!db_down && nqueue > 0 && (now >= queue_since + opt.window_ms || stop_level > 0 ||
+		    nqueue >= 1000 || opt.mode == MODE_SQL))
+			flush_results();
+		if (!db_down && next_extend > 0 && now >= next_extend)
+			extend_leases(now);
+		if (!db_down)
+			retire_owners();
+		maybe_claim(now);
+		if (!db_down && nqueue > 0 && opt.mode == MODE_SQL)
+			flush_results();	/* --sql: the results are ready at once */
+		if (!db_down) {
+			/* notifications that came in during our statements */
+			struct rb_error nerr = { 0 };
+			int hit = rb_store_notified(store, opt.handler, 0, &nerr);
+
+			if (hit < 0)
+				db_error(&nerr, "notification");
+			else if (hit > 0)
+				wake = true;
+		}
+		if (next_stats > 0 && now >= next_stats) {
+			stats_line(now, &last_stats);
+			next_stats = now + opt.stats_ms;
+		}
+		if (running == 0 && nqueue == 0) {
+			if (stop_level > 0)
+				break;
+			if (opt.drain && idle_seen && !db_down && fatal_code == 0) {
+				rb_info("drained: nothing due, nothing in flight");
+				break;
+			}
+		}
+		/* stopped, handlers done, database gone: give up on what is queued */
+		if (stop_level == 2 && running == 0 && db_down && got_stop > 1) {
+			rb_error("stopping with %zu results not applied: they run again when the lease ends",
+			    nqueue);
+			exit_code = RB_EXIT_TEMPFAIL;
+			break;
+		}
+		if (fatal_code != 0 && running == 0)
+			break;
+		wait_and_serve(rb_mono_ms(), pfd, ref);
+	}
+	if (stop_level == 0)
+		stop_level = 1;		/* no co-process restarts from here on */
+	stop_procs();
+	if (!db_down)
+		hand_back_lanes();
+	if (opt.stats_ms > 0)
+		stats_line(rb_mono_ms(), &last_stats);
+	rb_info("%ld claimed, %ld completed, %ld rescheduled, %ld buried, %ld released, %ld lost",
+	    st.claimed, st.completed, st.rescheduled, st.buried, st.released, st.lost);
+	free(pfd);
+	free(ref);
+	if (fatal_code != 0)
+		return fatal_code;
+	return exit_code;
+}
+
+/* Keep fds 0-2 open so that pipes never land on them. */
+static void
+guard_std_fds(void)
+{
+	int fd;
+
+	while ((fd = open("/dev/null", O_RDWR)) >= 0 && fd <= 2)
+		;
+	if (fd > 2)
+		close(fd);
+}
+
+int
+main(int argc, char **argv)
+{
+	int exit_code;
+
+	guard_std_fds();
+	rb_cli_init("rb-dispatch", &opt.common);
+	parse_args(argc, argv);
+	rb_log_set_prefix(opt.handler);
+	owner_base = opt.owner != NULL ? xstrdup(opt.owner) : rb_cli_owner();
+	setup_signals();
+	slots = xcalloc((size_t)opt.concurrency, sizeof *slots);
+	for (int i = 0; i < opt.concurrency; i++) {
+		slots[i].in_fd = -1;
+		slots[i].proc = -1;
+	}
+	if (opt.mode == MODE_PIPE) {
+		procs = xcalloc((size_t)opt.procs, sizeof *procs);
+		for (int i = 0; i < opt.procs; i++)
+			procs[i].in_fd = procs[i].out_fd = -1;
+	}
+	store = rb_cli_open(&opt.common);
+	new_owner();
+	rb_info("dispatching %s as %s (concurrency %d)", opt.handler, owner_base, opt.concurrency);
+	exit_code = run();
+	rb_store_close(store);
+	for (int i = 0; i < NOWNERS; i++)
+		free(owners[i].name);
+	for (size_t i = 0; i < nqueue; i++)
+		json_decref(queue[i].r);
+	free(queue);
+	for (int i = 0; opt.mode == MODE_PIPE && i < opt.procs; i++) {
+		rb_jsonl_reader_free(procs[i].rd);
+		free(procs[i].wbuf);
+	}
+	free(procs);
+	free(slots);
+	free(owner_base);
+	return exit_code;
+}

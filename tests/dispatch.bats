@@ -1,0 +1,251 @@
+#!/usr/bin/env bats
+# rb-dispatch: real processes against a real PostgreSQL.  Each test has
+# its own schema and handler name; the handlers in tests/bin
+# record "event_id key seq attempt" per delivery they ran.
+
+load test_helper
+
+# each test has its own schema (RB_SCHEMA names the test's process)
+setup() {
+  if [ -n "${RELAYBUS_TEST_PG_URL:-}" ]; then
+    drop_schema
+    setup_schema
+  fi
+}
+
+teardown() {
+  # never leave a dispatcher behind
+  local p
+  for p in ${PIDS:-}; do kill -9 "$p" 2>/dev/null || true; done
+  drop_schema
+}
+
+# N events for HANDLER with ids PREFIX1..N: odd ones keyed (KEYS keys), even ones unkeyed.
+events() {  # n prefix handler [keys]
+  awk -v n="$1" -v p="$2" -v h="$3" -v keys="${4:-0}" 'BEGIN {
+    for (i = 1; i <= n; i++) {
+      if (keys > 0 && i % 2 == 1)
+        printf "{\"id\":\"%s%d\",\"name\":\"t\",\"key\":\"%sk%d\",\"payload\":{\"i\":%d},\"handlers\":[\"%s\"]}\n", p, i, p, i % keys, i, h
+      else
+        printf "{\"id\":\"%s%d\",\"name\":\"t\",\"payload\":{\"i\":%d},\"handlers\":[\"%s\"]}\n", p, i, i, h
+    }
+  }'
+}
+
+publish() { events "$@" | rb-publish -q; }
+
+# wait up to SECS for a shell condition
+wait_for() {  # secs cond...
+  local end=$(( $(date +%s) + $1 )); shift
+  until eval "$*"; do
+    [ "$(date +%s)" -lt "$end" ] || { echo "timed out waiting for: $*" >&2; return 1; }
+    sleep 0.05
+  done
+}
+
+lines() { [ -f "$1" ] && wc -l <"$1" || echo 0; }
+pending() { q "SELECT count(*) FROM relaybus_deliveries WHERE handler = '$1'"; }
+# keyed records whose payload seq is not above the previous one of their key
+order_violations() {  # file [strict]
+  awk -v strict="${2:-1}" '$2 != "-" {
+      if (($2 in last) && (strict ? $3 + 0 <= last[$2] : $3 + 0 < last[$2])) bad++
+      last[$2] = $3 + 0
+    } END { print bad + 0 }' "$1"
+}
+
+@test "usage: a handler and exactly one handler form are required" {
+  run -64 --separate-stderr rb-dispatch --exec true
+  [ "${stderr_lines[0]}" = "rb-dispatch: --handler is required" ]
+  [ "${stderr_lines[2]}" = "Try 'rb-dispatch --help' for more information." ]
+  run -64 --separate-stderr rb-dispatch -H h
+  [ "${stderr_lines[0]}" = "rb-dispatch: a handler is required: --exec, --pipe or --sql" ]
+  run -64 --separate-stderr rb-dispatch -H h --exec true --pipe cat
+  [ "${stderr_lines[0]}" = "rb-dispatch: give one of --exec, --pipe and --sql" ]
+  run -64 --separate-stderr rb-dispatch -H h --exec true --backoff 1s,2s,x
+  [ "${stderr_lines[0]}" = "rb-dispatch: --backoff: factor 'x' is not a number from 1 to 100" ]
+  run -64 --separate-stderr rb-dispatch -H h --exec true --concurrency 0
+  run -0 rb-dispatch --help
+  [[ "$output" == *"--stats-every DUR"* ]]
+}
+
+@test "three dispatchers drain 20,000 keyed and unkeyed events: all ran once, key order kept" {
+  need_pg
+  local out=$BATS_TEST_TMPDIR/big.out
+  publish 20000 b big 40
+  [ "$(pending big)" = 20000 ]
+  local p1 p2 p3
+  rb-dispatch -H big --pipe "rb-test-pipe $out" --drain -c 100 -b 100 2>"$BATS_TEST_TMPDIR/d1.err" 3>&- & p1=$!
+  rb-dispatch -H big --pipe "rb-test-pipe $out" --drain -c 100 -b 100 2>"$BATS_TEST_TMPDIR/d2.err" 3>&- & p2=$!
+  rb-dispatch -H big --pipe "rb-test-pipe $out" --drain -c 100 -b 100 2>"$BATS_TEST_TMPDIR/d3.err" 3>&- & p3=$!
+  PIDS="$p1 $p2 $p3"
+  wait "$p1"; wait "$p2"; wait "$p3"
+  [ "$(pending big)" = 0 ]
+  [ "$(lines "$out")" = 20000 ]
+  [ "$(cut -d' ' -f1 "$out" | sort -u | wc -l)" = 20000 ]
+  [ "$(order_violations "$out")" = 0 ]
+  # each dispatcher did a share of the work, and every lane was handed back
+  [ "$(q "SELECT count(*) FROM relaybus_lanes WHERE handler = 'big' AND lease_owner IS NOT NULL")" = 0 ]
+}
+
+@test "kill -9 mid-batch: after the lease another dispatcher runs that work, attempts charged" {
+  need_pg
+  local a=$BATS_TEST_TMPDIR/a.out b=$BATS_TEST_TMPDIR/b.out
+  publish 200 k kill9
+  rb-dispatch -H kill9 --pipe "rb-test-pipe $a noreply" -c 20 --lease 2s 2>/dev/null 3>&- & PIDS=$!
+  wait_for 10 '[ "$(lines "$a")" -ge 20 ]'
+  kill -9 "$PIDS"
+  [ "$(pending kill9)" = 200 ]
+  sleep 2.2
+  run -0 rb-dispatch -H kill9 --pipe "rb-test-pipe $b" --drain -c 20
+  [ "$(pending kill9)" = 0 ]
+  [ "$(cut -d' ' -f1 "$b" | sort -u | wc -l)" = 200 ]
+  # what the dead one had in flight ran on a second attempt, the rest on a first
+  [ "$(awk 'NR == FNR { a[$1] = 1; next } ($1 in a) != ($4 == 2) || ($4 != 1 && $4 != 2)' "$a" "$b" | wc -l)" = 0 ]
+  [ "$(awk '$4 == 2' "$b" | wc -l)" = "$(lines "$a")" ]
+}
+
+@test "a restart of PostgreSQL during a drain: the dispatchers reconnect and finish, nothing lost" {
+  if [ -z "$(pg_dir)" ]; then
+    [ "${RELAYBUS_REQUIRE_PG:-}" != 1 ] || { echo "RELAYBUS_REQUIRE_PG=1 but RELAYBUS_TEST_PG_DIR is not set" >&2; return 1; }
+    skip "no server folder (RELAYBUS_TEST_PG_DIR) to restart"
+  fi
+  need_pg
+  local out=$BATS_TEST_TMPDIR/r.out p1 p2
+  publish 1000 r restart 20
+  rb-dispatch -H restart --exec "rb-test-exec $out ok" --drain -c 20 --lease 10s 2>"$BATS_TEST_TMPDIR/r1.err" 3>&- & p1=$!
+  rb-dispatch -H restart --exec "rb-test-exec $out ok" --drain -c 20 --lease 10s 2>"$BATS_TEST_TMPDIR/r2.err" 3>&- & p2=$!
+  PIDS="$p1 $p2"
+  wait_for 30 '[ "$(lines "$out")" -ge 150 ]'
+  # the new server must not hold the test's output open (bats waits for it)
+  "$RB_SRCDIR/scripts/pg-tmp" restart "$(pg_dir)" >/dev/null 2>&1 3>&-
+  wait "$p1"
+  wait "$p2"
+  grep -q reconnected "$BATS_TEST_TMPDIR/r1.err"
+  [ "$(pending restart)" = 0 ]
+  [ "$(cut -d' ' -f1 "$out" | sort -u | wc -l)" = 1000 ]
+  [ "$(order_violations "$out" 0)" = 0 ]
+}
+
+@test "SIGTERM: running handlers finish, lanes are handed back, a second dispatcher goes on at once" {
+  need_pg
+  local out=$BATS_TEST_TMPDIR/t.out
+  publish 30 t term
+  rb-dispatch -H term --exec "rb-test-exec $out sleep:1" -c 5 2>"$BATS_TEST_TMPDIR/t.err" 3>&- & PIDS=$!
+  wait_for 10 '[ "$(lines "$out.start")" -ge 5 ]'
+  kill -TERM "$PIDS"
+  wait "$PIDS"
+  # the five that were running completed; nothing else was started
+  [ "$(lines "$out")" = 5 ]
+  [ "$(pending term)" = 25 ]
+  [ "$(q "SELECT count(*) FROM relaybus_lanes WHERE handler = 'term' AND lease_owner IS NOT NULL")" = 0 ]
+  local t0=$SECONDS
+  run -0 rb-dispatch -H term --exec "rb-test-exec $out ok" --drain -c 30
+  [ $((SECONDS - t0)) -lt 10 ]
+  [ "$(pending term)" = 0 ]
+  [ "$(cut -d' ' -f1 "$out" | sort -u | wc -l)" = 30 ]
+  [ "$(awk '$4 != 1' "$out" | wc -l)" = 0 ]
+}
+
+@test "SIGTERM past --grace: aborted handlers are released without an attempt charged" {
+  need_pg
+  local out=$BATS_TEST_TMPDIR/g.out
+  publish 4 g grace
+  rb-dispatch -H grace --exec "rb-test-exec $out sleep:30" -c 4 --grace 300ms 2>"$BATS_TEST_TMPDIR/g.err" 3>&- & PIDS=$!
+  wait_for 10 '[ "$(lines "$out.start")" -ge 4 ]'
+  local t0=$SECONDS
+  kill -TERM "$PIDS"
+  wait "$PIDS"
+  [ $((SECONDS - t0)) -lt 5 ]
+  [ "$(q "SELECT count(*) FROM relaybus_deliveries WHERE handler = 'grace' AND attempts = 0 AND status = 'pending'")" = 4 ]
+  [ "$(q "SELECT count(*) FROM relaybus_lanes WHERE handler = 'grace' AND lease_owner IS NOT NULL")" = 0 ]
+  run -0 rb-dispatch -H grace --exec "rb-test-exec $out ok" --drain
+  [ "$(pending grace)" = 0 ]
+  [ "$(awk '$4 != 1' "$out" | wc -l)" = 0 ]
+}
+
+@test "a handler that hangs is killed at --timeout and retried; one that always fails ends dead" {
+  need_pg
+  local out=$BATS_TEST_TMPDIR/h.out f=$BATS_TEST_TMPDIR/f.out
+  publish 3 h hang
+  run -0 --separate-stderr rb-dispatch -H hang --exec "rb-test-exec $out hang-once" --timeout 500ms --backoff 0 --drain -v
+  [ "$(pending hang)" = 0 ]
+  [ "$(sort "$out" | awk '{ print $1, $4 }' | tr '\n' ' ')" = "h1 2 h2 2 h3 2 " ]
+  [[ "$stderr" == *"timed out after 500ms"* ]]
+  # exit 1 fails, 75 asks for a retry: both are attempts, dead at --max-attempts
+  publish 2 f failing
+  run -0 rb-dispatch -H failing --exec "rb-test-exec $f fail" --max-attempts 3 --backoff 0 --drain -q
+  [ "$(q "SELECT event_id, status, attempts, last_error FROM relaybus_deliveries WHERE handler = 'failing' ORDER BY 1")" = "f1|dead|3|exit 1
+f2|dead|3|exit 1" ]
+  [ "$(lines "$f")" = 6 ]
+  publish 1 y retrying
+  run -0 rb-dispatch -H retrying --exec "rb-test-exec $f retry" --max-attempts 2 --backoff 0 --drain -q
+  [ "$(q "SELECT status, attempts, last_error FROM relaybus_deliveries WHERE handler = 'retrying'")" = "dead|2|exit 75: retry later" ]
+}
+
+@test "a dead --pipe co-process is restarted; its in-flight deliveries fail and run again" {
+  need_pg
+  local out=$BATS_TEST_TMPDIR/p.out
+  publish 40 p phoenix
+  # each co-process answers 7 lines, then ends
+  run -0 --separate-stderr rb-dispatch -H phoenix --pipe "rb-test-pipe $out die:7" -c 10 --backoff 0 --drain
+  [ "$(pending phoenix)" = 0 ]
+  [ "$(cut -d' ' -f1 "$out" | sort -u | wc -l)" = 40 ]
+  [[ "$stderr" == *"co-process 0: handler process exited with status 0; restarting in"* ]]
+}
+
+@test "an idle dispatcher handles a new event well under --poll (LISTEN/NOTIFY)" {
+  need_pg
+  local out=$BATS_TEST_TMPDIR/w.out
+  rb-dispatch -H wake --pipe "rb-test-pipe $out" --poll 10s 2>/dev/null 3>&- & PIDS=$!
+  sleep 1.5   # its first claims found nothing: it waits for the next poll in 10s
+  local t0 t1
+  t0=$(date +%s%N)
+  publish 1 w wake
+  wait_for 5 '[ "$(lines "$out")" -ge 1 ]'
+  t1=$(date +%s%N)
+  echo "# wake-up latency: $(( (t1 - t0) / 1000000 ))ms" >&3
+  [ $(( (t1 - t0) / 1000000 )) -lt 2000 ]
+  kill -TERM "$PIDS"
+  wait "$PIDS"
+  [ "$(pending wake)" = 0 ]
+}
+
+@test "--sql: the handler's writes and the deletion commit together, even across kill -9" {
+  need_pg
+  q "CREATE TABLE sqlt (event_id text PRIMARY KEY, seq int NOT NULL)"
+  local stmt="INSERT INTO \"$RB_SCHEMA\".sqlt VALUES (\$1::jsonb->>'event_id', (\$1::jsonb->'payload'->>'i')::int)"
+  publish 5000 s sqlh 30
+  rb-dispatch -H sqlh --sql "$stmt" -c 100 --lease 2s 2>/dev/null 3>&- & PIDS=$!
+  wait_for 20 '[ "$(q "SELECT count(*) FROM sqlt")" -ge 300 ]'
+  kill -9 "$PIDS"
+  local done_at_kill
+  done_at_kill=$(q "SELECT count(*) FROM sqlt")
+  sleep 2.2
+  run -0 rb-dispatch -H sqlh --sql "$stmt" --drain -c 100
+  [ "$(pending sqlh)" = 0 ]
+  [ "$(q "SELECT count(*) FROM sqlt")" = 5000 ]
+  [ "$done_at_kill" -lt 5000 ]
+}
+
+@test "memory: RSS stays under 20 MB at concurrency 200 (--pipe and --exec)" {
+  need_pg
+  local out=$BATS_TEST_TMPDIR/m.out rss limit=20480
+  # AddressSanitizer's shadow memory is not ours: allow it twice as much
+  if ldd "$(command -v rb-dispatch)" 2>/dev/null | grep -q libasan; then limit=40960; fi
+  publish 400 m mem
+  rb-dispatch -H mem --pipe "rb-test-pipe $out noreply" -c 200 --grace 0 2>/dev/null 3>&- & PIDS=$!
+  wait_for 20 '[ "$(lines "$out")" -ge 200 ]'
+  rss=$(awk '/^VmRSS/ { print $2 }' "/proc/$PIDS/status")
+  echo "# --pipe, 200 in flight: VmRSS ${rss} kB" >&3
+  [ "$rss" -lt "$limit" ]
+  kill -TERM "$PIDS"
+  wait "$PIDS"
+  rb-dispatch -H mem --exec "rb-test-exec $out sleep:5" -c 200 --grace 0 2>/dev/null 3>&- & PIDS=$!
+  wait_for 30 '[ "$(lines "$out.start")" -ge 200 ]'
+  rss=$(awk '/^VmRSS/ { print $2 }' "/proc/$PIDS/status")
+  echo "# --exec, 200 children: VmRSS ${rss} kB" >&3
+  [ "$rss" -lt "$limit" ]
+  kill -TERM "$PIDS"
+  wait "$PIDS"
+  [ "$(q "SELECT count(*) FROM relaybus_deliveries WHERE handler = 'mem' AND attempts > 0")" = 0 ]
+}
