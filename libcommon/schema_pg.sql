@@ -261,7 +261,11 @@ END $$;
 CREATE OR REPLACE FUNCTION @S@.relaybus_lane_candidates(
     p_handler text, p_lane smallint, p_now timestamptz, p_live bigint[], p_limit integer)
 RETURNS SETOF bigint
-LANGUAGE sql STABLE AS $$
+-- plpgsql, not sql: a SQL function this shape is not inlined and would be
+-- planned again on every call; plpgsql keeps the plan
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN QUERY
     (SELECT d.id FROM @S@.relaybus_deliveries d
       WHERE d.handler = p_handler AND d.lane = p_lane AND d.status = 'pending' AND d.key IS NULL
         AND d.available_at <= p_now AND NOT (d.id = ANY (p_live))
@@ -284,8 +288,8 @@ LANGUAGE sql STABLE AS $$
      )
      SELECT h.id FROM heads h WHERE h.available_at <= p_now AND NOT (h.id = ANY (p_live))
      LIMIT p_limit)
-    LIMIT p_limit
-$$;
+    LIMIT p_limit;
+END $$;
 
 -- Claim due deliveries for p_owner in one transaction (the seed's "Lane
 -- leases").  Writes lane rows only: no delivery row is written or locked,
@@ -303,10 +307,15 @@ DECLARE
     v_acquired smallint[] := '{}';
     v_new      smallint[];
     v_live     bigint[];
-    v_picked   bigint[] := '{}';
+    v_picked   bigint[] := '{}';      -- the deliveries claimed ...
+    v_plane    smallint[] := '{}';    -- ... and their lanes, element by element
+    v_ids      bigint[];
+    v_lanes    smallint[];
     v_take     integer := 4;
     v_charged  smallint[] := '{}';
     v_used     smallint[];
+    v_elanes   smallint[];
+    v_epochs   bigint[];
     -- at most this many picks per lane and claim: keeps in_flight arrays
     -- small (lane rows stay small enough for HOT updates, never TOASTed)
     -- and spreads a batch over lanes; a last pass tops up when lanes run out
@@ -328,11 +337,11 @@ BEGIN
       JOIN @S@.relaybus_deliveries d ON d.id = ANY (x.in_flight)
      WHERE x.handler = p_handler AND x.lane = ANY (v_held) AND d.status = 'pending';
     IF cardinality(v_held) > 0 THEN
-        v_picked := ARRAY(
-            SELECT c FROM unnest(v_held) hl(lane)
-            CROSS JOIN LATERAL @S@.relaybus_lane_candidates(p_handler, hl.lane, v_now, v_live,
-                least(p_batch, c_per_lane)) c
-            LIMIT p_batch);
+        SELECT coalesce(array_agg(t.c), '{}'), coalesce(array_agg(t.lane), '{}') INTO v_picked, v_plane
+          FROM (SELECT c, hl.lane FROM unnest(v_held) hl(lane)
+                CROSS JOIN LATERAL @S@.relaybus_lane_candidates(p_handler, hl.lane, v_now, v_live,
+                    least(p_batch, c_per_lane)) c
+                LIMIT p_batch) t;
     END IF;
     -- 2. more lanes, a few at a time: free ones and expired ones with due work
     WHILE cardinality(v_picked) < p_batch LOOP
@@ -366,35 +375,43 @@ BEGIN
         EXIT WHEN cardinality(v_new) = 0;
         v_held := v_held || v_new;
         v_acquired := v_acquired || v_new;
-        v_picked := v_picked || ARRAY(
-            SELECT c FROM unnest(v_new) hl(lane)
-            CROSS JOIN LATERAL @S@.relaybus_lane_candidates(p_handler, hl.lane, v_now, '{}',
-                least(p_batch - cardinality(v_picked), c_per_lane)) c
-            LIMIT p_batch - cardinality(v_picked));
+        SELECT array_agg(t.c), array_agg(t.lane) INTO v_ids, v_lanes
+          FROM (SELECT c, hl.lane FROM unnest(v_new) hl(lane)
+                CROSS JOIN LATERAL @S@.relaybus_lane_candidates(p_handler, hl.lane, v_now, '{}',
+                    least(p_batch - cardinality(v_picked), c_per_lane)) c
+                LIMIT p_batch - cardinality(v_picked)) t;
+        v_picked := v_picked || coalesce(v_ids, '{}');
+        v_plane := v_plane || coalesce(v_lanes, '{}');
         v_take := v_take * 2;
     END LOOP;
     -- no more lanes to take: top up from the lanes already in hand
     IF cardinality(v_picked) < p_batch AND cardinality(v_held) > 0 THEN
-        v_picked := v_picked || ARRAY(
-            SELECT c FROM unnest(v_held) hl(lane)
-            CROSS JOIN LATERAL @S@.relaybus_lane_candidates(p_handler, hl.lane, v_now, v_live || v_picked,
-                p_batch - cardinality(v_picked)) c
-            LIMIT p_batch - cardinality(v_picked));
+        SELECT array_agg(t.c), array_agg(t.lane) INTO v_ids, v_lanes
+          FROM (SELECT c, hl.lane FROM unnest(v_held) hl(lane)
+                CROSS JOIN LATERAL @S@.relaybus_lane_candidates(p_handler, hl.lane, v_now, v_live || v_picked,
+                    p_batch - cardinality(v_picked)) c
+                LIMIT p_batch - cardinality(v_picked)) t;
+        v_picked := v_picked || coalesce(v_ids, '{}');
+        v_plane := v_plane || coalesce(v_lanes, '{}');
     END IF;
     -- 3. record: one write per lane that got work (acquired lanes get a new
-    -- epoch).  Acquired lanes that got nothing are left alone (a free lane
-    -- was only locked), except a taken-over lane whose in-flight deliveries
-    -- were charged: it is freed with a new epoch so no one charges them twice.
+    -- epoch); in_flight = what still runs there + what this claim took.
+    -- Acquired lanes that got nothing are left alone (a free lane was only
+    -- locked), except a taken-over lane whose in-flight deliveries were
+    -- charged: it is freed with a new epoch so no one charges them twice.
     -- Held lanes that run nothing and got nothing are handed back at once.
-    v_used := ARRAY(SELECT DISTINCT d.lane FROM @S@.relaybus_deliveries d WHERE d.id = ANY (v_picked));
-    UPDATE @S@.relaybus_lanes x
-       SET epoch = CASE WHEN x.lane = ANY (v_acquired) THEN x.epoch + 1 ELSE x.epoch END,
-           lease_owner = p_owner,
-           lease_expires_at = v_expires,
-           in_flight = ARRAY(SELECT d.id FROM @S@.relaybus_deliveries d
-                              WHERE d.id = ANY (v_live || v_picked) AND d.lane = x.lane
-                                AND d.handler = p_handler ORDER BY d.id)
-     WHERE x.handler = p_handler AND x.lane = ANY (v_used);
+    v_used := ARRAY(SELECT DISTINCT u FROM unnest(v_plane) u);
+    WITH w AS (
+        UPDATE @S@.relaybus_lanes x
+           SET epoch = CASE WHEN x.lane = ANY (v_acquired) THEN x.epoch + 1 ELSE x.epoch END,
+               lease_owner = p_owner,
+               lease_expires_at = v_expires,
+               in_flight = CASE WHEN x.lane = ANY (v_acquired) THEN '{}'::bigint[]
+                                ELSE ARRAY(SELECT f FROM unnest(x.in_flight) f WHERE f = ANY (v_live)) END
+                           || ARRAY(SELECT u.i FROM unnest(v_picked, v_plane) u(i, ln) WHERE u.ln = x.lane)
+         WHERE x.handler = p_handler AND x.lane = ANY (v_used)
+        RETURNING x.lane, x.epoch)
+    SELECT array_agg(w.lane), array_agg(w.epoch) INTO v_elanes, v_epochs FROM w;
     UPDATE @S@.relaybus_lanes x
        SET epoch = x.epoch + 1, lease_owner = NULL, lease_expires_at = NULL, in_flight = '{}'
      WHERE x.handler = p_handler AND x.lane = ANY (v_charged) AND NOT (x.lane = ANY (v_used));
@@ -402,13 +419,12 @@ BEGIN
        SET lease_owner = NULL, lease_expires_at = NULL, in_flight = '{}'
      WHERE x.handler = p_handler AND x.lane = ANY (v_held) AND NOT (x.lane = ANY (v_acquired))
        AND NOT (x.lane = ANY (v_used)) AND x.lease_owner = p_owner
-       AND NOT EXISTS (SELECT 1 FROM @S@.relaybus_deliveries d
-                        WHERE d.id = ANY (v_live) AND d.lane = x.lane AND d.handler = p_handler);
+       AND NOT (x.in_flight && v_live);
     RETURN QUERY
-        SELECT d.id, d.event_id, d.handler, d.lane, x.epoch, d.claims, d.attempts,
+        SELECT d.id, d.event_id, d.handler, d.lane, le.epoch, d.claims, d.attempts,
                e.name, e.key, d.sequence, e.payload, e.headers, @S@.relaybus_ts(d.created_at)
           FROM @S@.relaybus_deliveries d
-          JOIN @S@.relaybus_lanes x ON x.handler = d.handler AND x.lane = d.lane
+          JOIN unnest(v_elanes, v_epochs) AS le(lane, epoch) ON le.lane = d.lane
           JOIN @S@.relaybus_events e ON e.id = d.event_id
          WHERE d.id = ANY (v_picked)
          ORDER BY d.lane, d.sequence NULLS LAST, d.available_at, d.id;
