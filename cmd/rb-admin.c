@@ -205,9 +205,7 @@ parse_opts(int argc, char **argv, const char *shortopts)
 			seen(F_STATUS, "--status");
 			break;
 		case OPT_HANDLER:
-			if (!rb_handler_valid(optarg))
-				rb_cli_usage_error(u, "--handler: '%s' is not a handler name", optarg);
-			opt.handler = optarg;
+			opt.handler = rb_cli_handler(u, optarg);
 			seen(F_HANDLER, "--handler");
 			break;
 		case OPT_KEY:

@@ -96,23 +96,16 @@ parse_args(int argc, char **argv)
 			continue;
 		switch (c) {
 		case 'H':
-			if (!rb_handler_valid(optarg))
-				rb_cli_usage_error(usage_str, "--handler: '%s' is not a handler name "
-				    "([A-Za-z0-9_.:-], at most 200)", optarg);
-			opt.handler = optarg;
+			opt.handler = rb_cli_handler(usage_str, optarg);
 			break;
 		case 'b':
 			opt.batch = rb_cli_int(usage_str, "--batch", optarg, 1, 10000);
 			break;
 		case 'l':
-			opt.lease_ms = rb_cli_duration(usage_str, "--lease", optarg);
-			if (opt.lease_ms < 100)
-				rb_cli_usage_error(usage_str, "--lease: at least 100ms");
+			opt.lease_ms = rb_cli_lease(usage_str, optarg, 100);
 			break;
 		case OPT_OWNER:
-			if (*optarg == '\0' || strlen(optarg) > 200)
-				rb_cli_usage_error(usage_str, "--owner: 1 to 200 characters");
-			opt.owner = optarg;
+			opt.owner = rb_cli_owner_arg(usage_str, optarg, 200);
 			break;
 		case 'w':
 			opt.wait_ms = rb_cli_duration(usage_str, "--wait", optarg);

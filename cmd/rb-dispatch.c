@@ -235,10 +235,7 @@ parse_args(int argc, char **argv)
 			continue;
 		switch (c) {
 		case 'H':
-			if (!rb_handler_valid(optarg))
-				rb_cli_usage_error(usage_str, "--handler: '%s' is not a handler name "
-				    "([A-Za-z0-9_.:-], at most 200)", optarg);
-			opt.handler = optarg;
+			opt.handler = rb_cli_handler(usage_str, optarg);
 			break;
 		case OPT_EXEC:
 			set_mode(MODE_EXEC, optarg);
@@ -259,9 +256,7 @@ parse_args(int argc, char **argv)
 			opt.procs = rb_cli_int(usage_str, "--procs", optarg, 1, 1000);
 			break;
 		case 'l':
-			opt.lease_ms = rb_cli_duration(usage_str, "--lease", optarg);
-			if (opt.lease_ms < 300)
-				rb_cli_usage_error(usage_str, "--lease: at least 300ms");
+			opt.lease_ms = rb_cli_lease(usage_str, optarg, 300);
 			break;
 		case 't':
 			opt.timeout_ms = rb_cli_duration(usage_str, "--timeout", optarg);
@@ -289,9 +284,7 @@ parse_args(int argc, char **argv)
 			opt.stats_ms = rb_cli_duration(usage_str, "--stats-every", optarg);
 			break;
 		case OPT_OWNER:
-			if (*optarg == '\0' || strlen(optarg) > 180)
-				rb_cli_usage_error(usage_str, "--owner: 1 to 180 characters");
-			opt.owner = optarg;
+			opt.owner = rb_cli_owner_arg(usage_str, optarg, 180);
 			break;
 		case OPT_DRAIN:
 			opt.drain = true;

@@ -136,6 +136,33 @@ rb_cli_int(const char *usage, const char *opt, const char *arg, int min, int max
 	return v;
 }
 
+const char *
+rb_cli_handler(const char *usage, const char *arg)
+{
+	if (!rb_handler_valid(arg))
+		rb_cli_usage_error(usage, "--handler: '%s' is not a handler name ([A-Za-z0-9_.:-], at most 200)",
+		    arg);
+	return arg;
+}
+
+const char *
+rb_cli_owner_arg(const char *usage, const char *arg, size_t max)
+{
+	if (*arg == '\0' || strlen(arg) > max)
+		rb_cli_usage_error(usage, "--owner: 1 to %zu characters", max);
+	return arg;
+}
+
+long long
+rb_cli_lease(const char *usage, const char *arg, long long min_ms)
+{
+	long long ms = rb_cli_duration(usage, "--lease", arg);
+
+	if (ms < min_ms)
+		rb_cli_usage_error(usage, "--lease: at least %lldms", min_ms);
+	return ms;
+}
+
 char *
 rb_cli_owner(void)
 {

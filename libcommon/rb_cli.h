@@ -53,6 +53,12 @@ void	rb_cli_die(const struct rb_error *) __attribute__((noreturn));
 long long rb_cli_duration(const char *usage, const char *opt, const char *arg);
 /** Parse an integer option in [min, max] or die with a usage error. */
 int	rb_cli_int(const char *usage, const char *opt, const char *arg, int min, int max);
+/** --handler: the name, or a usage error. */
+const char *rb_cli_handler(const char *usage, const char *arg);
+/** --owner: 1 to max characters, or a usage error. */
+const char *rb_cli_owner_arg(const char *usage, const char *arg, size_t max);
+/** --lease: a duration of at least min_ms, or a usage error. */
+long long rb_cli_lease(const char *usage, const char *arg, long long min_ms);
 /** A default lease owner name: host:pid:random. New string. */
 char	*rb_cli_owner(void);
 /**
