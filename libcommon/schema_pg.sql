@@ -335,10 +335,16 @@ BEGIN
          WHERE x.handler = p_handler AND x.lease_owner = p_owner
          FOR NO KEY UPDATE) h;
     -- deliveries of those lanes still running (in flight and still pending)
+    -- (lookups are written one id at a time, LATERAL and fenced with OFFSET
+    -- 0: the plan must not depend on statistics, which a young table does
+    -- not have; a flattened join picks full index scans when it thinks the
+    -- table is empty)
     SELECT coalesce(array_agg(d.id), '{}') INTO v_live
       FROM @S@.relaybus_lanes x
-      JOIN @S@.relaybus_deliveries d ON d.id = ANY (x.in_flight)
-     WHERE x.handler = p_handler AND x.lane = ANY (v_held) AND d.status = 'pending';
+     CROSS JOIN LATERAL unnest(x.in_flight) f(fid)
+     CROSS JOIN LATERAL (SELECT dd.id FROM @S@.relaybus_deliveries dd
+                          WHERE dd.id = f.fid AND dd.status = 'pending' OFFSET 0) d
+     WHERE x.handler = p_handler AND x.lane = ANY (v_held);
     IF cardinality(v_held) > 0 THEN
         SELECT coalesce(array_agg(t.c), '{}'), coalesce(array_agg(t.lane), '{}') INTO v_picked, v_plane
           FROM (SELECT c, hl.lane FROM unnest(v_held) hl(lane)
@@ -426,10 +432,10 @@ BEGIN
     RETURN QUERY
         SELECT d.id, d.event_id, d.handler, d.lane, le.epoch, d.claims, d.attempts,
                e.name, e.key, d.sequence, e.payload, e.headers, @S@.relaybus_ts(d.created_at)
-          FROM @S@.relaybus_deliveries d
+          FROM unnest(v_picked) p(pid)
+         CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_deliveries dd WHERE dd.id = p.pid OFFSET 0) d
+         CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_events ee WHERE ee.id = d.event_id OFFSET 0) e
           JOIN unnest(v_elanes, v_epochs) AS le(lane, epoch) ON le.lane = d.lane
-          JOIN @S@.relaybus_events e ON e.id = d.event_id
-         WHERE d.id = ANY (v_picked)
          ORDER BY d.lane, d.sequence NULLS LAST, d.available_at, d.id;
 END $$;
 
