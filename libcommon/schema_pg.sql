@@ -238,7 +238,10 @@ BEGIN
     RETURN QUERY
         SELECT u.o, u.i, jsonb_array_length(u.h), false, ARRAY(SELECT jsonb_array_elements_text(u.h))
           FROM unnest(v_ords, v_ids, v_hs) AS u(o, i, h);
-    -- the others: ids that existed, or came twice in this batch
+    -- the others: ids that existed, or came twice in this batch (usually none)
+    IF coalesce(cardinality(v_ords), 0) = jsonb_array_length(p_events) THEN
+        RETURN;
+    END IF;
     FOR r IN
         SELECT x.o::integer AS o, x.e FROM jsonb_array_elements(p_events) WITH ORDINALITY AS x(e, o)
          WHERE NOT (x.o::integer = ANY (coalesce(v_ords, '{}')))
