@@ -156,51 +156,87 @@ reject(const char *line, size_t len, long lineno, const char *why)
 	}
 }
 
-/* The batch in hand: events and their line numbers (and raw text for --rejects). */
+/*
+ * The batch in hand, as the text the store receives: the validated input
+ * lines joined into a JSON array ("[" line "," line ...; the closing "]"
+ * is added when it is sent), so no event is printed again after parsing.
+ * off/len locate each line in it (for --rejects and one-by-one retries).
+ */
 struct batch {
-	json_t	*events;
+	char	*text;
+	size_t	 used, cap;
+	size_t	*off, *len;
 	long	*lines;
-	char	**raw;		/* only with --keep-going or --rejects: to retry or save */
 	size_t	 n;
 };
 
 static void
+batch_put(struct batch *b, const char *s, size_t n)
+{
+	if (b->used + n + 2 > b->cap) {
+		b->cap = (b->used + n + 2) * 2;
+		b->text = xrealloc(b->text, b->cap);
+	}
+	memcpy(b->text + b->used, s, n);
+	b->used += n;
+}
+
+static void
+batch_add(struct batch *b, const char *line, size_t len, long lineno)
+{
+	batch_put(b, b->n == 0 ? "[" : ",", 1);
+	b->off[b->n] = b->used;
+	b->len[b->n] = len;
+	b->lines[b->n] = lineno;
+	batch_put(b, line, len);
+	b->n++;
+}
+
+static void
 batch_clear(struct batch *b)
 {
-	json_array_clear(b->events);
-	for (size_t i = 0; i < b->n; i++) {
-		free(b->raw[i]);
-		b->raw[i] = NULL;
-	}
+	b->used = 0;
 	b->n = 0;
 }
 
-static int
-write_acks(const struct batch *b, const json_t *acks, size_t from)
+/* The name of event i, for a warning (parsed again: rare). */
+static char *
+event_name(const struct batch *b, size_t i)
 {
-	size_t i;
-	json_t *a;
+	json_t *e = json_loadb(b->text + b->off[i], b->len[i], 0, NULL);
+	char *name = xstrdup(e != NULL && json_is_string(json_object_get(e, "name")) ?
+	    json_string_value(json_object_get(e, "name")) : "?");
 
-	json_array_foreach(acks, i, a) {
+	json_decref(e);
+	return name;
+}
+
+static int
+write_acks(const struct batch *b, const struct rb_publish_acks *acks, size_t from)
+{
+	for (size_t i = 0; i < acks->n; i++) {
+		const struct rb_publish_ack *a = &acks->v[i];
 		long line = b->lines[from + i];
-		long nd = (long)json_integer_value(json_object_get(a, "deliveries"));
 
 		cnt.events++;
-		cnt.deliveries += nd;
-		if (json_is_true(json_object_get(a, "duplicate")))
+		cnt.deliveries += a->deliveries;
+		if (a->duplicate)
 			cnt.duplicates++;
-		else if (nd == 0) {
+		else if (a->deliveries == 0) {
 			cnt.unrouted++;
-			if (cnt.unrouted <= 10)
+			if (cnt.unrouted <= 10) {
+				char *name = event_name(b, from + i);
+
 				rb_warn("stdin:%ld: event %s (%s) matches no handler: stored without deliveries",
-				    line, json_string_value(json_object_get(a, "id")),
-				    json_string_value(json_object_get(json_array_get(b->events, from + i), "name")));
+				    line, a->id, name);
+				free(name);
+			}
 		}
-		if (opt.output) {
-			json_object_set_new(a, "line", json_integer(line));
-			if (rb_jsonl_write(stdout, a) < 0)
-				return -1;
-		}
+		/* the ack as jansson would print it: {"id","deliveries","duplicate","handlers","line"} */
+		if (opt.output && (fputs("{\"id\":", stdout) == EOF || rb_jsonl_put_string(stdout, a->id) < 0 ||
+		    printf(",\"deliveries\":%d,\"duplicate\":%s,\"handlers\":%s,\"line\":%ld}\n",
+		    a->deliveries, a->duplicate ? "true" : "false", a->handlers, line) < 0))
+			return -1;
 	}
 	if (opt.output && fflush(stdout) != 0)
 		return -1;
@@ -211,22 +247,31 @@ write_acks(const struct batch *b, const json_t *acks, size_t from)
 static int
 publish_slice(struct rb_store *store, struct batch *b, size_t from, size_t n, struct rb_error *err)
 {
-	json_t *slice = json_array(), *acks = NULL;
+	struct rb_publish_acks acks;
+	char *one = NULL;
+	const char *text;
 	int rc;
 
-	for (size_t i = from; i < from + n; i++)
-		json_array_append(slice, json_array_get(b->events, i));
-	rc = rb_store_publish(store, slice, &acks, err);
-	json_decref(slice);
+	if (from == 0 && n == b->n) {
+		b->text[b->used] = ']';
+		b->text[b->used + 1] = '\0';
+		text = b->text;
+	} else {
+		/* a retry of one event (--keep-going) */
+		one = xasprintf("[%.*s]", (int)b->len[from], b->text + b->off[from]);
+		text = one;
+	}
+	rc = rb_store_publish_text(store, text, n, &acks, err);
+	free(one);
 	if (rc < 0)
 		return -1;
 	cnt.committed_line = b->lines[from + n - 1];
-	if (write_acks(b, acks, from) < 0) {
-		json_decref(acks);
+	if (write_acks(b, &acks, from) < 0) {
+		rb_publish_acks_clear(&acks);
 		rb_die_errno(RB_EXIT_IOERR, "cannot write to stdout (committed through line %ld)",
 		    cnt.committed_line);
 	}
-	json_decref(acks);
+	rb_publish_acks_clear(&acks);
 	return 0;
 }
 
@@ -266,7 +311,7 @@ flush_batch(struct rb_store *store, struct batch *b)
 			    cnt.committed_line);
 			return e1.exit_code;
 		}
-		reject(b->raw[i], b->raw[i] != NULL ? strlen(b->raw[i]) : 0, b->lines[i], e1.msg);
+		reject(b->text + b->off[i], b->len[i], b->lines[i], e1.msg);
 	}
 	batch_clear(b);
 	return 0;
@@ -290,9 +335,9 @@ main(int argc, char **argv)
 	progress = isatty(STDERR_FILENO);
 	store = rb_cli_open(&opt.common);
 	in = rb_jsonl_reader_new(STDIN_FILENO, opt.max_line);
-	b.events = json_array();
+	b.off = xcalloc((size_t)opt.batch, sizeof *b.off);
+	b.len = xcalloc((size_t)opt.batch, sizeof *b.len);
 	b.lines = xcalloc((size_t)opt.batch, sizeof *b.lines);
-	b.raw = xcalloc((size_t)opt.batch, sizeof *b.raw);
 
 	for (;;) {
 		st = rb_jsonl_next(in, b.n > 0 ? (int)opt.flush_ms : -1, &line, &len);
@@ -338,11 +383,8 @@ main(int argc, char **argv)
 				}
 				continue;
 			}
-			json_array_append_new(b.events, ev);
-			b.lines[b.n] = rb_jsonl_lineno(in);
-			if (opt.keep_going || rejects_f != NULL)
-				b.raw[b.n] = strndup(line, len);
-			b.n++;
+			json_decref(ev);
+			batch_add(&b, line, len, rb_jsonl_lineno(in));
 		}
 		if (b.n == (size_t)opt.batch && (exit_code = flush_batch(store, &b)) != 0)
 			break;
@@ -353,10 +395,10 @@ main(int argc, char **argv)
 	if (exit_code == RB_EXIT_OK && (bad_seen || cnt.rejected > 0))
 		exit_code = RB_EXIT_DATAERR;
 	summary();
-	batch_clear(&b);
-	json_decref(b.events);
+	free(b.text);
+	free(b.off);
+	free(b.len);
 	free(b.lines);
-	free(b.raw);
 	rb_jsonl_reader_free(in);
 	rb_store_close(store);
 	if (rejects_f != NULL && fclose(rejects_f) != 0)

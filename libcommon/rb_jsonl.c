@@ -190,3 +190,38 @@ rb_jsonl_write(FILE *f, const json_t *obj)
 		return -1;
 	return 0;
 }
+
+int
+rb_jsonl_put_string(FILE *f, const char *s)
+{
+	const char *run = s;
+
+	if (putc('"', f) == EOF)
+		return -1;
+	for (;; s++) {
+		unsigned char c = (unsigned char)*s;
+		char esc[8];
+
+		if (c >= 0x20 && c != '"' && c != '\\')
+			continue;
+		/* flush the plain run before s */
+		if (s > run && fwrite(run, 1, (size_t)(s - run), f) != (size_t)(s - run))
+			return -1;
+		run = s + 1;
+		if (c == '\0')
+			break;
+		switch (c) {
+		case '"': strcpy(esc, "\\\""); break;
+		case '\\': strcpy(esc, "\\\\"); break;
+		case '\b': strcpy(esc, "\\b"); break;
+		case '\f': strcpy(esc, "\\f"); break;
+		case '\n': strcpy(esc, "\\n"); break;
+		case '\r': strcpy(esc, "\\r"); break;
+		case '\t': strcpy(esc, "\\t"); break;
+		default: snprintf(esc, sizeof esc, "\\u%04X", c); break;
+		}
+		if (fputs(esc, f) == EOF)
+			return -1;
+	}
+	return putc('"', f) == EOF ? -1 : 0;
+}

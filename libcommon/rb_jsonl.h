@@ -52,6 +52,11 @@ bool	rb_jsonl_buffered(const struct rb_jsonl_reader *);
  * "not a JSON object").
  */
 int	rb_jsonl_parse(const char *line, size_t len, json_t **obj, char *err, size_t errlen);
+/**
+ * Write s as a JSON string, quoted and escaped the way rb_jsonl_write
+ * does (", \\ and control characters; UTF-8 passes through).  Returns 0 or -1.
+ */
+int	rb_jsonl_put_string(FILE *, const char *s);
 /** Write obj compactly followed by '\n'.  Returns 0 or -1 (errno set). */
 int	rb_jsonl_write(FILE *, const json_t *obj);
 

@@ -86,6 +86,33 @@ int	rb_event_validate(const json_t *event, struct rb_error *err);
 int	rb_store_publish(struct rb_store *, const json_t *events, json_t **acks,
 	    struct rb_error *err);
 
+/** One event's outcome, as rb_store_publish_text returns it. */
+struct rb_publish_ack {
+	const char	*id;
+	int		 deliveries;	/* new deliveries */
+	bool		 duplicate;	/* the id existed already */
+	const char	*handlers;	/* compact JSON array of the handlers that got one */
+};
+
+struct rb_publish_acks {
+	size_t			 n;
+	struct rb_publish_ack	*v;	/* n of them, in input order */
+	void			*priv;	/* the backend's storage behind the strings */
+	void			(*free_priv)(void *);
+};
+
+/**
+ * rb_store_publish for events already serialized: events_json is the text
+ * of a JSON array of n events that passed rb_event_validate (rb-publish
+ * joins its input lines, so nothing is parsed and printed again).  The
+ * acks' strings stay valid until rb_publish_acks_clear.
+ */
+int	rb_store_publish_text(struct rb_store *, const char *events_json, size_t n,
+	    struct rb_publish_acks *acks, struct rb_error *err);
+void	rb_publish_acks_clear(struct rb_publish_acks *);
+/** The acks as JSON: [{"id", "deliveries", "duplicate", "handlers": [...]}, ...]. */
+json_t	*rb_publish_acks_json(const struct rb_publish_acks *);
+
 /* ---- the delivery path ----------------------------------------------- */
 
 struct rb_claim_opts {

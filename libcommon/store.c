@@ -148,11 +148,55 @@ rb_store_setup(struct rb_store *s, const struct rb_setup_opts *o, struct rb_erro
 }
 
 int
+rb_store_publish_text(struct rb_store *s, const char *events_json, size_t n,
+    struct rb_publish_acks *acks, struct rb_error *err)
+{
+	memset(acks, 0, sizeof *acks);
+	NEED_OP(s, publish, err);
+	return s->ops->publish(s, events_json, n, acks, err);
+}
+
+void
+rb_publish_acks_clear(struct rb_publish_acks *a)
+{
+	if (a->free_priv != NULL)
+		a->free_priv(a->priv);
+	free(a->v);
+	memset(a, 0, sizeof *a);
+}
+
+json_t *
+rb_publish_acks_json(const struct rb_publish_acks *a)
+{
+	json_t *out = json_array();
+
+	for (size_t i = 0; i < a->n; i++) {
+		json_t *h = json_loads(a->v[i].handlers, 0, NULL);
+
+		json_array_append_new(out, json_pack("{s:s, s:i, s:b, s:o}", "id", a->v[i].id,
+		    "deliveries", a->v[i].deliveries, "duplicate", a->v[i].duplicate,
+		    "handlers", h != NULL ? h : json_array()));
+	}
+	return out;
+}
+
+int
 rb_store_publish(struct rb_store *s, const json_t *events, json_t **acks, struct rb_error *err)
 {
+	struct rb_publish_acks a;
+	char *text;
+	int rc;
+
 	*acks = NULL;
-	NEED_OP(s, publish, err);
-	return s->ops->publish(s, events, acks, err);
+	if ((text = json_dumps(events, JSON_COMPACT)) == NULL)
+		return rb_seterr(err, RB_EXIT_OSERR, "out of memory");
+	rc = rb_store_publish_text(s, text, json_array_size(events), &a, err);
+	free(text);
+	if (rc < 0)
+		return -1;
+	*acks = rb_publish_acks_json(&a);
+	rb_publish_acks_clear(&a);
+	return 0;
 }
 
 int

@@ -317,6 +317,11 @@ pg_connect(struct rb_store *s, struct rb_error *err)
 	return 0;
 }
 
+/* publish: one row per event, in input order */
+static const char q_publish_tmpl[] =
+    "SELECT event_id, deliveries, duplicate, array_to_json(handlers)::text "
+    "FROM @S@.relaybus_publish_batch($1::jsonb) ORDER BY ord";
+
 static int
 pg_open(struct rb_store *s, struct rb_error *err)
 {
@@ -325,9 +330,7 @@ pg_open(struct rb_store *s, struct rb_error *err)
 
 	s->be = be;
 	be->history = -1;
-	be->q_publish = render(
-	    "SELECT event_id, deliveries, duplicate, array_to_json(handlers)::text "
-	    "FROM @S@.relaybus_publish_batch($1::jsonb) ORDER BY ord", sc);
+	be->q_publish = render(q_publish_tmpl, sc);
 	be->q_claim = render(
 	    "SELECT id, event_id, handler, lane, epoch, claims, attempts, name, key, sequence, "
 	    "payload::text, headers::text, created_at "
@@ -587,33 +590,46 @@ out:
 
 /* ---- publish ------------------------------------------------------------- */
 
-static int
-pg_publish(struct rb_store *s, const json_t *events, json_t **acks, struct rb_error *err)
+static void
+pg_clear_result(void *res)
 {
-	char *text = json_dumps(events, JSON_COMPACT);
-	const char *params[1] = { text };
-	PGresult *res;
-	json_t *out;
+	PQclear(res);
+}
 
-	if (text == NULL)
-		return rb_seterr(err, RB_EXIT_OSERR, "out of memory");
+/* The acks of a publish statement's result (which they then own). */
+static int
+acks_of_result(PGresult *res, size_t n, struct rb_publish_acks *acks, struct rb_error *err)
+{
+	if ((size_t)PQntuples(res) != n) {
+		int got = PQntuples(res);
+
+		PQclear(res);
+		return rb_seterr(err, RB_EXIT_SOFTWARE, "publish: %d outcomes for %zu events", got, n);
+	}
+	acks->v = xcalloc(n > 0 ? n : 1, sizeof *acks->v);
+	acks->n = n;
+	acks->priv = res;
+	acks->free_priv = pg_clear_result;
+	for (size_t i = 0; i < n; i++) {
+		acks->v[i].id = PQgetvalue(res, (int)i, 0);
+		acks->v[i].deliveries = atoi(PQgetvalue(res, (int)i, 1));
+		acks->v[i].duplicate = PQgetvalue(res, (int)i, 2)[0] == 't';
+		acks->v[i].handlers = PQgetvalue(res, (int)i, 3);
+	}
+	return 0;
+}
+
+static int
+pg_publish(struct rb_store *s, const char *events, size_t n, struct rb_publish_acks *acks,
+    struct rb_error *err)
+{
+	const char *params[1] = { events };
+	PGresult *res;
+
 	res = run(s, be_of(s)->q_publish, 1, params, PGRES_TUPLES_OK, "publish", true, err);
-	free(text);
 	if (res == NULL)
 		return -1;
-	out = json_array();
-	for (int i = 0; i < PQntuples(res); i++) {
-		json_t *h = json_loads(PQgetvalue(res, i, 3), 0, NULL);
-
-		json_array_append_new(out, json_pack("{s:s, s:i, s:b, s:o}",
-		    "id", PQgetvalue(res, i, 0),
-		    "deliveries", atoi(PQgetvalue(res, i, 1)),
-		    "duplicate", PQgetvalue(res, i, 2)[0] == 't',
-		    "handlers", h != NULL ? h : json_array()));
-	}
-	PQclear(res);
-	*acks = out;
-	return 0;
+	return acks_of_result(res, n, acks, err);
 }
 
 int
@@ -622,8 +638,10 @@ rb_pg_publish(PGconn *conn, const char *schema, const json_t *event, json_t **ac
 {
 	struct rb_store s = { .ops = &rb_store_pg_ops };
 	struct pg_be be = { .conn = conn, .history = -1 };
-	json_t *arr, *acks = NULL;
-	int rc;
+	struct rb_publish_acks acks = { 0 };
+	json_t *arr;
+	char *text;
+	int rc = -1;
 
 	*ack = NULL;
 	if (schema == NULL)
@@ -634,26 +652,23 @@ rb_pg_publish(PGconn *conn, const char *schema, const json_t *event, json_t **ac
 		return -1;
 	s.schema = (char *)schema;
 	s.be = &be;
-	be.q_publish = render(
-	    "SELECT event_id, deliveries, duplicate, array_to_json(handlers)::text "
-	    "FROM @S@.relaybus_publish_batch($1::jsonb) ORDER BY ord", schema);
+	be.q_publish = render(q_publish_tmpl, schema);
 	arr = json_pack("[O]", event);
+	text = json_dumps(arr, JSON_COMPACT);
 	/* no retry: the statement runs in the caller's transaction */
-	char *text = json_dumps(arr, JSON_COMPACT);
 	const char *params[1] = { text };
 	PGresult *res = PQexecParams(conn, be.q_publish, 1, NULL, params, NULL, NULL, 0);
 	if (res == NULL || PQresultStatus(res) != PGRES_TUPLES_OK) {
-		rc = pg_fail(&s, res, "publish", err);
-	} else {
-		json_t *h = json_loads(PQgetvalue(res, 0, 3), 0, NULL);
+		pg_fail(&s, res, "publish", err);
+		PQclear(res);
+	} else if (acks_of_result(res, 1, &acks, err) == 0) {
+		json_t *a = rb_publish_acks_json(&acks);
 
-		acks = json_pack("{s:s, s:i, s:b, s:o}", "id", PQgetvalue(res, 0, 0),
-		    "deliveries", atoi(PQgetvalue(res, 0, 1)), "duplicate", PQgetvalue(res, 0, 2)[0] == 't',
-		    "handlers", h != NULL ? h : json_array());
-		*ack = acks;
+		*ack = json_incref(json_array_get(a, 0));
+		json_decref(a);
+		rb_publish_acks_clear(&acks);
 		rc = 0;
 	}
-	PQclear(res);
 	free(text);
 	json_decref(arr);
 	free(be.q_publish);

@@ -45,6 +45,21 @@ EOF2
   [[ "${stderr_lines[-1]}" == "rb-publish: 6 events, 5 deliveries, 0 duplicates, 2 without handlers, 0 rejected; committed through line 6" ]]
 }
 
+@test "events are stored as written; --output lines are JSON, whatever the id holds" {
+  run --separate-stderr rb-publish -o <<'EOF2'
+{"id":"q\"uote\\ \u00e9\t1","name":"order.created","payload":{"price":1.50,"n":[1,2.0]},"headers":{"h":"\u2603"}}
+{ "name" : "order.shipped" , "payload" : "s" }
+EOF2
+  [ "$status" -eq 0 ]
+  [ "$(echo "$output" | jq -sc 'map({id, deliveries, duplicate, handlers, line}) | .[0]')" = \
+    "$(jq -nc '{id:"q\"uote\\ \u00e9\t1", deliveries:2, duplicate:false, handlers:["audit","mail"], line:1}')" ]
+  [ "$(echo "$output" | jq -s 'map(.line) | join(",")' -r)" = "1,2" ]
+  # numbers keep their spelling (1.50, 2.0): the line is sent as written, not printed again
+  [ "$(q "SELECT payload::text || ' ' || (headers->>'h') FROM relaybus_events WHERE name = 'order.created'")" = \
+    "{\"n\": [1, 2.0], \"price\": 1.50} $(printf '\342\230\203')" ]
+  [ "$(q "SELECT payload::text FROM relaybus_events WHERE name = 'order.shipped'")" = '"s"' ]
+}
+
 @test "explicit handlers override the subscriptions" {
   echo '{"id":"x","name":"order.created","payload":1,"handlers":["ledger","mail","ledger"]}' | rb-publish -q
   [ "$(q "SELECT string_agg(handler, ',' ORDER BY handler) FROM relaybus_deliveries WHERE event_id = 'x'")" = "ledger,mail" ]

@@ -109,5 +109,25 @@ main(void)
 	ok(rb_jsonl_parse("{\"a\":1,\"a\":2}", 13, &o, err, sizeof err) < 0, "duplicate keys rejected");
 	ok(rb_jsonl_parse("{\"a\":\"\xff\"}", 8, &o, err, sizeof err) < 0, "invalid UTF-8 rejected");
 	ok(rb_jsonl_parse("{\"a\":\"\\u0000\"}", 13, &o, err, sizeof err) < 0, "NUL in a string rejected");
+	{
+		/* rb_jsonl_put_string prints what jansson prints for the same string */
+		static const char *const cases[] = { "plain", "q\"uote", "back\\slash", "tab\tnl\ncr\r",
+		    "ctl\x01\x1f\b\f", "utf-8 \xc3\xa9 / slash", "" };
+
+		for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+			char *mine = NULL, *theirs;
+			size_t sz = 0;
+			FILE *f = open_memstream(&mine, &sz);
+			json_t *js = json_string(cases[i]);
+
+			ok(rb_jsonl_put_string(f, cases[i]) == 0 && fclose(f) == 0, "put_string %zu", i);
+			theirs = json_dumps(js, JSON_ENCODE_ANY);
+			ok(mine != NULL && theirs != NULL && strcmp(mine, theirs) == 0, "put_string %zu as jansson: %s",
+			    i, mine != NULL ? mine : "(null)");
+			free(mine);
+			free(theirs);
+			json_decref(js);
+		}
+	}
 	return done_testing();
 }
