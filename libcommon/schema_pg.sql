@@ -318,6 +318,7 @@ DECLARE
     v_ids      bigint[];
     v_lanes    smallint[];
     v_take     integer := 4;
+    v_start    integer := abs(hashtext(p_owner)) % 256;
     v_charged  smallint[] := '{}';
     v_used     smallint[];
     v_elanes   smallint[];
@@ -358,19 +359,25 @@ BEGIN
     -- 2. more lanes, a few at a time: free ones and expired ones with due work
     WHILE cardinality(v_picked) < p_batch LOOP
         v_new := '{}';
+        -- lane by lane from a place of this owner's own (owners spread
+        -- over the lanes), stopping at v_take: a lane is probed for due
+        -- work only until enough are found, and locked only when it has some
         FOR l IN
-            SELECT x.lane, x.lease_owner, x.in_flight FROM @S@.relaybus_lanes x
-             WHERE x.handler = p_handler AND NOT (x.lane = ANY (v_held))
-               AND (x.lease_owner IS NULL OR x.lease_expires_at <= v_now)
-               AND (EXISTS (SELECT 1 FROM @S@.relaybus_deliveries d
-                             WHERE d.handler = p_handler AND d.lane = x.lane AND d.key IS NULL
-                               AND d.status = 'pending' AND d.available_at <= v_now)
-                    OR EXISTS (SELECT 1 FROM @S@.relaybus_deliveries d
-                             WHERE d.handler = p_handler AND d.lane = x.lane AND d.key IS NOT NULL
-                               AND d.status = 'pending' AND d.available_at <= v_now))
-             ORDER BY x.lane
+            SELECT x.lane, x.lease_owner, x.in_flight
+              FROM generate_series(0, 255) g(i)
+             CROSS JOIN LATERAL (
+                SELECT y.lane, y.lease_owner, y.in_flight FROM @S@.relaybus_lanes y
+                 WHERE NOT (((g.i + v_start) % 256) = ANY (v_held))
+                   AND y.handler = p_handler AND y.lane = ((g.i + v_start) % 256)::smallint
+                   AND (y.lease_owner IS NULL OR y.lease_expires_at <= v_now)
+                   AND (EXISTS (SELECT 1 FROM @S@.relaybus_deliveries d
+                                 WHERE d.handler = p_handler AND d.lane = y.lane AND d.key IS NULL
+                                   AND d.status = 'pending' AND d.available_at <= v_now)
+                        OR EXISTS (SELECT 1 FROM @S@.relaybus_deliveries d
+                                 WHERE d.handler = p_handler AND d.lane = y.lane AND d.key IS NOT NULL
+                                   AND d.status = 'pending' AND d.available_at <= v_now))
+                 FOR UPDATE SKIP LOCKED) x
              LIMIT v_take
-             FOR UPDATE OF x SKIP LOCKED
         LOOP
             IF l.lease_owner IS NOT NULL AND cardinality(l.in_flight) > 0 THEN
                 -- a takeover: what the previous holder had in flight was a lost attempt
@@ -396,8 +403,10 @@ BEGIN
         v_plane := v_plane || coalesce(v_lanes, '{}');
         v_take := v_take * 2;
     END LOOP;
-    -- no more lanes to take: top up from the lanes already in hand
-    IF cardinality(v_picked) < p_batch AND cardinality(v_held) > 0 THEN
+    -- no more lanes to take: top up from the lanes already in hand, if a
+    -- lane had more than its share (a lane that gave less has no more)
+    IF cardinality(v_picked) < p_batch AND cardinality(v_held) > 0
+       AND EXISTS (SELECT 1 FROM unnest(v_plane) u(ln) GROUP BY u.ln HAVING count(*) >= c_per_lane) THEN
         SELECT array_agg(t.c), array_agg(t.lane) INTO v_ids, v_lanes
           FROM (SELECT c, hl.lane FROM unnest(v_held) hl(lane)
                 CROSS JOIN LATERAL @S@.relaybus_lane_candidates(p_handler, hl.lane, v_now, v_live || v_picked,

@@ -338,6 +338,12 @@ pg_open(struct rb_store *s, struct rb_error *err)
 	be->q_extend = render(
 	    "UPDATE @S@.relaybus_lanes SET lease_expires_at = clock_timestamp() + $3::bigint * interval '1 millisecond' "
 	    "WHERE handler = $1 AND lease_owner = $2", sc);
+/*
+ * Completion: the rows are found through (event_id, handler), one index
+ * probe each; in_flight is tested with @> so that it cannot become an
+ * index condition (d.id = ANY (l.in_flight) made the planner read every
+ * in-flight row of the lane for each result: 5.4 ms -> 1.6 ms per 200).
+ */
 #define COMPLETE_CTE \
 	    "WITH r AS (SELECT * FROM unnest($1::text[], $2::text[], $3::smallint[], $4::bigint[], $5::integer[]) " \
 	    "  AS r(event_id, handler, lane, epoch, claims)), " \
@@ -345,7 +351,7 @@ pg_open(struct rb_store *s, struct rb_error *err)
 	    "  WHERE d.event_id = r.event_id AND d.handler = r.handler AND d.lane = r.lane " \
 	    "    AND d.claims = r.claims AND d.status = 'pending' " \
 	    "    AND l.handler = r.handler AND l.lane = r.lane AND l.epoch = r.epoch " \
-	    "    AND d.id = ANY (l.in_flight) " \
+	    "    AND l.in_flight @> ARRAY[d.id] " \
 	    "  RETURNING d.event_id, d.handler, d.attempts) "
 	be->q_complete = render(COMPLETE_CTE "SELECT event_id, handler FROM del", sc);
 	be->q_complete_hist = render(COMPLETE_CTE
