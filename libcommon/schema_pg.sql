@@ -264,14 +264,13 @@ END $$;
 CREATE OR REPLACE FUNCTION @S@.relaybus_lane_candidates(
     p_handler text, p_lane smallint, p_now timestamptz, p_live bigint[], p_limit integer)
 RETURNS SETOF bigint
--- plpgsql, not sql: a SQL function this shape is not inlined and would be
--- planned again on every call; plpgsql keeps the plan
--- every statement here is meant to go through an index: a table created
--- moments ago has no statistics yet, and a seq scan inside a nested loop
--- would turn a 3 ms claim into 30 ms until autovacuum's first analyze
-LANGUAGE plpgsql STABLE SET enable_seqscan = off AS $$
-BEGIN
-    RETURN QUERY
+-- LANGUAGE sql, STABLE, no SET clause: the planner inlines it into the
+-- claim's statements (one plan for all lanes, no call per lane: the pass
+-- over 256 held lanes went from 1.3 to 0.7 ms).  Every scan here is meant to go
+-- through an index: relaybus_claim runs with enable_seqscan off, which the
+-- inlined query inherits (a table created moments ago has no statistics,
+-- and a seq scan inside the nested loop would turn 3 ms into 30 ms)
+LANGUAGE sql STABLE AS $$
     (SELECT d.id FROM @S@.relaybus_deliveries d
       WHERE d.handler = p_handler AND d.lane = p_lane AND d.status = 'pending' AND d.key IS NULL
         AND d.available_at <= p_now AND NOT (d.id = ANY (p_live))
@@ -294,8 +293,8 @@ BEGIN
      )
      SELECT h.id FROM heads h WHERE h.available_at <= p_now AND NOT (h.id = ANY (p_live))
      LIMIT p_limit)
-    LIMIT p_limit;
-END $$;
+    LIMIT p_limit
+$$;
 
 -- Claim due deliveries for p_owner in one transaction (the seed's "Lane
 -- leases").  Writes lane rows only: no delivery row is written or locked,
