@@ -176,6 +176,10 @@ static bool	db_down;
 static int64_t	reconnect_at, reconnect_backoff = 100;
 static bool	wake = true;		/* claim at the next chance */
 static bool	more_work;		/* the last claim found work: claim again when slots free */
+static bool	claiming;		/* a claim is out: the handlers are served meanwhile */
+static unsigned	claim_gen;		/* the owner generation it was sent for */
+static int	claim_asked;
+static void	claim_collect(bool wait);
 static bool	idle_seen;		/* the last claim found nothing, and nothing completed since */
 static int64_t	next_poll, next_extend, next_stats;
 static int	stop_level;		/* 0 running, 1 stopping (grace), 2 aborted */
@@ -435,6 +439,7 @@ db_error(const struct rb_error *err, const char *what)
 		if (!db_down)
 			rb_warn("%s: %s: reconnecting", what, err->msg);
 		db_down = true;
+		claiming = false;	/* its answer, if any, is lost with the connection */
 		reconnect_at = rb_mono_ms() + (reconnect_backoff > 200 ? 200 : reconnect_backoff);
 		return;
 	}
@@ -536,7 +541,8 @@ finish_slot(struct slot *s, json_t *r)
 static bool
 flush_results(void)
 {
-	while (nqueue > 0) {
+	claim_collect(true);
+	while (nqueue > 0 && !db_down) {
 		size_t n = nqueue > 1000 ? 1000 : nqueue, i;
 		json_t *arr = json_array(), *outcomes = NULL, *o;
 		struct rb_error err = { 0 };
@@ -769,7 +775,8 @@ proc_send(struct coproc *c, const json_t *line)
 	memcpy(c->wbuf + c->wlen, text, len);
 	c->wlen += len;
 	free(text);
-	proc_write(c);
+	/* written by the caller once the whole claim is queued: one write,
+	 * not one per line (each would wake the co-process) */
 }
 
 /* The slot of a pipe result: same event_id and lease. */
@@ -991,12 +998,57 @@ claim_due(int64_t now)
 	int low = opt.batch < opt.concurrency ? opt.batch : opt.concurrency;
 
 	low = low / 4 > 1 ? low / 4 : 1;
-	if (db_down || stop_level > 0 || fatal_code != 0 || free_slots <= 0 ||
+	if (db_down || claiming || stop_level > 0 || fatal_code != 0 || free_slots <= 0 ||
 	    (opt.mode == MODE_PIPE && !proc_alive()))
 		return 0;
 	if (wake || now >= next_poll || (more_work && (free_slots >= low || running + (int)nqueue == 0)))
 		return now;
 	return next_poll;
+}
+
+/*
+ * Take the answer to the claim that is out, waiting for it or only if it
+ * has arrived.  Every other database call collects it first (one
+ * statement at a time on the connection); in between, the loop serves
+ * the handlers while the database works on the claim.
+ */
+static void
+claim_collect(bool wait)
+{
+	struct rb_error err = { 0 };
+	json_t *got = NULL;
+	int n;
+
+	if (!claiming)
+		return;
+	n = rb_store_claim_recv(store, wait, &got, &err);
+	if (n == RB_CLAIM_PENDING)
+		return;
+	claiming = false;
+	if (n < 0) {
+		db_error(&err, "claim");
+		return;
+	}
+	rb_debug("claimed %d (asked %d)", n, claim_asked);
+	more_work = n > 0;
+	idle_seen = n == 0;
+	st.claimed += n;
+	owners[claim_gen % NOWNERS].count += n;
+	if (n > 0 && next_extend == 0)
+		next_extend = rb_mono_ms() + opt.lease_ms / 3;
+	for (int i = 0; i < n; i++) {
+		json_t *line = json_incref(json_array_get(got, (size_t)i));
+
+		if (stop_level > 0) {
+			/* stopping: hand it back unrun, no attempt charged */
+			queue_result(result_release(line), claim_gen);
+			json_decref(line);
+		} else
+			start_delivery(line);
+	}
+	json_decref(got);
+	for (int i = 0; opt.mode == MODE_PIPE && i < opt.procs; i++)
+		proc_write(&procs[i]);
 }
 
 static void
@@ -1005,9 +1057,7 @@ maybe_claim(int64_t now)
 	int free_slots = opt.concurrency - running - (int)nqueue;
 	struct rb_claim_opts co;
 	struct rb_error err = { 0 };
-	json_t *got = NULL;
 	int64_t due = claim_due(now);
-	int n;
 
 	if (due == 0 || due > now)
 		return;
@@ -1016,21 +1066,13 @@ maybe_claim(int64_t now)
 	    .max_attempts = opt.co.max_attempts };
 	wake = false;
 	next_poll = now + opt.poll_ms;
-	n = rb_store_claim(store, &co, &got, &err);
-	if (n < 0) {
+	if (rb_store_claim_send(store, &co, &err) < 0) {
 		db_error(&err, "claim");
 		return;
 	}
-	rb_debug("claimed %d (asked %d)", n, co.batch);
-	more_work = n > 0;
-	idle_seen = n == 0;
-	st.claimed += n;
-	owners[cur_gen % NOWNERS].count += n;
-	if (n > 0 && next_extend == 0)
-		next_extend = now + opt.lease_ms / 3;
-	for (int i = 0; i < n; i++)
-		start_delivery(json_incref(json_array_get(got, (size_t)i)));
-	json_decref(got);
+	claiming = true;
+	claim_gen = cur_gen;
+	claim_asked = co.batch;
 }
 
 static void
@@ -1039,7 +1081,8 @@ extend_leases(int64_t now)
 	struct rb_error err = { 0 };
 
 	next_extend = now + opt.lease_ms / 3;
-	for (int i = 0; i < NOWNERS; i++) {
+	claim_collect(true);
+	for (int i = 0; i < NOWNERS && !db_down; i++) {
 		struct owner *o = &owners[i];
 		int n;
 
@@ -1064,6 +1107,9 @@ retire_owners(void)
 
 		if (o->name == NULL || o->gen == cur_gen || o->count > 0)
 			continue;
+		claim_collect(true);
+		if (db_down)
+			return;
 		if (rb_store_relinquish(store, opt.handler, o->name, &err) < 0) {
 			db_error(&err, "relinquish");
 			return;
@@ -1140,6 +1186,10 @@ wait_and_serve(int64_t now, struct pollfd *pfd, int *ref)
 	int64_t until = now + 1000;
 	int n = 0, timeout, dbfd = -1, pr;
 
+	/* libpq may hold the claim's answer already (read along with a
+	 * notification): the socket would not wake us for it */
+	if (!db_down)
+		claim_collect(false);
 	pfd[n].fd = sigpipe_fd[0];
 	pfd[n].events = POLLIN;
 	ref[n++] = -1;
@@ -1214,6 +1264,7 @@ wait_and_serve(int64_t now, struct pollfd *pfd, int *ref)
 				rb_debug("woken by a notification");
 				wake = true;
 			}
+			claim_collect(false);
 		} else if (ref[k] >= 200000)
 			proc_write(&procs[ref[k] - 200000]);
 		else if (ref[k] >= 100000)
@@ -1258,6 +1309,10 @@ static void
 hand_back_lanes(void)
 {
 	struct rb_error err = { 0 };
+
+	claim_collect(true);
+	if (db_down)
+		return;
 
 	for (int i = 0; i < NOWNERS; i++) {
 		struct owner *o = &owners[i];
@@ -1340,7 +1395,7 @@ run(void)
 			stats_line(now, &last_stats);
 			next_stats = now + opt.stats_ms;
 		}
-		if (running == 0 && nqueue == 0) {
+		if (running == 0 && nqueue == 0 && !claiming) {
 			if (stop_level > 0)
 				break;
 			if (opt.drain && idle_seen && !db_down && fatal_code == 0) {

@@ -132,6 +132,19 @@ struct rb_claim_opts {
 int	rb_store_claim(struct rb_store *, const struct rb_claim_opts *, json_t **deliveries,
 	    struct rb_error *err);
 
+/**
+ * rb_store_claim in two steps, so that a program can serve its handlers
+ * while the database works on the claim: send it, then collect it when
+ * the store's socket is readable (or waiting).  While a claim is out, the
+ * store takes no other call but rb_store_notified and rb_store_socket.
+ * recv returns the number claimed, -1, or RB_CLAIM_PENDING when wait is
+ * false and the answer has not arrived.  A deadlock or serialization
+ * failure is retried, as rb_store_claim does.
+ */
+#define RB_CLAIM_PENDING (-2)
+int	rb_store_claim_send(struct rb_store *, const struct rb_claim_opts *, struct rb_error *err);
+int	rb_store_claim_recv(struct rb_store *, bool wait, json_t **deliveries, struct rb_error *err);
+
 /** Renew the lease of every lane held by owner for handler.  Returns lanes renewed, or -1. */
 int	rb_store_extend(struct rb_store *, const char *handler, const char *owner, int64_t lease_ms,
 	    struct rb_error *err);

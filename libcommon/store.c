@@ -206,9 +206,30 @@ rb_store_claim(struct rb_store *s, const struct rb_claim_opts *o, json_t **out, 
 	NEED_OP(s, claim, err);
 	if (o->handler == NULL || !rb_handler_valid(o->handler))
 		return rb_seterr(err, RB_EXIT_USAGE, "invalid handler name");
-	if (o->batch < 1 || o->lease_ms < 1 || o->max_attempts < 1 || o->owner == NULL)
+	if (o->batch < 1 || o->lease_ms < 1 || o->max_attempts < 1 || o->owner == NULL ||
+	    strlen(o->owner) > 200)
 		return rb_seterr(err, RB_EXIT_USAGE, "invalid claim options");
 	return s->ops->claim(s, o, out, err);
+}
+
+int
+rb_store_claim_send(struct rb_store *s, const struct rb_claim_opts *o, struct rb_error *err)
+{
+	NEED_OP(s, claim_send, err);
+	if (o->handler == NULL || !rb_handler_valid(o->handler))
+		return rb_seterr(err, RB_EXIT_USAGE, "invalid handler name");
+	if (o->batch < 1 || o->lease_ms < 1 || o->max_attempts < 1 || o->owner == NULL ||
+	    strlen(o->owner) > 200)
+		return rb_seterr(err, RB_EXIT_USAGE, "invalid claim options");
+	return s->ops->claim_send(s, o, err);
+}
+
+int
+rb_store_claim_recv(struct rb_store *s, bool wait, json_t **out, struct rb_error *err)
+{
+	*out = NULL;
+	NEED_OP(s, claim_recv, err);
+	return s->ops->claim_recv(s, wait, out, err);
 }
 
 int

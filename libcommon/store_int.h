@@ -24,6 +24,8 @@ struct rb_store_ops {
 	int	(*publish)(struct rb_store *, const char *, size_t, struct rb_publish_acks *,
 		    struct rb_error *);
 	int	(*claim)(struct rb_store *, const struct rb_claim_opts *, json_t **, struct rb_error *);
+	int	(*claim_send)(struct rb_store *, const struct rb_claim_opts *, struct rb_error *);
+	int	(*claim_recv)(struct rb_store *, bool, json_t **, struct rb_error *);
 	int	(*extend)(struct rb_store *, const char *, const char *, int64_t, struct rb_error *);
 	int	(*complete)(struct rb_store *, const struct rb_complete_opts *, const json_t *,
 		    json_t **, struct rb_error *);

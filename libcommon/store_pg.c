@@ -39,6 +39,10 @@ struct pg_be {
 	/* rendered statements, built once per store */
 	char	*q_publish, *q_claim, *q_extend, *q_complete, *q_complete_hist, *q_fail,
 		*q_relinquish, *q_relinquish_leases, *q_lock_lane, *q_delete_one, *q_delete_one_hist;
+	/* a claim sent and not collected yet (rb_store_claim_send) */
+	bool	 claim_pending;
+	int	 claim_tries;
+	char	 claim_params[5][256];	/* its parameters, kept for a retry */
 };
 
 /* ---- text helpers ------------------------------------------------------ */
@@ -430,6 +434,7 @@ pg_reconnect(struct rb_store *s, struct rb_error *err)
 		PQfinish(be->conn);
 	be->conn = NULL;
 	be->history = -1;
+	be->claim_pending = false;
 	if (pg_connect(s, err) < 0)
 		return -1;
 	if (be->listening)
@@ -691,21 +696,26 @@ json_or_null(const char *text)
 	return v != NULL ? v : json_null();
 }
 
-static int
-pg_claim(struct rb_store *s, const struct rb_claim_opts *o, json_t **out, struct rb_error *err)
+/* The claim's parameters, as text, in be->claim_params (the caller checked
+ * that handler and owner fit). */
+static void
+claim_params(struct pg_be *be, const struct rb_claim_opts *o, const char *params[5])
 {
-	char batch[16], lease[32], maxa[16];
-	const char *params[5] = { o->handler, o->owner, batch, lease, maxa };
-	PGresult *res;
-	json_t *arr;
+	snprintf(be->claim_params[0], sizeof be->claim_params[0], "%s", o->handler);
+	snprintf(be->claim_params[1], sizeof be->claim_params[1], "%s", o->owner);
+	snprintf(be->claim_params[2], sizeof be->claim_params[2], "%d", o->batch);
+	snprintf(be->claim_params[3], sizeof be->claim_params[3], "%" PRId64, o->lease_ms);
+	snprintf(be->claim_params[4], sizeof be->claim_params[4], "%d", o->max_attempts);
+	for (int i = 0; i < 5; i++)
+		params[i] = be->claim_params[i];
+}
 
-	snprintf(batch, sizeof batch, "%d", o->batch);
-	snprintf(lease, sizeof lease, "%" PRId64, o->lease_ms);
-	snprintf(maxa, sizeof maxa, "%d", o->max_attempts);
-	res = run(s, be_of(s)->q_claim, 5, params, PGRES_TUPLES_OK, "claim", true, err);
-	if (res == NULL)
-		return -1;
-	arr = json_array();
+/* The deliveries of a claim's result, as JSON objects. */
+static json_t *
+claim_rows(PGresult *res)
+{
+	json_t *arr = json_array();
+
 	for (int i = 0; i < PQntuples(res); i++) {
 		struct rb_lease l;
 		char token[64];
@@ -732,9 +742,90 @@ pg_claim(struct rb_store *s, const struct rb_claim_opts *o, json_t **out, struct
 		    json_integer(strtoll(PQgetvalue(res, i, 9), NULL, 10)));
 		json_array_append_new(arr, d);
 	}
+	return arr;
+}
+
+static int
+pg_claim(struct rb_store *s, const struct rb_claim_opts *o, json_t **out, struct rb_error *err)
+{
+	struct pg_be *be = be_of(s);
+	const char *params[5];
+	PGresult *res;
+
+	claim_params(be, o, params);
+	res = run(s, be->q_claim, 5, params, PGRES_TUPLES_OK, "claim", true, err);
+	if (res == NULL)
+		return -1;
+	*out = claim_rows(res);
 	PQclear(res);
-	*out = arr;
-	return (int)json_array_size(arr);
+	return (int)json_array_size(*out);
+}
+
+/* The connection is lost or refused the query: an error like run()'s. */
+static int
+send_failed(struct rb_store *s, const char *what, struct rb_error *err)
+{
+	be_of(s)->claim_pending = false;
+	return pg_fail(s, NULL, what, err);
+}
+
+static int
+pg_claim_send(struct rb_store *s, const struct rb_claim_opts *o, struct rb_error *err)
+{
+	struct pg_be *be = be_of(s);
+	const char *params[5];
+
+	if (be->claim_pending)
+		return rb_seterr(err, RB_EXIT_SOFTWARE, "claim: a claim is in progress already");
+	claim_params(be, o, params);
+	be->claim_tries = 1;
+	if (!PQsendQueryParams(be->conn, be->q_claim, 5, NULL, params, NULL, NULL, 0))
+		return send_failed(s, "claim", err);
+	be->claim_pending = true;
+	return 0;
+}
+
+static int
+pg_claim_recv(struct rb_store *s, bool wait, json_t **out, struct rb_error *err)
+{
+	struct pg_be *be = be_of(s);
+
+	if (!be->claim_pending)
+		return rb_seterr(err, RB_EXIT_SOFTWARE, "claim: no claim in progress");
+	for (;;) {
+		PGresult *res, *more;
+
+		if (!wait && (!PQconsumeInput(be->conn) || PQisBusy(be->conn))) {
+			if (PQstatus(be->conn) == CONNECTION_BAD)
+				return send_failed(s, "claim", err);
+			return RB_CLAIM_PENDING;
+		}
+		res = PQgetResult(be->conn);
+		while ((more = PQgetResult(be->conn)) != NULL)
+			PQclear(more);
+		be->claim_pending = false;
+		if (res != NULL && PQresultStatus(res) == PGRES_TUPLES_OK) {
+			*out = claim_rows(res);
+			PQclear(res);
+			return (int)json_array_size(*out);
+		}
+		/* a deadlock or serialization failure: the claim runs again, as run() does */
+		if (retryable(res) && be->claim_tries < 5) {
+			const char *params[5];
+
+			PQclear(res);
+			for (int i = 0; i < 5; i++)
+				params[i] = be->claim_params[i];
+			be->claim_tries++;
+			if (!PQsendQueryParams(be->conn, be->q_claim, 5, NULL, params, NULL, NULL, 0))
+				return send_failed(s, "claim", err);
+			be->claim_pending = true;
+			continue;
+		}
+		pg_fail(s, res, "claim", err);
+		PQclear(res);
+		return -1;
+	}
 }
 
 static int
@@ -1229,6 +1320,8 @@ const struct rb_store_ops rb_store_pg_ops = {
 	.setup = pg_setup,
 	.publish = pg_publish,
 	.claim = pg_claim,
+	.claim_send = pg_claim_send,
+	.claim_recv = pg_claim_recv,
 	.extend = pg_extend,
 	.complete = pg_complete,
 	.relinquish = pg_relinquish,
