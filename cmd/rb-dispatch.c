@@ -1110,7 +1110,9 @@ retire_owners(void)
 		claim_collect(true);
 		if (db_down)
 			return;
-		if (rb_store_relinquish(store, opt.handler, o->name, &err) < 0) {
+		/* nothing of it runs here any more: what is still in flight under
+		 * it came from a claim whose answer was lost; free those lanes now */
+		if (rb_store_relinquish_owner(store, opt.handler, o->name, &err) < 0) {
 			db_error(&err, "relinquish");
 			return;
 		}
@@ -1256,7 +1258,12 @@ wait_and_serve(int64_t now, struct pollfd *pfd, int *ref)
 				;
 		} else if (ref[k] == -2) {
 			struct rb_error err = { 0 };
-			int hit = rb_store_notified(store, opt.handler, 0, &err);
+			int hit;
+
+			claim_collect(false);	/* first: the answer may be all that came before a break */
+			if (db_down)
+				continue;
+			hit = rb_store_notified(store, opt.handler, 0, &err);
 
 			if (hit < 0)
 				db_error(&err, "notification");
@@ -1264,7 +1271,7 @@ wait_and_serve(int64_t now, struct pollfd *pfd, int *ref)
 				rb_debug("woken by a notification");
 				wake = true;
 			}
-			claim_collect(false);
+			claim_collect(false);	/* and what the notification read brought along */
 		} else if (ref[k] >= 200000)
 			proc_write(&procs[ref[k] - 200000]);
 		else if (ref[k] >= 100000)

@@ -181,6 +181,16 @@ int	rb_result_validate(const json_t *result, struct rb_error *err);
 int	rb_store_relinquish(struct rb_store *, const char *handler, const char *owner,
 	    struct rb_error *err);
 /**
+ * Hand back every lane of handler held by owner, whatever is in flight
+ * there (a new epoch fences those leases; the deliveries stay pending, no
+ * attempt charged).  For an owner name whose deliveries the caller no
+ * longer runs, such as the name before a reconnect: a claim that
+ * committed but whose answer was lost with the connection would otherwise
+ * hold its lanes until the lease ends.  Returns lanes freed, or -1.
+ */
+int	rb_store_relinquish_owner(struct rb_store *, const char *handler, const char *owner,
+	    struct rb_error *err);
+/**
  * Hand back the lanes named by leases (array of {"handler", "lease"}) when
  * they still have that epoch and run nothing.  Returns lanes freed, or -1.
  */

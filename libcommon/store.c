@@ -199,16 +199,24 @@ rb_store_publish(struct rb_store *s, const json_t *events, json_t **acks, struct
 	return 0;
 }
 
-int
-rb_store_claim(struct rb_store *s, const struct rb_claim_opts *o, json_t **out, struct rb_error *err)
+static int
+claim_opts_check(const struct rb_claim_opts *o, struct rb_error *err)
 {
-	*out = NULL;
-	NEED_OP(s, claim, err);
 	if (o->handler == NULL || !rb_handler_valid(o->handler))
 		return rb_seterr(err, RB_EXIT_USAGE, "invalid handler name");
 	if (o->batch < 1 || o->lease_ms < 1 || o->max_attempts < 1 || o->owner == NULL ||
 	    strlen(o->owner) > 200)
 		return rb_seterr(err, RB_EXIT_USAGE, "invalid claim options");
+	return 0;
+}
+
+int
+rb_store_claim(struct rb_store *s, const struct rb_claim_opts *o, json_t **out, struct rb_error *err)
+{
+	*out = NULL;
+	NEED_OP(s, claim, err);
+	if (claim_opts_check(o, err) < 0)
+		return -1;
 	return s->ops->claim(s, o, out, err);
 }
 
@@ -216,11 +224,8 @@ int
 rb_store_claim_send(struct rb_store *s, const struct rb_claim_opts *o, struct rb_error *err)
 {
 	NEED_OP(s, claim_send, err);
-	if (o->handler == NULL || !rb_handler_valid(o->handler))
-		return rb_seterr(err, RB_EXIT_USAGE, "invalid handler name");
-	if (o->batch < 1 || o->lease_ms < 1 || o->max_attempts < 1 || o->owner == NULL ||
-	    strlen(o->owner) > 200)
-		return rb_seterr(err, RB_EXIT_USAGE, "invalid claim options");
+	if (claim_opts_check(o, err) < 0)
+		return -1;
 	return s->ops->claim_send(s, o, err);
 }
 
@@ -254,6 +259,14 @@ rb_store_relinquish(struct rb_store *s, const char *handler, const char *owner, 
 {
 	NEED_OP(s, relinquish, err);
 	return s->ops->relinquish(s, handler, owner, err);
+}
+
+int
+rb_store_relinquish_owner(struct rb_store *s, const char *handler, const char *owner,
+    struct rb_error *err)
+{
+	NEED_OP(s, relinquish_owner, err);
+	return s->ops->relinquish_owner(s, handler, owner, err);
 }
 
 int

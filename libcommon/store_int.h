@@ -30,6 +30,7 @@ struct rb_store_ops {
 	int	(*complete)(struct rb_store *, const struct rb_complete_opts *, const json_t *,
 		    json_t **, struct rb_error *);
 	int	(*relinquish)(struct rb_store *, const char *, const char *, struct rb_error *);
+	int	(*relinquish_owner)(struct rb_store *, const char *, const char *, struct rb_error *);
 	int	(*relinquish_leases)(struct rb_store *, const json_t *, struct rb_error *);
 	int	(*listen)(struct rb_store *, struct rb_error *);
 	int	(*socket)(const struct rb_store *);

@@ -38,7 +38,7 @@ struct pg_be {
 	int	 history;	/* -1 unknown, 0 no completion history, 1 yes */
 	/* rendered statements, built once per store */
 	char	*q_publish, *q_claim, *q_extend, *q_complete, *q_complete_hist, *q_fail,
-		*q_relinquish, *q_relinquish_leases, *q_lock_lane, *q_delete_one, *q_delete_one_hist;
+		*q_relinquish, *q_relinquish_owner, *q_relinquish_leases, *q_lock_lane, *q_delete_one, *q_delete_one_hist;
 	/* a claim sent and not collected yet (rb_store_claim_send) */
 	bool	 claim_pending;
 	int	 claim_tries;
@@ -371,6 +371,9 @@ pg_open(struct rb_store *s, struct rb_error *err)
 	    "WHERE x.handler = $1 AND x.lease_owner = $2 AND NOT EXISTS ("
 	    "  SELECT 1 FROM @S@.relaybus_deliveries d WHERE d.id = ANY (x.in_flight) AND d.status = 'pending')",
 	    sc);
+	be->q_relinquish_owner = render(
+	    "UPDATE @S@.relaybus_lanes x SET epoch = x.epoch + 1, lease_owner = NULL, lease_expires_at = NULL, "
+	    "in_flight = '{}' WHERE x.handler = $1 AND x.lease_owner = $2", sc);
 	be->q_relinquish_leases = render(
 	    "UPDATE @S@.relaybus_lanes x SET lease_owner = NULL, lease_expires_at = NULL, in_flight = '{}' "
 	    "FROM unnest($1::text[], $2::smallint[], $3::bigint[]) AS r(handler, lane, epoch) "
@@ -405,6 +408,7 @@ pg_close(struct rb_store *s)
 	free(be->q_complete_hist);
 	free(be->q_fail);
 	free(be->q_relinquish);
+	free(be->q_relinquish_owner);
 	free(be->q_relinquish_leases);
 	free(be->q_lock_lane);
 	free(be->q_delete_one);
@@ -795,10 +799,16 @@ pg_claim_recv(struct rb_store *s, bool wait, json_t **out, struct rb_error *err)
 	for (;;) {
 		PGresult *res, *more;
 
-		if (!wait && (!PQconsumeInput(be->conn) || PQisBusy(be->conn))) {
-			if (PQstatus(be->conn) == CONNECTION_BAD)
-				return send_failed(s, "claim", err);
-			return RB_CLAIM_PENDING;
+		if (!wait) {
+			/* an answer read in full before the connection broke is
+			 * still taken: the claim committed, its deliveries are ours */
+			int alive = PQconsumeInput(be->conn);
+
+			if (PQisBusy(be->conn)) {
+				if (!alive || PQstatus(be->conn) == CONNECTION_BAD)
+					return send_failed(s, "claim", err);
+				return RB_CLAIM_PENDING;
+			}
 		}
 		res = PQgetResult(be->conn);
 		while ((more = PQgetResult(be->conn)) != NULL)
@@ -1221,6 +1231,14 @@ pg_relinquish(struct rb_store *s, const char *handler, const char *owner, struct
 }
 
 static int
+pg_relinquish_owner(struct rb_store *s, const char *handler, const char *owner, struct rb_error *err)
+{
+	const char *params[2] = { handler, owner };
+
+	return run_affected(s, be_of(s)->q_relinquish_owner, 2, params, "relinquish", err);
+}
+
+static int
 pg_relinquish_leases(struct rb_store *s, const json_t *leases, struct rb_error *err)
 {
 	struct sbuf h, lane, epoch;
@@ -1325,6 +1343,7 @@ const struct rb_store_ops rb_store_pg_ops = {
 	.extend = pg_extend,
 	.complete = pg_complete,
 	.relinquish = pg_relinquish,
+	.relinquish_owner = pg_relinquish_owner,
 	.relinquish_leases = pg_relinquish_leases,
 	.listen = pg_listen,
 	.socket = pg_socket,
