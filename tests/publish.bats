@@ -60,6 +60,35 @@ EOF2
   [ "$(q "SELECT payload::text FROM relaybus_events WHERE name = 'order.shipped'")" = '"s"' ]
 }
 
+@test "publishing wakes listeners once per handler and transaction; relaybus.notify=off does not" {
+  # a listener: the notifications that arrive while it sleeps are printed after its next statement
+  listen() { sql -c "LISTEN relaybus_$RB_SCHEMA" -c "SELECT pg_sleep(1.5)" -c "SELECT 'done'" >"$1" 2>&1; }
+  local f=$BATS_TEST_TMPDIR/heard
+  listen "$f.on" & local l=$!
+  sleep 0.5
+  printf '%s\n' '{"name":"order.created","payload":1}' '{"name":"order.created","payload":2}' | rb-publish -q
+  wait "$l"
+  [ "$(grep -c 'Asynchronous notification "relaybus_'"$RB_SCHEMA"'" with payload "mail"' "$f.on")" = 1 ]
+  [ "$(grep -c 'Asynchronous notification "relaybus_'"$RB_SCHEMA"'" with payload "audit"' "$f.on")" = 1 ]
+  # off: for a role, a database or a session (PGOPTIONS here); the events are published all the same
+  listen "$f.off" & l=$!
+  sleep 0.5
+  echo '{"name":"order.created","payload":3}' | PGOPTIONS="-c relaybus.notify=off" rb-publish -q
+  sql -c "SET relaybus.notify = off" -c "SELECT deliveries FROM relaybus_publish('order.created', '4')" >/dev/null
+  wait "$l"
+  grep -q done "$f.off"
+  ! grep -q 'Asynchronous notification' "$f.off"
+  [ "$(count relaybus_events)" = 4 ]
+  # a delayed event wakes nobody: nothing is due yet
+  listen "$f.later" & l=$!
+  sleep 0.5
+  echo '{"name":"order.created","payload":5,"delay_ms":60000}' | rb-publish -q
+  sql -c "SELECT deliveries FROM relaybus_publish('order.created', '6', p_delay_ms => 60000)" >/dev/null
+  wait "$l"
+  grep -q done "$f.later"
+  ! grep -q 'Asynchronous notification' "$f.later"
+}
+
 @test "explicit handlers override the subscriptions" {
   echo '{"id":"x","name":"order.created","payload":1,"handlers":["ledger","mail","ledger"]}' | rb-publish -q
   [ "$(q "SELECT string_agg(handler, ',' ORDER BY handler) FROM relaybus_deliveries WHERE event_id = 'x'")" = "ledger,mail" ]
