@@ -163,39 +163,27 @@ reject(const char *line, size_t len, long lineno, const char *why)
  * off/len locate each line in it (for --rejects and one-by-one retries).
  */
 struct batch {
-	char	*text;
-	size_t	 used, cap;
-	size_t	*off, *len;
-	long	*lines;
-	size_t	 n;
+	struct rb_sbuf	 text;
+	size_t		*off, *len;
+	long		*lines;
+	size_t		 n;
 };
-
-static void
-batch_put(struct batch *b, const char *s, size_t n)
-{
-	if (b->used + n + 2 > b->cap) {
-		b->cap = (b->used + n + 2) * 2;
-		b->text = xrealloc(b->text, b->cap);
-	}
-	memcpy(b->text + b->used, s, n);
-	b->used += n;
-}
 
 static void
 batch_add(struct batch *b, const char *line, size_t len, long lineno)
 {
-	batch_put(b, b->n == 0 ? "[" : ",", 1);
-	b->off[b->n] = b->used;
+	rb_sb_putn(&b->text, b->n == 0 ? "[" : ",", 1);
+	b->off[b->n] = b->text.len;
 	b->len[b->n] = len;
 	b->lines[b->n] = lineno;
-	batch_put(b, line, len);
+	rb_sb_putn(&b->text, line, len);
 	b->n++;
 }
 
 static void
 batch_clear(struct batch *b)
 {
-	b->used = 0;
+	b->text.len = 0;
 	b->n = 0;
 }
 
@@ -203,7 +191,7 @@ batch_clear(struct batch *b)
 static char *
 event_name(const struct batch *b, size_t i)
 {
-	json_t *e = json_loadb(b->text + b->off[i], b->len[i], 0, NULL);
+	json_t *e = json_loadb(b->text.s + b->off[i], b->len[i], 0, NULL);
 	char *name = xstrdup(e != NULL && json_is_string(json_object_get(e, "name")) ?
 	    json_string_value(json_object_get(e, "name")) : "?");
 
@@ -253,15 +241,16 @@ publish_slice(struct rb_store *store, struct batch *b, size_t from, size_t n, st
 	int rc;
 
 	if (from == 0 && n == b->n) {
-		b->text[b->used] = ']';
-		b->text[b->used + 1] = '\0';
-		text = b->text;
+		rb_sb_putn(&b->text, "]", 1);
+		text = b->text.s;
 	} else {
 		/* a retry of one event (--keep-going) */
-		one = xasprintf("[%.*s]", (int)b->len[from], b->text + b->off[from]);
+		one = xasprintf("[%.*s]", (int)b->len[from], b->text.s + b->off[from]);
 		text = one;
 	}
 	rc = rb_store_publish_text(store, text, n, &acks, err);
+	if (one == NULL)	/* take the "]" back: the batch may be retried event by event */
+		b->text.s[--b->text.len] = '\0';
 	free(one);
 	if (rc < 0)
 		return -1;
@@ -311,7 +300,7 @@ flush_batch(struct rb_store *store, struct batch *b)
 			    cnt.committed_line);
 			return e1.exit_code;
 		}
-		reject(b->text + b->off[i], b->len[i], b->lines[i], e1.msg);
+		reject(b->text.s + b->off[i], b->len[i], b->lines[i], e1.msg);
 	}
 	batch_clear(b);
 	return 0;
@@ -395,7 +384,7 @@ main(int argc, char **argv)
 	if (exit_code == RB_EXIT_OK && (bad_seen || cnt.rejected > 0))
 		exit_code = RB_EXIT_DATAERR;
 	summary();
-	free(b.text);
+	free(b.text.s);
 	free(b.off);
 	free(b.len);
 	free(b.lines);

@@ -312,3 +312,30 @@ rb_wall_ms(void)
 	clock_gettime(CLOCK_REALTIME, &ts);
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
+
+void
+rb_sb_init(struct rb_sbuf *b)
+{
+	b->cap = 64;
+	b->len = 0;
+	b->s = xmalloc(b->cap);
+	b->s[0] = '\0';
+}
+
+void
+rb_sb_putn(struct rb_sbuf *b, const char *s, size_t n)
+{
+	if (b->len + n + 1 > b->cap) {
+		b->cap = (b->len + n + 1) * 2;
+		b->s = xrealloc(b->s, b->cap);
+	}
+	memcpy(b->s + b->len, s, n);
+	b->len += n;
+	b->s[b->len] = '\0';
+}
+
+void
+rb_sb_puts(struct rb_sbuf *b, const char *s)
+{
+	rb_sb_putn(b, s, strlen(s));
+}

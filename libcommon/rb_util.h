@@ -20,6 +20,15 @@ void	*xrealloc(void *, size_t);
 char	*xstrdup(const char *);
 char	*xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/** A growable string; rb_sb_init (or any put) leaves it NUL-terminated.  Free s. */
+struct rb_sbuf {
+	char	*s;
+	size_t	 len, cap;
+};
+void	rb_sb_init(struct rb_sbuf *);
+void	rb_sb_putn(struct rb_sbuf *, const char *, size_t);
+void	rb_sb_puts(struct rb_sbuf *, const char *);
+
 /**
  * Parse a duration: a whole number followed by ms, s, m, h or d (a bare
  * number is milliseconds).  "30s" -> 30000.  Returns 0, or -1 when the text

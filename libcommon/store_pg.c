@@ -86,99 +86,67 @@ render(const char *tmpl, const char *schema)
 	return out;
 }
 
-/* A growable string. */
-struct sbuf {
-	char	*s;
-	size_t	 len, cap;
-};
-
-static void
-sb_putn(struct sbuf *b, const char *s, size_t n)
-{
-	if (b->len + n + 1 > b->cap) {
-		b->cap = (b->len + n + 1) * 2;
-		b->s = xrealloc(b->s, b->cap);
-	}
-	memcpy(b->s + b->len, s, n);
-	b->len += n;
-	b->s[b->len] = '\0';
-}
-
-static void
-sb_puts(struct sbuf *b, const char *s)
-{
-	sb_putn(b, s, strlen(s));
-}
-
-static void
-sb_init(struct sbuf *b)
-{
-	b->cap = 64;
-	b->len = 0;
-	b->s = xmalloc(b->cap);
-	b->s[0] = '\0';
-}
 
 /* Append a text[] element, quoted, or NULL. */
 static void
-sb_array_text(struct sbuf *b, const char *v)
+sb_array_text(struct rb_sbuf *b, const char *v)
 {
 	if (b->len > 1)
-		sb_puts(b, ",");
+		rb_sb_puts(b, ",");
 	if (v == NULL) {
-		sb_puts(b, "NULL");
+		rb_sb_puts(b, "NULL");
 		return;
 	}
-	sb_puts(b, "\"");
+	rb_sb_puts(b, "\"");
 	for (; *v != '\0'; v++) {
 		if (*v == '"' || *v == '\\')
-			sb_putn(b, "\\", 1);
-		sb_putn(b, v, 1);
+			rb_sb_putn(b, "\\", 1);
+		rb_sb_putn(b, v, 1);
 	}
-	sb_puts(b, "\"");
+	rb_sb_puts(b, "\"");
 }
 
 static void
-sb_array_int(struct sbuf *b, int64_t v)
+sb_array_int(struct rb_sbuf *b, int64_t v)
 {
 	char num[32];
 
 	if (b->len > 1)
-		sb_puts(b, ",");
+		rb_sb_puts(b, ",");
 	snprintf(num, sizeof num, "%" PRId64, v);
-	sb_puts(b, num);
+	rb_sb_puts(b, num);
 }
 
 /* A SQL string literal (standard_conforming_strings) for --print-sql. */
 static void
-sb_literal(struct sbuf *b, const char *v)
+sb_literal(struct rb_sbuf *b, const char *v)
 {
-	sb_puts(b, "'");
+	rb_sb_puts(b, "'");
 	for (; *v != '\0'; v++) {
 		if (*v == '\'')
-			sb_putn(b, "'", 1);
-		sb_putn(b, v, 1);
+			rb_sb_putn(b, "'", 1);
+		rb_sb_putn(b, v, 1);
 	}
-	sb_puts(b, "'");
+	rb_sb_puts(b, "'");
 }
 
 /* glob (* and ?) -> LIKE pattern with \ as escape */
 static char *
 glob_to_like(const char *g)
 {
-	struct sbuf b;
+	struct rb_sbuf b;
 
-	sb_init(&b);
+	rb_sb_init(&b);
 	for (; *g != '\0'; g++) {
 		if (*g == '*')
-			sb_puts(&b, "%");
+			rb_sb_puts(&b, "%");
 		else if (*g == '?')
-			sb_puts(&b, "_");
+			rb_sb_puts(&b, "_");
 		else if (*g == '%' || *g == '_' || *g == '\\') {
-			sb_puts(&b, "\\");
-			sb_putn(&b, g, 1);
+			rb_sb_puts(&b, "\\");
+			rb_sb_putn(&b, g, 1);
 		} else
-			sb_putn(&b, g, 1);
+			rb_sb_putn(&b, g, 1);
 	}
 	return b.s;
 }
@@ -449,17 +417,17 @@ pg_reconnect(struct rb_store *s, struct rb_error *err)
 /* ---- set-up -------------------------------------------------------------- */
 
 static void
-setup_script(struct sbuf *b, const char *schema, const struct rb_setup_opts *o, bool with_subs)
+setup_script(struct rb_sbuf *b, const char *schema, const struct rb_setup_opts *o, bool with_subs)
 {
 	char *sql;
 
-	sb_puts(b, "SELECT pg_advisory_xact_lock(" SETUP_LOCK_KEY ");\n");
+	rb_sb_puts(b, "SELECT pg_advisory_xact_lock(" SETUP_LOCK_KEY ");\n");
 	sql = render(rb_schema_pg_sql, schema);
-	sb_puts(b, sql);
+	rb_sb_puts(b, sql);
 	free(sql);
 	if (o->completion_history) {
 		sql = render(rb_schema_history_pg_sql, schema);
-		sb_puts(b, sql);
+		rb_sb_puts(b, sql);
 		free(sql);
 	}
 	if (!with_subs)
@@ -472,19 +440,19 @@ setup_script(struct sbuf *b, const char *schema, const struct rb_setup_opts *o, 
 			continue;
 		like = glob_to_like(p);
 		q = render("INSERT INTO @S@.relaybus_subscriptions (handler, pattern, like_pattern) VALUES (", schema);
-		sb_puts(b, q);
+		rb_sb_puts(b, q);
 		free(q);
 		sb_literal(b, h);
-		sb_puts(b, ", ");
+		rb_sb_puts(b, ", ");
 		sb_literal(b, p);
-		sb_puts(b, ", ");
+		rb_sb_puts(b, ", ");
 		sb_literal(b, like);
-		sb_puts(b, ") ON CONFLICT DO NOTHING;\n");
+		rb_sb_puts(b, ") ON CONFLICT DO NOTHING;\n");
 		q = render("SELECT @S@.relaybus_seed_lanes(", schema);
-		sb_puts(b, q);
+		rb_sb_puts(b, q);
 		free(q);
 		sb_literal(b, h);
-		sb_puts(b, ");\n");
+		rb_sb_puts(b, ");\n");
 		free(like);
 		free(buf);
 	}
@@ -495,12 +463,12 @@ setup_script(struct sbuf *b, const char *schema, const struct rb_setup_opts *o, 
 		if (rb_subscription_parse(o->unsubscribe[i], &buf, &h, &p, NULL) < 0)
 			continue;
 		q = render("DELETE FROM @S@.relaybus_subscriptions WHERE handler = ", schema);
-		sb_puts(b, q);
+		rb_sb_puts(b, q);
 		free(q);
 		sb_literal(b, h);
-		sb_puts(b, " AND pattern = ");
+		rb_sb_puts(b, " AND pattern = ");
 		sb_literal(b, p);
-		sb_puts(b, ";\n");
+		rb_sb_puts(b, ";\n");
 		free(buf);
 	}
 }
@@ -523,7 +491,7 @@ check_subscriptions(const struct rb_setup_opts *o, struct rb_error *err)
 char *
 rb_setup_sql(const char *schema, const struct rb_setup_opts *o, struct rb_error *err)
 {
-	struct sbuf b;
+	struct rb_sbuf b;
 
 	if (schema == NULL || !rb_ident_valid(schema)) {
 		rb_seterr(err, RB_EXIT_USAGE, "invalid schema name");
@@ -531,23 +499,23 @@ rb_setup_sql(const char *schema, const struct rb_setup_opts *o, struct rb_error 
 	}
 	if (check_subscriptions(o, err) < 0)
 		return NULL;
-	sb_init(&b);
-	sb_puts(&b, "-- relaybus schema set-up; apply in one transaction with the workers stopped\n"
+	rb_sb_init(&b);
+	rb_sb_puts(&b, "-- relaybus schema set-up; apply in one transaction with the workers stopped\n"
 	    "BEGIN;\n");
 	setup_script(&b, schema, o, true);
-	sb_puts(&b, "COMMIT;\n");
+	rb_sb_puts(&b, "COMMIT;\n");
 	return b.s;
 }
 
 static int
 pg_setup(struct rb_store *s, const struct rb_setup_opts *o, struct rb_error *err)
 {
-	struct sbuf b;
+	struct rb_sbuf b;
 	int rc = -1;
 
 	if (check_subscriptions(o, err) < 0)
 		return -1;
-	sb_init(&b);
+	rb_sb_init(&b);
 	setup_script(&b, s->schema, o, false);
 	if (run_cmd(s, "BEGIN", "set-up", err) < 0)
 		goto out;
@@ -870,22 +838,22 @@ history_enabled(struct rb_store *s, struct rb_error *err)
 }
 
 struct fence_arrays {
-	struct sbuf ev, h, lane, epoch, claims;
+	struct rb_sbuf ev, h, lane, epoch, claims;
 };
 
 static void
 fa_init(struct fence_arrays *a)
 {
-	sb_init(&a->ev);
-	sb_init(&a->h);
-	sb_init(&a->lane);
-	sb_init(&a->epoch);
-	sb_init(&a->claims);
-	sb_puts(&a->ev, "{");
-	sb_puts(&a->h, "{");
-	sb_puts(&a->lane, "{");
-	sb_puts(&a->epoch, "{");
-	sb_puts(&a->claims, "{");
+	rb_sb_init(&a->ev);
+	rb_sb_init(&a->h);
+	rb_sb_init(&a->lane);
+	rb_sb_init(&a->epoch);
+	rb_sb_init(&a->claims);
+	rb_sb_puts(&a->ev, "{");
+	rb_sb_puts(&a->h, "{");
+	rb_sb_puts(&a->lane, "{");
+	rb_sb_puts(&a->epoch, "{");
+	rb_sb_puts(&a->claims, "{");
 }
 
 static void
@@ -904,11 +872,11 @@ fa_add(struct fence_arrays *a, const json_t *r)
 static void
 fa_close(struct fence_arrays *a)
 {
-	sb_puts(&a->ev, "}");
-	sb_puts(&a->h, "}");
-	sb_puts(&a->lane, "}");
-	sb_puts(&a->epoch, "}");
-	sb_puts(&a->claims, "}");
+	rb_sb_puts(&a->ev, "}");
+	rb_sb_puts(&a->h, "}");
+	rb_sb_puts(&a->lane, "}");
+	rb_sb_puts(&a->epoch, "}");
+	rb_sb_puts(&a->claims, "}");
 }
 
 static void
@@ -1101,17 +1069,17 @@ complete_fail(struct rb_store *s, const struct rb_complete_opts *o, const json_t
     const size_t *idx, size_t n, json_t *outcomes, struct rb_error *err)
 {
 	struct fence_arrays a;
-	struct sbuf kinds, retry, errors;
+	struct rb_sbuf kinds, retry, errors;
 	char maxa[16], base[32], maxms[32], factor[32];
 	PGresult *res;
 
 	fa_init(&a);
-	sb_init(&kinds);
-	sb_init(&retry);
-	sb_init(&errors);
-	sb_puts(&kinds, "{");
-	sb_puts(&retry, "{");
-	sb_puts(&errors, "{");
+	rb_sb_init(&kinds);
+	rb_sb_init(&retry);
+	rb_sb_init(&errors);
+	rb_sb_puts(&kinds, "{");
+	rb_sb_puts(&retry, "{");
+	rb_sb_puts(&errors, "{");
 	for (size_t k = 0; k < n; k++) {
 		const json_t *r = json_array_get(results, idx[k]);
 		const json_t *rm = json_object_get(r, "retry_ms");
@@ -1131,9 +1099,9 @@ complete_fail(struct rb_store *s, const struct rb_complete_opts *o, const json_t
 			    (json_is_true(json_object_get(r, "release")) ? NULL : "handler failed"));
 	}
 	fa_close(&a);
-	sb_puts(&kinds, "}");
-	sb_puts(&retry, "}");
-	sb_puts(&errors, "}");
+	rb_sb_puts(&kinds, "}");
+	rb_sb_puts(&retry, "}");
+	rb_sb_puts(&errors, "}");
 	snprintf(maxa, sizeof maxa, "%d", o->max_attempts);
 	snprintf(base, sizeof base, "%" PRId64, o->backoff.base_ms);
 	snprintf(maxms, sizeof maxms, "%" PRId64, o->backoff.max_ms);
@@ -1241,19 +1209,19 @@ pg_relinquish_owner(struct rb_store *s, const char *handler, const char *owner, 
 static int
 pg_relinquish_leases(struct rb_store *s, const json_t *leases, struct rb_error *err)
 {
-	struct sbuf h, lane, epoch;
+	struct rb_sbuf h, lane, epoch;
 	size_t i;
 	json_t *v;
 	int n;
 
 	if (json_array_size(leases) == 0)
 		return 0;
-	sb_init(&h);
-	sb_init(&lane);
-	sb_init(&epoch);
-	sb_puts(&h, "{");
-	sb_puts(&lane, "{");
-	sb_puts(&epoch, "{");
+	rb_sb_init(&h);
+	rb_sb_init(&lane);
+	rb_sb_init(&epoch);
+	rb_sb_puts(&h, "{");
+	rb_sb_puts(&lane, "{");
+	rb_sb_puts(&epoch, "{");
 	json_array_foreach(leases, i, v) {
 		struct rb_lease l;
 
@@ -1264,9 +1232,9 @@ pg_relinquish_leases(struct rb_store *s, const json_t *leases, struct rb_error *
 		sb_array_int(&lane, l.lane);
 		sb_array_int(&epoch, l.epoch);
 	}
-	sb_puts(&h, "}");
-	sb_puts(&lane, "}");
-	sb_puts(&epoch, "}");
+	rb_sb_puts(&h, "}");
+	rb_sb_puts(&lane, "}");
+	rb_sb_puts(&epoch, "}");
 	const char *params[3] = { h.s, lane.s, epoch.s };
 	n = run_affected(s, be_of(s)->q_relinquish_leases, 3, params, "relinquish", err);
 	free(h.s);
