@@ -179,6 +179,8 @@ static bool	more_work;		/* the last claim found work: claim again when slots fre
 static bool	claiming;		/* a claim is out: the handlers are served meanwhile */
 static unsigned	claim_gen;		/* the owner generation it was sent for */
 static int	claim_asked;
+static bool	claim_searched;		/* ... and whether it looked for more lanes */
+static bool	lanes_dry;		/* a look for more lanes found too few: do not look again until woken or polling */
 static void	claim_collect(bool wait);
 static bool	idle_seen;		/* the last claim found nothing, and nothing completed since */
 static int64_t	next_poll, next_extend, next_stats;
@@ -1029,7 +1031,9 @@ claim_collect(bool wait)
 		db_error(&err, "claim");
 		return;
 	}
-	rb_debug("claimed %d (asked %d)", n, claim_asked);
+	rb_debug("claimed %d (asked %d%s)", n, claim_asked, claim_searched ? "" : ", held lanes only");
+	if (claim_searched)
+		lanes_dry = n < claim_asked;
 	more_work = n > 0;
 	idle_seen = n == 0;
 	st.claimed += n;
@@ -1051,9 +1055,42 @@ claim_collect(bool wait)
 		proc_write(&procs[i]);
 }
 
+/* The id of a delivery line or result (its "delivery_id"), or -1. */
+static int64_t
+delivery_id(const json_t *line)
+{
+	const char *s = json_string_value(json_object_get(line, "delivery_id"));
+
+	return s != NULL ? strtoll(s, NULL, 10) : -1;
+}
+
+/*
+ * The deliveries still running or waiting to be completed, whatever their
+ * owner generation: the claim need not look them up (rb_claim_opts.live).
+ */
+static size_t
+live_ids(int64_t **ids, size_t *cap)
+{
+	size_t n = 0, want = (size_t)opt.concurrency + nqueue;
+
+	if (*cap < want) {
+		*cap = want;
+		*ids = xrealloc(*ids, want * sizeof **ids);
+	}
+	for (int i = 0; i < opt.concurrency; i++)
+		if (slots[i].used && (((*ids)[n] = delivery_id(slots[i].line)) >= 0))
+			n++;
+	for (size_t i = 0; i < nqueue; i++)
+		if (((*ids)[n] = delivery_id(queue[i].r)) >= 0)
+			n++;
+	return n;
+}
+
 static void
 maybe_claim(int64_t now)
 {
+	static int64_t *live;
+	static size_t live_cap;
 	int free_slots = opt.concurrency - running - (int)nqueue;
 	struct rb_claim_opts co;
 	struct rb_error err = { 0 };
@@ -1064,6 +1101,13 @@ maybe_claim(int64_t now)
 	co = (struct rb_claim_opts){ .handler = opt.handler, .owner = owners[cur_gen % NOWNERS].name,
 	    .batch = free_slots < opt.batch ? free_slots : opt.batch, .lease_ms = opt.lease_ms,
 	    .max_attempts = opt.co.max_attempts };
+	co.n_live = live_ids(&live, &live_cap);
+	co.live = live;
+	/* look for more lanes unless the last look found too few and nothing
+	 * changed since; a claim with nothing running always looks (its
+	 * answer decides --drain and idleness) */
+	co.no_search = lanes_dry && !wake && now < next_poll && running + (int)nqueue > 0;
+	claim_searched = !co.no_search;
 	wake = false;
 	next_poll = now + opt.poll_ms;
 	if (rb_store_claim_send(store, &co, &err) < 0) {

@@ -121,6 +121,14 @@ struct rb_claim_opts {
 	int		 batch;		/* at most this many deliveries */
 	int64_t		 lease_ms;
 	int		 max_attempts;	/* a takeover buries a delivery reaching this */
+	/* the delivery ids the caller still runs (claimed, not yet completed or
+	 * failed), if it knows them: the claim then need not look them up.
+	 * NULL: unknown.  Never leave one out (a superset is harmless). */
+	const int64_t	*live;
+	size_t		 n_live;
+	/* do not look for more lanes unless none is held (relaybus_claim's
+	 * p_search): the last look found too few, and nothing woke us since */
+	bool		 no_search;
 };
 
 /**

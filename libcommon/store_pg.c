@@ -43,6 +43,9 @@ struct pg_be {
 	bool	 claim_pending;
 	int	 claim_tries;
 	char	 claim_params[5][256];	/* its parameters, kept for a retry */
+	struct rb_sbuf claim_live;	/* ... and the sixth: p_live ("{1,2}") */
+	bool	 claim_live_known;
+	bool	 claim_quiet;		/* ... and the seventh: p_search false */
 };
 
 /* ---- text helpers ------------------------------------------------------ */
@@ -302,11 +305,12 @@ pg_open(struct rb_store *s, struct rb_error *err)
 
 	s->be = be;
 	be->history = -1;
+	rb_sb_init(&be->claim_live);
 	be->q_publish = render(q_publish_tmpl, sc);
 	be->q_claim = render(
 	    "SELECT id, event_id, handler, lane, epoch, claims, attempts, name, key, sequence, "
 	    "payload::text, headers::text, created_at "
-	    "FROM @S@.relaybus_claim($1, $2, $3::integer, $4::bigint, $5::integer)", sc);
+	    "FROM @S@.relaybus_claim($1, $2, $3::integer, $4::bigint, $5::integer, $6::bigint[], $7::boolean)", sc);
 	be->q_extend = render(
 	    "UPDATE @S@.relaybus_lanes SET lease_expires_at = clock_timestamp() + $3::bigint * interval '1 millisecond' "
 	    "WHERE handler = $1 AND lease_owner = $2", sc);
@@ -370,6 +374,7 @@ pg_close(struct rb_store *s)
 	if (be->conn != NULL)
 		PQfinish(be->conn);
 	free(be->q_publish);
+	free(be->claim_live.s);
 	free(be->q_claim);
 	free(be->q_extend);
 	free(be->q_complete);
@@ -669,10 +674,13 @@ json_or_null(const char *text)
 }
 
 /* The claim's parameters, as text, in be->claim_params (the caller checked
- * that handler and owner fit). */
+ * that handler and owner fit); the sixth, the ids still running, is NULL
+ * when the caller does not know them. */
 static void
-claim_params(struct pg_be *be, const struct rb_claim_opts *o, const char *params[5])
+claim_params(struct pg_be *be, const struct rb_claim_opts *o, const char *params[7])
 {
+	char num[24];
+
 	snprintf(be->claim_params[0], sizeof be->claim_params[0], "%s", o->handler);
 	snprintf(be->claim_params[1], sizeof be->claim_params[1], "%s", o->owner);
 	snprintf(be->claim_params[2], sizeof be->claim_params[2], "%d", o->batch);
@@ -680,6 +688,20 @@ claim_params(struct pg_be *be, const struct rb_claim_opts *o, const char *params
 	snprintf(be->claim_params[4], sizeof be->claim_params[4], "%d", o->max_attempts);
 	for (int i = 0; i < 5; i++)
 		params[i] = be->claim_params[i];
+	be->claim_live.len = 0;
+	be->claim_live_known = o->live != NULL;
+	if (o->live != NULL) {
+		rb_sb_puts(&be->claim_live, "{");
+		for (size_t i = 0; i < o->n_live; i++) {
+			int k = snprintf(num, sizeof num, "%s%" PRId64, i > 0 ? "," : "", o->live[i]);
+
+			rb_sb_putn(&be->claim_live, num, (size_t)k);
+		}
+		rb_sb_puts(&be->claim_live, "}");
+	}
+	params[5] = be->claim_live_known ? be->claim_live.s : NULL;
+	be->claim_quiet = o->no_search;
+	params[6] = be->claim_quiet ? "false" : "true";
 }
 
 /* The deliveries of a claim's result, as JSON objects. */
@@ -721,11 +743,11 @@ static int
 pg_claim(struct rb_store *s, const struct rb_claim_opts *o, json_t **out, struct rb_error *err)
 {
 	struct pg_be *be = be_of(s);
-	const char *params[5];
+	const char *params[7];
 	PGresult *res;
 
 	claim_params(be, o, params);
-	res = run(s, be->q_claim, 5, params, PGRES_TUPLES_OK, "claim", true, err);
+	res = run(s, be->q_claim, 7, params, PGRES_TUPLES_OK, "claim", true, err);
 	if (res == NULL)
 		return -1;
 	*out = claim_rows(res);
@@ -745,13 +767,13 @@ static int
 pg_claim_send(struct rb_store *s, const struct rb_claim_opts *o, struct rb_error *err)
 {
 	struct pg_be *be = be_of(s);
-	const char *params[5];
+	const char *params[7];
 
 	if (be->claim_pending)
 		return rb_seterr(err, RB_EXIT_SOFTWARE, "claim: a claim is in progress already");
 	claim_params(be, o, params);
 	be->claim_tries = 1;
-	if (!PQsendQueryParams(be->conn, be->q_claim, 5, NULL, params, NULL, NULL, 0))
+	if (!PQsendQueryParams(be->conn, be->q_claim, 7, NULL, params, NULL, NULL, 0))
 		return send_failed(s, "claim", err);
 	be->claim_pending = true;
 	return 0;
@@ -789,13 +811,15 @@ pg_claim_recv(struct rb_store *s, bool wait, json_t **out, struct rb_error *err)
 		}
 		/* a deadlock or serialization failure: the claim runs again, as run() does */
 		if (retryable(res) && be->claim_tries < 5) {
-			const char *params[5];
+			const char *params[7];
 
 			PQclear(res);
 			for (int i = 0; i < 5; i++)
 				params[i] = be->claim_params[i];
+			params[5] = be->claim_live_known ? be->claim_live.s : NULL;
+			params[6] = be->claim_quiet ? "false" : "true";
 			be->claim_tries++;
-			if (!PQsendQueryParams(be->conn, be->q_claim, 5, NULL, params, NULL, NULL, 0))
+			if (!PQsendQueryParams(be->conn, be->q_claim, 7, NULL, params, NULL, NULL, 0))
 				return send_failed(s, "claim", err);
 			be->claim_pending = true;
 			continue;
