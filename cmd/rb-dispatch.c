@@ -43,9 +43,9 @@ extern char **environ;
 
 static const char usage_str[] =
 "usage: rb-dispatch --handler H (--exec CMD | --pipe CMD | --sql SQL) [--concurrency N]\n"
-"                   [--batch N] [--procs N] [--lease DUR] [--timeout DUR] [--grace DUR]\n"
-"                   [--max-attempts N] [--backoff BASE[,MAX[,FACTOR]]] [--poll DUR]\n"
-"                   [--window DUR] [--stats-every DUR] [--owner NAME] [--drain]\n"
+"                   [--batch N] [--chain N] [--procs N] [--lease DUR] [--timeout DUR]\n"
+"                   [--grace DUR] [--max-attempts N] [--backoff BASE[,MAX[,FACTOR]]]\n"
+"                   [--poll DUR] [--window DUR] [--stats-every DUR] [--owner NAME] [--drain]\n"
 "                   [--db URL] [--schema NAME]\n"
 "\n"
 "Claim the due deliveries of handler H, run them, renew their leases and complete them.\n"
@@ -59,6 +59,8 @@ static const char usage_str[] =
 "                         completes the delivery (effectively-once)\n"
 "  -c, --concurrency N    at most N deliveries in flight (default 200 with --pipe, else 10)\n"
 "  -b, --batch N          claim at most N at a time (default 100)\n"
+"      --chain N          claim up to N deliveries of one key at once, run one after\n"
+"                         the other, each once the previous one is completed (default 8)\n"
 "      --procs N          --pipe co-processes (default 1)\n"
 "  -l, --lease DUR        lane lease, renewed every third of it (default 30s)\n"
 "  -t, --timeout DUR      kill (--exec) or fail (--pipe) an attempt after DUR (default 5m)\n"
@@ -84,7 +86,7 @@ static const char usage_str[] =
 "applied (database down), 77 permission denied, 78 bad URL or schema not set up.\n";
 
 enum { OPT_EXEC = RB_OPT_FIRST_PROGRAM, OPT_PIPE, OPT_SQL, OPT_PROCS, OPT_GRACE, OPT_BACKOFF,
-	OPT_POLL, OPT_WINDOW, OPT_STATS, OPT_OWNER, OPT_DRAIN };
+	OPT_POLL, OPT_WINDOW, OPT_STATS, OPT_OWNER, OPT_DRAIN, OPT_CHAIN };
 
 enum mode { MODE_NONE, MODE_EXEC, MODE_PIPE, MODE_SQL };
 
@@ -95,6 +97,7 @@ static struct options {
 	const char		*cmd;		/* --exec or --pipe */
 	int			 concurrency;
 	int			 batch;
+	int			 chain;
 	int			 procs;
 	int64_t			 lease_ms;
 	int64_t			 timeout_ms;
@@ -105,7 +108,7 @@ static struct options {
 	const char		*owner;
 	bool			 drain;
 	struct rb_complete_opts	 co;
-} opt = { .concurrency = 0, .batch = RB_DEFAULT_BATCH, .procs = 1,
+} opt = { .concurrency = 0, .batch = RB_DEFAULT_BATCH, .chain = 8, .procs = 1,
 	  .lease_ms = RB_DEFAULT_LEASE_MS, .timeout_ms = 5 * 60 * 1000, .grace_ms = 30000,
 	  .poll_ms = 1000, .window_ms = 2,
 	  .co = { .max_attempts = RB_DEFAULT_MAX_ATTEMPTS,
@@ -127,6 +130,7 @@ struct slot {
 	char	*wbuf;
 	size_t	 wlen, woff;
 	int	 proc;
+	json_t	*followers;	/* the rest of its key's chain (an array), or NULL */
 };
 
 /* A --pipe co-process. */
@@ -156,6 +160,7 @@ struct owner {
 struct pending {
 	json_t	*r;
 	unsigned gen;
+	json_t	*followers;	/* the rest of its key's chain, or NULL */
 };
 
 static struct rb_store	*store;
@@ -167,6 +172,7 @@ static unsigned		 cur_gen;
 static char		*owner_base;
 static struct pending	*queue;
 static size_t		 nqueue, capqueue;
+static int		 nwait;		/* chain followers waiting for their turn */
 static int64_t		 queue_since;
 
 static int		 sigpipe_fd[2] = { -1, -1 };
@@ -182,6 +188,9 @@ static int	claim_asked;
 static bool	claim_searched;		/* ... and whether it looked for more lanes */
 static bool	lanes_dry;		/* a look for more lanes found too few: do not look again until woken or polling */
 static void	claim_collect(bool wait);
+static void	start_delivery(json_t *line, unsigned gen, json_t *followers);
+static void	chain_next(json_t *followers, unsigned gen, bool go);
+static void	proc_write(struct coproc *c);
 static bool	idle_seen;		/* the last claim found nothing, and nothing completed since */
 static int64_t	next_poll, next_extend, next_stats;
 static int	stop_level;		/* 0 running, 1 stopping (grace), 2 aborted */
@@ -221,6 +230,7 @@ parse_args(int argc, char **argv)
 		{ "sql", required_argument, NULL, OPT_SQL },
 		{ "concurrency", required_argument, NULL, 'c' },
 		{ "batch", required_argument, NULL, 'b' },
+		{ "chain", required_argument, NULL, OPT_CHAIN },
 		{ "procs", required_argument, NULL, OPT_PROCS },
 		{ "lease", required_argument, NULL, 'l' },
 		{ "timeout", required_argument, NULL, 't' },
@@ -257,6 +267,9 @@ parse_args(int argc, char **argv)
 			break;
 		case 'b':
 			opt.batch = rb_cli_int(usage_str, "--batch", optarg, 1, 10000);
+			break;
+		case OPT_CHAIN:
+			opt.chain = rb_cli_int(usage_str, "--chain", optarg, 1, 1000);
 			break;
 		case OPT_PROCS:
 			opt.procs = rb_cli_int(usage_str, "--procs", optarg, 1, 1000);
@@ -472,9 +485,9 @@ try_reconnect(int64_t now)
 
 /* ---- results ------------------------------------------------------------------- */
 
-/* Queue a result (steals r) for the next group completion. */
+/* Queue a result (steals r and followers) for the next group completion. */
 static void
-queue_result(json_t *r, unsigned gen)
+queue_result(json_t *r, unsigned gen, json_t *followers)
 {
 	if (nqueue == capqueue) {
 		capqueue = capqueue == 0 ? 64 : capqueue * 2;
@@ -484,6 +497,7 @@ queue_result(json_t *r, unsigned gen)
 		queue_since = rb_mono_ms();
 	queue[nqueue].r = r;
 	queue[nqueue].gen = gen;
+	queue[nqueue].followers = followers;
 	nqueue++;
 }
 
@@ -526,7 +540,14 @@ finish_slot(struct slot *s, json_t *r)
 		rb_info("%s: attempt %" JSON_INTEGER_FORMAT " failed: %s", ev,
 		    json_integer_value(json_object_get(s->line, "attempt")),
 		    json_string_value(json_object_get(r, "error")));
-	queue_result(r, s->gen);
+	json_t *followers = s->followers;
+	unsigned gen = s->gen;
+	/* the rest of its chain goes on once it succeeded; with --sql only
+	 * once that committed (the handler is the completion), see flush_results */
+	bool go = followers != NULL && opt.mode != MODE_SQL && json_is_true(json_object_get(r, "ok")) &&
+	    !json_is_true(json_object_get(r, "release")) && stop_level == 0;
+
+	queue_result(r, gen, go ? NULL : followers);
 	if (opt.mode == MODE_PIPE && s->proc >= 0)
 		procs[s->proc].inflight--;
 	if (s->in_fd >= 0)
@@ -537,6 +558,8 @@ finish_slot(struct slot *s, json_t *r)
 	s->in_fd = -1;
 	s->proc = -1;
 	running--;
+	if (go)
+		chain_next(followers, gen, true);
 }
 
 /* Apply the queued results, at most 1000 per call.  false on a database error. */
@@ -549,11 +572,14 @@ flush_results(void)
 		json_t *arr = json_array(), *outcomes = NULL, *o;
 		struct rb_error err = { 0 };
 		bool progress = false;
+		struct { json_t *followers; unsigned gen; bool go; } *next;	/* the chains behind them */
 
+		next = xcalloc(n, sizeof *next);
 		for (i = 0; i < n; i++)
 			json_array_append(arr, queue[i].r);
 		if (rb_store_complete(store, &opt.co, arr, &outcomes, &err) < 0) {
 			json_decref(arr);
+			free(next);
 			db_error(&err, "complete");
 			return false;
 		}
@@ -566,6 +592,8 @@ flush_results(void)
 			if (strcmp(oc, "completed") == 0) {
 				st.completed++;
 				progress = true;
+				if (i < n)
+					next[i].go = true;	/* its chain goes on */
 			} else if (strcmp(oc, "rescheduled") == 0) {
 				st.rescheduled++;
 				progress = true;
@@ -592,11 +620,19 @@ flush_results(void)
 		for (i = 0; i < n; i++) {
 			owner_done(queue[i].gen);
 			json_decref(queue[i].r);
+			next[i].followers = queue[i].followers;
+			next[i].gen = queue[i].gen;
 		}
 		memmove(queue, queue + n, (nqueue - n) * sizeof *queue);
 		nqueue -= n;
 		if (nqueue > 0)
 			queue_since = rb_mono_ms();
+		for (i = 0; i < n; i++)
+			if (next[i].followers != NULL)
+				chain_next(next[i].followers, next[i].gen, next[i].go && stop_level == 0);
+		free(next);
+		for (int k = 0; opt.mode == MODE_PIPE && k < opt.procs; k++)
+			proc_write(&procs[k]);
 		if (progress) {
 			/* deletions may have unblocked the next delivery of a key */
 			more_work = true;
@@ -939,15 +975,19 @@ reap(void)
 	}
 }
 
-/* Hand a claimed delivery (stolen) to the handler. */
+/*
+ * Hand a claimed delivery (stolen) to the handler, claimed under owner
+ * generation gen; followers (stolen, or NULL) are the rest of its key's
+ * chain, started when this one is completed.
+ */
 static void
-start_delivery(json_t *line)
+start_delivery(json_t *line, unsigned gen, json_t *followers)
 {
 	struct slot *s = NULL;
 	int best = -1;
 
 	if (opt.mode == MODE_SQL) {
-		queue_result(result_ok(line), cur_gen);
+		queue_result(result_ok(line), gen, followers);
 		json_decref(line);
 		return;
 	}
@@ -958,7 +998,8 @@ start_delivery(json_t *line)
 		rb_die(RB_EXIT_SOFTWARE, "no free slot");
 	s->used = true;
 	s->line = line;
-	s->gen = cur_gen;
+	s->followers = followers;
+	s->gen = gen;
 	s->pid = 0;
 	s->in_fd = -1;
 	s->proc = -1;
@@ -996,7 +1037,7 @@ proc_alive(void)
 static int64_t
 claim_due(int64_t now)
 {
-	int free_slots = opt.concurrency - running - (int)nqueue;
+	int free_slots = opt.concurrency - running - (int)nqueue - nwait;
 	int low = opt.batch < opt.concurrency ? opt.batch : opt.concurrency;
 
 	low = low / 4 > 1 ? low / 4 : 1;
@@ -1006,6 +1047,74 @@ claim_due(int64_t now)
 	if (wake || now >= next_poll || (more_work && (free_slots >= low || running + (int)nqueue == 0)))
 		return now;
 	return next_poll;
+}
+
+/*
+ * Start what a claim brought.  The deliveries of one key come in sequence
+ * order, each lane's together (--chain): the first is started, the rest
+ * wait in a chain behind it (flush_results starts the next one once the
+ * previous one's completion committed).
+ */
+static void
+start_chains(json_t *got)
+{
+	size_t n = json_array_size(got);
+	int *head = xcalloc(n > 0 ? n : 1, sizeof *head);
+	json_t **chain = xcalloc(n > 0 ? n : 1, sizeof *chain);
+
+	for (size_t i = 0; i < n; i++) {
+		const json_t *d = json_array_get(got, i);
+		const char *key = json_string_value(json_object_get(d, "key"));
+		json_int_t lane = json_integer_value(json_object_get(d, "lane"));
+
+		head[i] = -1;
+		for (size_t j = i; key != NULL && opt.chain > 1 && j-- > 0;) {
+			const json_t *e = json_array_get(got, j);
+			const char *k2 = json_string_value(json_object_get(e, "key"));
+
+			if (json_integer_value(json_object_get(e, "lane")) != lane)
+				break;
+			if (k2 != NULL && strcmp(k2, key) == 0) {
+				head[i] = head[j] >= 0 ? head[j] : (int)j;
+				break;
+			}
+		}
+		if (head[i] >= 0) {
+			if (chain[head[i]] == NULL)
+				chain[head[i]] = json_array();
+			json_array_append(chain[head[i]], (json_t *)d);
+			nwait++;
+		}
+	}
+	for (size_t i = 0; i < n; i++)
+		if (head[i] < 0)
+			start_delivery(json_incref(json_array_get(got, i)), claim_gen, chain[i]);
+	free(head);
+	free(chain);
+}
+
+/* A chain's turn: start its next delivery (go), or hand them all back. */
+static void
+chain_next(json_t *followers, unsigned gen, bool go)
+{
+	size_t n = json_array_size(followers);
+
+	if (go && n > 0) {
+		json_t *rest = NULL;
+
+		if (n > 1) {
+			rest = json_array();
+			for (size_t i = 1; i < n; i++)
+				json_array_append(rest, json_array_get(followers, i));
+		}
+		nwait--;
+		start_delivery(json_incref(json_array_get(followers, 0)), gen, rest);
+	} else {
+		for (size_t i = 0; i < n; i++)
+			queue_result(result_release(json_array_get(followers, i)), gen, NULL);
+		nwait -= (int)n;
+	}
+	json_decref(followers);
 }
 
 /*
@@ -1040,16 +1149,12 @@ claim_collect(bool wait)
 	owners[claim_gen % NOWNERS].count += n;
 	if (n > 0 && next_extend == 0)
 		next_extend = rb_mono_ms() + opt.lease_ms / 3;
-	for (int i = 0; i < n; i++) {
-		json_t *line = json_incref(json_array_get(got, (size_t)i));
-
-		if (stop_level > 0) {
-			/* stopping: hand it back unrun, no attempt charged */
-			queue_result(result_release(line), claim_gen);
-			json_decref(line);
-		} else
-			start_delivery(line);
-	}
+	if (stop_level > 0) {
+		/* stopping: hand them back unrun, no attempt charged */
+		for (int i = 0; i < n; i++)
+			queue_result(result_release(json_array_get(got, (size_t)i)), claim_gen, NULL);
+	} else
+		start_chains(got);
 	json_decref(got);
 	for (int i = 0; opt.mode == MODE_PIPE && i < opt.procs; i++)
 		proc_write(&procs[i]);
@@ -1064,25 +1169,41 @@ delivery_id(const json_t *line)
 	return s != NULL ? strtoll(s, NULL, 10) : -1;
 }
 
+static size_t
+chain_ids(const json_t *followers, int64_t *ids)
+{
+	size_t n = 0;
+
+	for (size_t i = 0; i < json_array_size(followers); i++)
+		if ((ids[n] = delivery_id(json_array_get(followers, i))) >= 0)
+			n++;
+	return n;
+}
+
 /*
- * The deliveries still running or waiting to be completed, whatever their
+ * The deliveries still running, waiting in a chain or to be completed, whatever their
  * owner generation: the claim need not look them up (rb_claim_opts.live).
  */
 static size_t
 live_ids(int64_t **ids, size_t *cap)
 {
-	size_t n = 0, want = (size_t)opt.concurrency + nqueue;
+	size_t n = 0, want = (size_t)opt.concurrency + nqueue + (size_t)nwait;
 
 	if (*cap < want) {
 		*cap = want;
 		*ids = xrealloc(*ids, want * sizeof **ids);
 	}
 	for (int i = 0; i < opt.concurrency; i++)
-		if (slots[i].used && (((*ids)[n] = delivery_id(slots[i].line)) >= 0))
-			n++;
-	for (size_t i = 0; i < nqueue; i++)
+		if (slots[i].used) {
+			if (((*ids)[n] = delivery_id(slots[i].line)) >= 0)
+				n++;
+			n += chain_ids(slots[i].followers, *ids + n);
+		}
+	for (size_t i = 0; i < nqueue; i++) {
 		if (((*ids)[n] = delivery_id(queue[i].r)) >= 0)
 			n++;
+		n += chain_ids(queue[i].followers, *ids + n);
+	}
 	return n;
 }
 
@@ -1091,7 +1212,7 @@ maybe_claim(int64_t now)
 {
 	static int64_t *live;
 	static size_t live_cap;
-	int free_slots = opt.concurrency - running - (int)nqueue;
+	int free_slots = opt.concurrency - running - (int)nqueue - nwait;
 	struct rb_claim_opts co;
 	struct rb_error err = { 0 };
 	int64_t due = claim_due(now);
@@ -1102,6 +1223,7 @@ maybe_claim(int64_t now)
 	    .batch = free_slots < opt.batch ? free_slots : opt.batch, .lease_ms = opt.lease_ms,
 	    .max_attempts = opt.co.max_attempts };
 	co.n_live = live_ids(&live, &live_cap);
+	co.chain = opt.chain;
 	co.live = live;
 	/* look for more lanes unless the last look found too few and nothing
 	 * changed since; a claim with nothing running always looks (its
@@ -1213,7 +1335,7 @@ stats_line(int64_t now, int64_t *last)
 
 	rb_notice("claimed %ld, completed %ld, failed %ld (buried %ld), released %ld, lost %ld, "
 	    "in flight %d, %.1f/s", st.claimed, st.completed, st.rescheduled + st.buried, st.buried,
-	    st.released, st.lost, running + (int)nqueue,
+	    st.released, st.lost, running + (int)nqueue + nwait,
 	    secs > 0 ? (double)(st.completed - st.completed_at_last_stats) / secs : 0.0);
 	st.completed_at_last_stats = st.completed;
 	*last = now;
@@ -1521,8 +1643,10 @@ main(int argc, char **argv)
 	rb_store_close(store);
 	for (int i = 0; i < NOWNERS; i++)
 		free(owners[i].name);
-	for (size_t i = 0; i < nqueue; i++)
+	for (size_t i = 0; i < nqueue; i++) {
 		json_decref(queue[i].r);
+		json_decref(queue[i].followers);
+	}
 	free(queue);
 	for (int i = 0; opt.mode == MODE_PIPE && i < opt.procs; i++) {
 		rb_jsonl_reader_free(procs[i].rd);

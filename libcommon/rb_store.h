@@ -129,6 +129,10 @@ struct rb_claim_opts {
 	/* do not look for more lanes unless none is held (relaybus_claim's
 	 * p_search): the last look found too few, and nothing woke us since */
 	bool		 no_search;
+	/* take up to this many deliveries of one key at once (0 or 1: only the
+	 * head of each key).  They come in sequence order; the caller must run
+	 * each only after the previous one's completion committed. */
+	int		 chain;
 };
 
 /**

@@ -274,10 +274,15 @@ END $$;
 
 -- The due deliveries of one lane that a claim may take: unkeyed ones,
 -- oldest first, then the head (lowest sequence) of each key when it is due
--- and not in flight.  Followers of a key are never read: the heads come
--- from a skip scan of relaybus_deliveries_lane_key_idx.
+-- and not in flight, followed by up to p_chain - 1 of the key's next
+-- deliveries as long as they are due (a chain: the caller runs them one
+-- after the other, each once the previous one's completion committed).
+-- Followers of a key are otherwise never read: the heads come from a skip
+-- scan of relaybus_deliveries_lane_key_idx.
+DROP FUNCTION IF EXISTS @S@.relaybus_lane_candidates(text, smallint, timestamptz, bigint[], integer);
 CREATE OR REPLACE FUNCTION @S@.relaybus_lane_candidates(
-    p_handler text, p_lane smallint, p_now timestamptz, p_live bigint[], p_limit integer)
+    p_handler text, p_lane smallint, p_now timestamptz, p_live bigint[], p_limit integer,
+    p_chain integer)
 RETURNS SETOF bigint
 -- LANGUAGE sql, STABLE, no SET clause: the planner inlines it into the
 -- claim's statements (one plan for all lanes, no call per lane: the pass
@@ -306,7 +311,18 @@ LANGUAGE sql STABLE AS $$
              ORDER BY d.key, d.sequence
              LIMIT 1) n
      )
-     SELECT h.id FROM heads h WHERE h.available_at <= p_now AND NOT (h.id = ANY (p_live))
+     SELECT c.id FROM heads h
+      CROSS JOIN LATERAL (
+        SELECT r.id, r.sequence FROM (
+            SELECT x.id, x.sequence, bool_and(x.available_at <= p_now) OVER (ORDER BY x.sequence) AS due
+              FROM (SELECT d.id, d.sequence, d.available_at FROM @S@.relaybus_deliveries d
+                     WHERE d.handler = p_handler AND d.lane = p_lane AND d.key = h.key
+                       AND d.key IS NOT NULL AND d.status = 'pending'
+                     ORDER BY d.sequence
+                     LIMIT p_chain) x) r
+         WHERE r.due
+         ORDER BY r.sequence) c
+      WHERE h.available_at <= p_now AND NOT (h.id = ANY (p_live))
      LIMIT p_limit)
     LIMIT p_limit
 $$;
@@ -324,9 +340,12 @@ $$;
 -- or polls: probing the free lanes for due work costs about 3 us a lane, and
 -- once it holds every lane with work they are all empty.  Ignored (true)
 -- when the owner holds no lane.
+-- p_chain: how many deliveries of one key to take at once (1: the heads
+-- only); see relaybus_lane_candidates.  A chain's followers are in flight
+-- like the rest: a takeover charges them an attempt too.
 CREATE OR REPLACE FUNCTION @S@.relaybus_claim(
     p_handler text, p_owner text, p_batch integer, p_lease_ms bigint, p_max_attempts integer,
-    p_live bigint[], p_search boolean)
+    p_live bigint[], p_search boolean, p_chain integer)
 RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigint, claims integer,
                attempts integer, name text, key text, sequence bigint, payload jsonb, headers jsonb,
                created_at text)
@@ -383,7 +402,7 @@ BEGIN
         SELECT coalesce(array_agg(t.c), '{}'), coalesce(array_agg(t.lane), '{}') INTO v_picked, v_plane
           FROM (SELECT c, hl.lane FROM unnest(v_held) hl(lane)
                 CROSS JOIN LATERAL @S@.relaybus_lane_candidates(p_handler, hl.lane, v_now, v_live,
-                    least(p_batch, c_per_lane)) c
+                    least(p_batch, c_per_lane), p_chain) c
                 LIMIT p_batch) t;
     END IF;
     -- 2. more lanes, a few at a time: free ones and expired ones with due
@@ -435,7 +454,7 @@ BEGIN
         SELECT array_agg(t.c), array_agg(t.lane) INTO v_ids, v_lanes
           FROM (SELECT c, hl.lane FROM unnest(v_new) hl(lane)
                 CROSS JOIN LATERAL @S@.relaybus_lane_candidates(p_handler, hl.lane, v_now, '{}',
-                    least(p_batch - cardinality(v_picked), c_per_lane)) c
+                    least(p_batch - cardinality(v_picked), c_per_lane), p_chain) c
                 LIMIT p_batch - cardinality(v_picked)) t;
         v_picked := v_picked || coalesce(v_ids, '{}');
         v_plane := v_plane || coalesce(v_lanes, '{}');
@@ -448,7 +467,7 @@ BEGIN
         SELECT array_agg(t.c), array_agg(t.lane) INTO v_ids, v_lanes
           FROM (SELECT c, hl.lane FROM unnest(v_held) hl(lane)
                 CROSS JOIN LATERAL @S@.relaybus_lane_candidates(p_handler, hl.lane, v_now, v_live || v_picked,
-                    p_batch - cardinality(v_picked)) c
+                    p_batch - cardinality(v_picked), p_chain) c
                 LIMIT p_batch - cardinality(v_picked)) t;
         v_picked := v_picked || coalesce(v_ids, '{}');
         v_plane := v_plane || coalesce(v_lanes, '{}');
@@ -568,7 +587,7 @@ RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigi
                attempts integer, name text, key text, sequence bigint, payload jsonb, headers jsonb,
                created_at text)
 LANGUAGE sql AS $$
-    SELECT * FROM @S@.relaybus_claim(p_handler, p_owner, p_batch, p_lease_ms, p_max_attempts, NULL::bigint[], true)
+    SELECT * FROM @S@.relaybus_claim(p_handler, p_owner, p_batch, p_lease_ms, p_max_attempts, NULL::bigint[], true, 1)
 $$;
 
 INSERT INTO @S@.relaybus_schema_version (version) VALUES (1) ON CONFLICT DO NOTHING;

@@ -46,6 +46,7 @@ struct pg_be {
 	struct rb_sbuf claim_live;	/* ... and the sixth: p_live ("{1,2}") */
 	bool	 claim_live_known;
 	bool	 claim_quiet;		/* ... and the seventh: p_search false */
+	char	 claim_chain[16];	/* ... and the eighth: p_chain */
 };
 
 /* ---- text helpers ------------------------------------------------------ */
@@ -310,7 +311,7 @@ pg_open(struct rb_store *s, struct rb_error *err)
 	be->q_claim = render(
 	    "SELECT id, event_id, handler, lane, epoch, claims, attempts, name, key, sequence, "
 	    "payload::text, headers::text, created_at "
-	    "FROM @S@.relaybus_claim($1, $2, $3::integer, $4::bigint, $5::integer, $6::bigint[], $7::boolean)", sc);
+	    "FROM @S@.relaybus_claim($1, $2, $3::integer, $4::bigint, $5::integer, $6::bigint[], $7::boolean, $8::integer)", sc);
 	be->q_extend = render(
 	    "UPDATE @S@.relaybus_lanes SET lease_expires_at = clock_timestamp() + $3::bigint * interval '1 millisecond' "
 	    "WHERE handler = $1 AND lease_owner = $2", sc);
@@ -677,7 +678,7 @@ json_or_null(const char *text)
  * that handler and owner fit); the sixth, the ids still running, is NULL
  * when the caller does not know them. */
 static void
-claim_params(struct pg_be *be, const struct rb_claim_opts *o, const char *params[7])
+claim_params(struct pg_be *be, const struct rb_claim_opts *o, const char *params[8])
 {
 	char num[24];
 
@@ -702,6 +703,8 @@ claim_params(struct pg_be *be, const struct rb_claim_opts *o, const char *params
 	params[5] = be->claim_live_known ? be->claim_live.s : NULL;
 	be->claim_quiet = o->no_search;
 	params[6] = be->claim_quiet ? "false" : "true";
+	snprintf(be->claim_chain, sizeof be->claim_chain, "%d", o->chain > 1 ? o->chain : 1);
+	params[7] = be->claim_chain;
 }
 
 /* The deliveries of a claim's result, as JSON objects. */
@@ -743,11 +746,11 @@ static int
 pg_claim(struct rb_store *s, const struct rb_claim_opts *o, json_t **out, struct rb_error *err)
 {
 	struct pg_be *be = be_of(s);
-	const char *params[7];
+	const char *params[8];
 	PGresult *res;
 
 	claim_params(be, o, params);
-	res = run(s, be->q_claim, 7, params, PGRES_TUPLES_OK, "claim", true, err);
+	res = run(s, be->q_claim, 8, params, PGRES_TUPLES_OK, "claim", true, err);
 	if (res == NULL)
 		return -1;
 	*out = claim_rows(res);
@@ -767,13 +770,13 @@ static int
 pg_claim_send(struct rb_store *s, const struct rb_claim_opts *o, struct rb_error *err)
 {
 	struct pg_be *be = be_of(s);
-	const char *params[7];
+	const char *params[8];
 
 	if (be->claim_pending)
 		return rb_seterr(err, RB_EXIT_SOFTWARE, "claim: a claim is in progress already");
 	claim_params(be, o, params);
 	be->claim_tries = 1;
-	if (!PQsendQueryParams(be->conn, be->q_claim, 7, NULL, params, NULL, NULL, 0))
+	if (!PQsendQueryParams(be->conn, be->q_claim, 8, NULL, params, NULL, NULL, 0))
 		return send_failed(s, "claim", err);
 	be->claim_pending = true;
 	return 0;
@@ -811,15 +814,16 @@ pg_claim_recv(struct rb_store *s, bool wait, json_t **out, struct rb_error *err)
 		}
 		/* a deadlock or serialization failure: the claim runs again, as run() does */
 		if (retryable(res) && be->claim_tries < 5) {
-			const char *params[7];
+			const char *params[8];
 
 			PQclear(res);
 			for (int i = 0; i < 5; i++)
 				params[i] = be->claim_params[i];
 			params[5] = be->claim_live_known ? be->claim_live.s : NULL;
 			params[6] = be->claim_quiet ? "false" : "true";
+			params[7] = be->claim_chain;
 			be->claim_tries++;
-			if (!PQsendQueryParams(be->conn, be->q_claim, 7, NULL, params, NULL, NULL, 0))
+			if (!PQsendQueryParams(be->conn, be->q_claim, 8, NULL, params, NULL, NULL, 0))
 				return send_failed(s, "claim", err);
 			be->claim_pending = true;
 			continue;

@@ -107,6 +107,27 @@ order_violations() {  # file [strict]
   [ "$(q "SELECT count(*) FROM relaybus_lanes WHERE handler = 'big' AND lease_owner IS NOT NULL")" = 0 ]
 }
 
+@test "--chain: a key's next deliveries come with its head and run in order; a failure sends the rest back" {
+  need_pg
+  local out=$BATS_TEST_TMPDIR/c.out one=$BATS_TEST_TMPDIR/c1.out
+  seq 1 10 | awk '{ printf "{\"id\":\"c%d\",\"name\":\"t\",\"key\":\"ck\",\"payload\":{\"i\":%d},\"handlers\":[\"chain\"]}\n", $1, $1 }' \
+    | rb-publish -q
+  run -0 --separate-stderr rb-dispatch -vv -H chain --pipe "rb-test-pipe $out fail-once:5" --chain 8 --backoff 0 --drain
+  [ "$(pending chain)" = 0 ]
+  # the first claim brought 8 of the key: they ran one after the other; 5
+  # failed, so 6-8 went back unrun (no attempt charged) and came again behind its retry
+  [[ "$stderr" == *"claimed 8 (asked"* ]]
+  [ "$(awk '{ printf "%s:%s ", $3, $4 }' "$out")" = "1:1 2:1 3:1 4:1 5:1 5:2 6:1 7:1 8:1 9:1 10:1 " ]
+  [[ "$stderr" == *"c5: attempt 1 failed: fail-once"* ]]
+  # --chain 1: a claim takes only the head of a key
+  seq 1 3 | awk '{ printf "{\"id\":\"o%d\",\"name\":\"t\",\"key\":\"ok\",\"payload\":{\"i\":%d},\"handlers\":[\"chain1\"]}\n", $1, $1 }' \
+    | rb-publish -q
+  run -0 --separate-stderr rb-dispatch -vv -H chain1 --pipe "rb-test-pipe $one" --chain 1 --drain
+  [[ "$stderr" == *"claimed 1 (asked"* ]]
+  [[ "$stderr" != *"claimed 2 (asked"* && "$stderr" != *"claimed 3 (asked"* ]]
+  [ "$(awk '{ printf "%s ", $3 }' "$one")" = "1 2 3 " ]
+}
+
 @test "kill -9 mid-batch: after the lease another dispatcher runs that work, attempts charged" {
   need_pg
   local a=$BATS_TEST_TMPDIR/a.out b=$BATS_TEST_TMPDIR/b.out
