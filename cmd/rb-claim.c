@@ -140,6 +140,7 @@ give_back(struct rb_store *store, json_t *deliveries, size_t from, const char *o
 	for (size_t i = from; i < json_array_size(deliveries); i++) {
 		json_t *d = json_deep_copy(json_array_get(deliveries, i));
 
+		json_object_del(d, RB_LINE_TEXT_KEY);
 		json_object_set_new(d, "release", json_true());
 		json_array_append_new(rel, d);
 	}
@@ -170,7 +171,7 @@ main(int argc, char **argv)
 	signal(SIGTERM, on_signal);
 	store = rb_cli_open(&opt.common);
 	co = (struct rb_claim_opts){ .handler = opt.handler, .owner = owner, .batch = opt.batch,
-	    .lease_ms = opt.lease_ms, .max_attempts = opt.max_attempts };
+	    .lease_ms = opt.lease_ms, .max_attempts = opt.max_attempts, .line_text = true };
 	deadline = rb_mono_ms() + opt.wait_ms;
 	for (;;) {
 		if ((n = rb_store_claim(store, &co, &deliveries, &err)) < 0)
@@ -196,7 +197,11 @@ main(int argc, char **argv)
 		goto out;
 	}
 	for (size_t i = 0; i < (size_t)n; i++) {
-		if (rb_jsonl_write(stdout, json_array_get(deliveries, i)) < 0 || fflush(stdout) != 0) {
+		/* the line as the store made it from the columns: the payload as stored */
+		const json_t *line = json_object_get(json_array_get(deliveries, i), RB_LINE_TEXT_KEY);
+
+		if (fwrite(json_string_value(line), 1, json_string_length(line), stdout) != json_string_length(line) ||
+		    fflush(stdout) != 0) {
 			int e = errno;
 
 			give_back(store, deliveries, i, owner);

@@ -501,11 +501,21 @@ queue_result(json_t *r, unsigned gen, json_t *followers)
 	nqueue++;
 }
 
-/* A result for a delivery: a shallow copy of its line plus fields. */
+/* A result for a delivery: a shallow copy of its line (without the text we
+ * hand the handler), plus fields. */
+static json_t *
+result_of(const json_t *line)
+{
+	json_t *r = json_copy((json_t *)line);
+
+	json_object_del(r, RB_LINE_TEXT_KEY);
+	return r;
+}
+
 static json_t *
 result_fail(const json_t *line, const char *error)
 {
-	json_t *r = json_copy((json_t *)line);
+	json_t *r = result_of(line);
 
 	json_object_set_new(r, "ok", json_false());
 	json_object_set_new(r, "error", json_string(error));
@@ -515,7 +525,7 @@ result_fail(const json_t *line, const char *error)
 static json_t *
 result_ok(const json_t *line)
 {
-	json_t *r = json_copy((json_t *)line);
+	json_t *r = result_of(line);
 
 	json_object_set_new(r, "ok", json_true());
 	return r;
@@ -524,7 +534,7 @@ result_ok(const json_t *line)
 static json_t *
 result_release(const json_t *line)
 {
-	json_t *r = json_copy((json_t *)line);
+	json_t *r = result_of(line);
 
 	json_object_set_new(r, "release", json_true());
 	return r;
@@ -647,17 +657,19 @@ flush_results(void)
 static char *
 line_text(const json_t *line, size_t *len)
 {
-	char *text = json_dumps(line, JSON_COMPACT);
-	size_t n;
+	const json_t *t = json_object_get(line, RB_LINE_TEXT_KEY);
+	struct rb_sbuf b;
 
-	if (text == NULL)
-		rb_die(RB_EXIT_OSERR, "out of memory");
-	n = strlen(text);
-	text = xrealloc(text, n + 2);
-	text[n] = '\n';
-	text[n + 1] = '\0';
-	*len = n + 1;
-	return text;
+	rb_sb_init(&b);
+	if (t != NULL) {	/* made from the claim's columns (rb_claim_opts.line_text) */
+		rb_sb_putn(&b, json_string_value(t), json_string_length(t));
+		*len = b.len;
+		return b.s;
+	}
+	rb_json_sb_dump(&b, line);
+	rb_sb_putn(&b, "\n", 1);
+	*len = b.len;
+	return b.s;
 }
 
 /* Write what we can of the line to an exec child; close its stdin when done. */
@@ -832,6 +844,41 @@ find_slot(const char *ev, const char *lease)
 	return NULL;
 }
 
+/*
+ * The members of a result line that matter, as an object: picked from the
+ * text when rb_json_scan vouches for it (a co-process echoes the whole
+ * delivery line: parsing all of it was a third of our CPU), else parsed in
+ * full.  NULL (why says why) when the line is not a JSON object.
+ */
+static json_t *
+result_fields(const char *text, size_t len, char *why, size_t whylen)
+{
+	static const char *const want[] = { "event_id", "lease", "ok", "error", "retry_ms", "dead" };
+	struct rb_json_member m[32];
+	int n = rb_json_scan(text, len, m, 32);
+	json_t *in;
+
+	if (n < 0 || n > 32)
+		return rb_jsonl_parse(text, len, &in, why, whylen) < 0 ? NULL : in;
+	in = json_object();
+	for (int i = 0; i < n; i++)
+		for (size_t w = 0; w < sizeof want / sizeof want[0]; w++) {
+			json_t *v;
+
+			if (m[i].klen != strlen(want[w]) || memcmp(m[i].key, want[w], m[i].klen) != 0)
+				continue;
+			if (m[i].type == 't' || m[i].type == 'f' || m[i].type == '0')
+				v = m[i].type == 't' ? json_true() : m[i].type == 'f' ? json_false() : json_null();
+			else if (m[i].type == '"' && !m[i].escaped)
+				v = json_stringn_nocheck(m[i].val + 1, m[i].vlen - 2);
+			else
+				v = json_loadb(m[i].val, m[i].vlen, JSON_DECODE_ANY, NULL);
+			if (v != NULL)
+				json_object_set_new(in, want[w], v);
+		}
+	return in;
+}
+
 static void
 proc_result(int i, const char *text, size_t len)
 {
@@ -841,7 +888,7 @@ proc_result(int i, const char *text, size_t len)
 	char why[256];
 	struct rb_error err = { 0 };
 
-	if (rb_jsonl_parse(text, len, &in, why, sizeof why) < 0) {
+	if ((in = result_fields(text, len, why, sizeof why)) == NULL) {
 		rb_warn("co-process %d: line %ld: %s: ignored", i, rb_jsonl_lineno(procs[i].rd), why);
 		return;
 	}
@@ -859,7 +906,7 @@ proc_result(int i, const char *text, size_t len)
 		goto out;
 	}
 	/* the result is our delivery line plus the handler's verdict */
-	r = json_copy(s->line);
+	r = result_of(s->line);
 	if ((v = json_object_get(in, "ok")) != NULL)
 		json_object_set(r, "ok", (json_t *)v);
 	if ((v = json_object_get(in, "error")) != NULL)
@@ -1224,6 +1271,7 @@ maybe_claim(int64_t now)
 	    .max_attempts = opt.co.max_attempts };
 	co.n_live = live_ids(&live, &live_cap);
 	co.chain = opt.chain;
+	co.line_text = opt.mode != MODE_SQL;	/* --sql hands the statement the parsed line */
 	co.live = live;
 	/* look for more lanes unless the last look found too few and nothing
 	 * changed since; a claim with nothing running always looks (its

@@ -191,25 +191,23 @@ rb_jsonl_write(FILE *f, const json_t *obj)
 	return 0;
 }
 
-int
-rb_jsonl_put_string(FILE *f, const char *s)
+/* Append s (n bytes) to b as a JSON string, escaped as jansson does:
+ * ", \\ and control characters; UTF-8 passes through. */
+void
+rb_json_sb_string(struct rb_sbuf *b, const char *s, size_t n)
 {
-	const char *run = s;
+	const char *run = s, *end = s + n;
 
-	if (putc('"', f) == EOF)
-		return -1;
-	for (;; s++) {
+	rb_sb_putn(b, "\"", 1);
+	for (; s < end; s++) {
 		unsigned char c = (unsigned char)*s;
 		char esc[8];
 
 		if (c >= 0x20 && c != '"' && c != '\\')
 			continue;
-		/* flush the plain run before s */
-		if (s > run && fwrite(run, 1, (size_t)(s - run), f) != (size_t)(s - run))
-			return -1;
+		if (s > run)
+			rb_sb_putn(b, run, (size_t)(s - run));
 		run = s + 1;
-		if (c == '\0')
-			break;
 		switch (c) {
 		case '"': strcpy(esc, "\\\""); break;
 		case '\\': strcpy(esc, "\\\\"); break;
@@ -220,8 +218,379 @@ rb_jsonl_put_string(FILE *f, const char *s)
 		case '\t': strcpy(esc, "\\t"); break;
 		default: snprintf(esc, sizeof esc, "\\u%04X", c); break;
 		}
-		if (fputs(esc, f) == EOF)
+		rb_sb_puts(b, esc);
+	}
+	if (end > run)
+		rb_sb_putn(b, run, (size_t)(end - run));
+	rb_sb_putn(b, "\"", 1);
+}
+
+int
+rb_jsonl_put_string(FILE *f, const char *s)
+{
+	struct rb_sbuf b;
+	int rc;
+
+	rb_sb_init(&b);
+	rb_json_sb_string(&b, s, strlen(s));
+	rc = fwrite(b.s, 1, b.len, f) == b.len ? 0 : -1;
+	free(b.s);
+	return rc;
+}
+
+void
+rb_json_sb_compact(struct rb_sbuf *b, const char *json, size_t n)
+{
+	const char *p = json, *end = json + n, *run = json;
+	bool in_string = false;
+
+	for (; p < end; p++) {
+		if (in_string) {
+			if (*p == '\\')
+				p++;
+			else if (*p == '"')
+				in_string = false;
+		} else if (*p == '"')
+			in_string = true;
+		else if (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') {
+			if (p > run)
+				rb_sb_putn(b, run, (size_t)(p - run));
+			run = p + 1;
+		}
+	}
+	if (end > run)
+		rb_sb_putn(b, run, (size_t)(end - run));
+}
+
+void
+rb_json_sb_dump(struct rb_sbuf *b, const json_t *v)
+{
+	char num[32], *text;
+	const char *key;
+	json_t *x;
+	size_t i, n = 0;
+
+	switch (json_typeof(v)) {
+	case JSON_OBJECT:
+		rb_sb_putn(b, "{", 1);
+		json_object_foreach((json_t *)v, key, x) {
+			if (n++ > 0)
+				rb_sb_putn(b, ",", 1);
+			rb_json_sb_string(b, key, strlen(key));
+			rb_sb_putn(b, ":", 1);
+			rb_json_sb_dump(b, x);
+		}
+		rb_sb_putn(b, "}", 1);
+		break;
+	case JSON_ARRAY:
+		rb_sb_putn(b, "[", 1);
+		json_array_foreach(v, i, x) {
+			if (i > 0)
+				rb_sb_putn(b, ",", 1);
+			rb_json_sb_dump(b, x);
+		}
+		rb_sb_putn(b, "]", 1);
+		break;
+	case JSON_STRING:
+		rb_json_sb_string(b, json_string_value(v), json_string_length(v));
+		break;
+	case JSON_INTEGER: {
+		json_int_t iv = json_integer_value(v);
+		unsigned long long u = iv < 0 ? 0ULL - (unsigned long long)iv : (unsigned long long)iv;
+		char *q = num + sizeof num;
+
+		do
+			*--q = (char)('0' + u % 10);
+		while ((u /= 10) > 0);
+		if (iv < 0)
+			*--q = '-';
+		rb_sb_putn(b, q, (size_t)(num + sizeof num - q));
+		break;
+	}
+	case JSON_TRUE:
+		rb_sb_putn(b, "true", 4);
+		break;
+	case JSON_FALSE:
+		rb_sb_putn(b, "false", 5);
+		break;
+	case JSON_NULL:
+		rb_sb_putn(b, "null", 4);
+		break;
+	default:	/* a real: jansson's own formatting */
+		if ((text = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY)) != NULL) {
+			rb_sb_puts(b, text);
+			free(text);
+		}
+		break;
+	}
+}
+
+/* ---- rb_json_scan ----------------------------------------------------------- */
+
+struct scan {
+	const char	*p, *end;
+	bool		 doubt;		/* valid for all we know, but let jansson decide */
+};
+
+static void
+scan_ws(struct scan *sc)
+{
+	while (sc->p < sc->end && (*sc->p == ' ' || *sc->p == '\t' || *sc->p == '\n' || *sc->p == '\r'))
+		sc->p++;
+}
+
+static int
+hex4(const char *p)
+{
+	int v = 0;
+
+	for (int i = 0; i < 4; i++) {
+		char c = p[i];
+
+		v <<= 4;
+		if (c >= '0' && c <= '9')
+			v |= c - '0';
+		else if (c >= 'a' && c <= 'f')
+			v |= c - 'a' + 10;
+		else if (c >= 'A' && c <= 'F')
+			v |= c - 'A' + 10;
+		else
 			return -1;
 	}
-	return putc('"', f) == EOF ? -1 : 0;
+	return v;
+}
+
+/* A string at sc->p (on its quote); false if invalid.  *esc: it has a backslash. */
+static bool
+scan_string(struct scan *sc, bool *esc)
+{
+	const unsigned char *p = (const unsigned char *)sc->p + 1, *end = (const unsigned char *)sc->end;
+
+	*esc = false;
+	while (p < end) {
+		unsigned c = *p;
+
+		if (c == '"') {
+			sc->p = (const char *)p + 1;
+			return true;
+		}
+		if (c < 0x20)
+			return false;
+		if (c == '\\') {
+			*esc = true;
+			if (++p >= end)
+				return false;
+			if (*p == 'u') {
+				int u;
+
+				if (end - p < 5 || (u = hex4((const char *)p + 1)) < 0 || u == 0)
+					return false;	/* (jansson refuses \u0000 too) */
+				p += 5;
+				if (u >= 0xDC00 && u <= 0xDFFF)
+					return false;
+				if (u >= 0xD800 && u <= 0xDBFF) {
+					int lo;
+
+					if (end - p < 6 || p[0] != '\\' || p[1] != 'u' ||
+					    (lo = hex4((const char *)p + 2)) < 0xDC00 || lo > 0xDFFF)
+						return false;
+					p += 6;
+				}
+				continue;
+			}
+			if (!strchr("\"\\/bfnrt", *p) || *p == '\0')
+				return false;
+			p++;
+			continue;
+		}
+		if (c < 0x80) {
+			p++;
+			continue;
+		}
+		/* UTF-8, as jansson checks it: no overlong forms, no surrogates, at most U+10FFFF */
+		{
+			int n;
+			unsigned v;
+
+			if (c >= 0xC2 && c <= 0xDF)
+				n = 1, v = c & 0x1F;
+			else if (c >= 0xE0 && c <= 0xEF)
+				n = 2, v = c & 0x0F;
+			else if (c >= 0xF0 && c <= 0xF4)
+				n = 3, v = c & 0x07;
+			else
+				return false;
+			if (end - p <= n)
+				return false;
+			for (int i = 1; i <= n; i++) {
+				if ((p[i] & 0xC0) != 0x80)
+					return false;
+				v = (v << 6) | (p[i] & 0x3F);
+			}
+			if ((n == 2 && v < 0x800) || (n == 3 && v < 0x10000) || v > 0x10FFFF ||
+			    (v >= 0xD800 && v <= 0xDFFF))
+				return false;
+			p += n + 1;
+		}
+	}
+	return false;
+}
+
+static bool
+scan_number(struct scan *sc)
+{
+	const char *p = sc->p, *start = p;
+	bool real = false;
+
+	if (p < sc->end && *p == '-')
+		p++;
+	if (p >= sc->end || !(*p >= '0' && *p <= '9'))
+		return false;
+	if (*p == '0')
+		p++;
+	else
+		while (p < sc->end && *p >= '0' && *p <= '9')
+			p++;
+	if (p < sc->end && *p == '.') {
+		real = true;
+		if (++p >= sc->end || !(*p >= '0' && *p <= '9'))
+			return false;
+		while (p < sc->end && *p >= '0' && *p <= '9')
+			p++;
+	}
+	if (p < sc->end && (*p == 'e' || *p == 'E')) {
+		sc->doubt = true;	/* overflow is jansson's to judge */
+		if (++p < sc->end && (*p == '+' || *p == '-'))
+			p++;
+		if (p >= sc->end || !(*p >= '0' && *p <= '9'))
+			return false;
+		while (p < sc->end && *p >= '0' && *p <= '9')
+			p++;
+	}
+	if (p - start > 300 || (!real && p - start - (*start == '-') > 18))
+		sc->doubt = true;	/* could be too big for jansson */
+	sc->p = p;
+	return true;
+}
+
+static bool scan_value(struct scan *sc, int depth, char *type, bool *esc);
+
+/* An object or array at sc->p; top: fill m (the top-level object). */
+static bool
+scan_compound(struct scan *sc, int depth, struct rb_json_member *m, int max, int *count)
+{
+	char close = *sc->p == '{' ? '}' : ']';
+	int n = 0;
+	struct { const char *k; size_t n; } seen[32];	/* duplicates are refused at every level */
+
+	if (depth > 64) {
+		sc->doubt = true;
+		return false;
+	}
+	sc->p++;
+	scan_ws(sc);
+	if (sc->p < sc->end && *sc->p == close) {
+		sc->p++;
+		*count = 0;
+		return true;
+	}
+	for (;;) {
+		const char *key = NULL, *val;
+		size_t klen = 0;
+		bool kesc = false, vesc;
+		char type;
+
+		if (close == '}') {
+			if (sc->p >= sc->end || *sc->p != '"')
+				return false;
+			key = sc->p + 1;
+			if (!scan_string(sc, &kesc))
+				return false;
+			klen = (size_t)(sc->p - 1 - key);
+			scan_ws(sc);
+			if (sc->p >= sc->end || *sc->p != ':')
+				return false;
+			sc->p++;
+			scan_ws(sc);
+		}
+		val = sc->p;
+		if (!scan_value(sc, depth + 1, &type, &vesc))
+			return false;
+		if (close == '}') {
+			if (kesc || n >= 32)
+				sc->doubt = true;	/* keys spelled with escapes, or many */
+			for (int i = 0; i < n && i < 32; i++)
+				if (seen[i].n == klen && memcmp(seen[i].k, key, klen) == 0)
+					sc->doubt = true;
+			if (n < 32)
+				seen[n].k = key, seen[n].n = klen;
+		}
+		if (m != NULL) {
+			if (n < max)
+				m[n] = (struct rb_json_member){ .key = key, .klen = klen, .val = val,
+				    .vlen = (size_t)(sc->p - val), .type = type, .escaped = kesc || vesc };
+		}
+		n++;
+		scan_ws(sc);
+		if (sc->p < sc->end && *sc->p == ',') {
+			sc->p++;
+			scan_ws(sc);
+			continue;
+		}
+		if (sc->p < sc->end && *sc->p == close) {
+			sc->p++;
+			*count = n;
+			return true;
+		}
+		return false;
+	}
+}
+
+static bool
+scan_value(struct scan *sc, int depth, char *type, bool *esc)
+{
+	int count;
+
+	*esc = false;
+	if (sc->p >= sc->end)
+		return false;
+	*type = *sc->p;
+	switch (*sc->p) {
+	case '"':
+		return scan_string(sc, esc);
+	case '{':
+	case '[':
+		return scan_compound(sc, depth, NULL, 0, &count);
+	case 't':
+	case 'f':
+	case 'n': {
+		const char *word = *sc->p == 't' ? "true" : *sc->p == 'f' ? "false" : "null";
+		size_t wl = strlen(word);
+
+		if ((size_t)(sc->end - sc->p) < wl || memcmp(sc->p, word, wl) != 0)
+			return false;
+		if (*word == 'n')
+			*type = '0';
+		sc->p += wl;
+		return true;
+	}
+	default:
+		*type = 'n';
+		return scan_number(sc);
+	}
+}
+
+int
+rb_json_scan(const char *s, size_t len, struct rb_json_member *m, int max)
+{
+	struct scan sc = { s, s + len, false };
+	int count = 0;
+
+	scan_ws(&sc);
+	if (sc.p >= sc.end || *sc.p != '{' || !scan_compound(&sc, 1, m, max, &count))
+		return -1;
+	scan_ws(&sc);
+	if (sc.p != sc.end || sc.doubt)
+		return -1;
+	return count;
 }

@@ -60,4 +60,36 @@ int	rb_jsonl_put_string(FILE *, const char *s);
 /** Write obj compactly followed by '\n'.  Returns 0 or -1 (errno set). */
 int	rb_jsonl_write(FILE *, const json_t *obj);
 
+struct rb_sbuf;
+/**
+ * Append v to b as json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY) prints
+ * it, byte for byte, without building a string per value (rb-dispatch
+ * writes every delivery line this way).
+ */
+void	rb_json_sb_dump(struct rb_sbuf *b, const json_t *v);
+/** Append the n bytes of s as a JSON string, escaped as jansson escapes it. */
+void	rb_json_sb_string(struct rb_sbuf *b, const char *s, size_t n);
+/** Append valid JSON text without the whitespace outside its strings
+ * (PostgreSQL prints jsonb as {"a": 1, "b": [1, 2]}). */
+void	rb_json_sb_compact(struct rb_sbuf *b, const char *json, size_t n);
+
+/** A top-level member of an object found by rb_json_scan. */
+struct rb_json_member {
+	const char	*key, *val;	/* the key's text between its quotes; the value's text */
+	size_t		 klen, vlen;
+	char		 type;		/* '"' string, 'n' number, 't', 'f', '0' (null), '{', '[' */
+	bool		 escaped;	/* the key or the string value holds a backslash escape */
+};
+
+/**
+ * A quick look at a line that should be one JSON object: returns the
+ * number of its top-level members (the first max of them in m) when the
+ * line is certainly valid JSON that rb_jsonl_parse takes the same way, or
+ * -1 when in doubt (invalid, a duplicate top-level key, a number jansson
+ * might refuse as too big, nesting over 64 levels): then use
+ * rb_jsonl_parse, which gives the verdict and the reason.  Nothing is
+ * allocated.
+ */
+int	rb_json_scan(const char *s, size_t len, struct rb_json_member *m, int max);
+
 #endif

@@ -133,7 +133,13 @@ struct rb_claim_opts {
 	 * head of each key).  They come in sequence order; the caller must run
 	 * each only after the previous one's completion committed. */
 	int		 chain;
+	/* each delivery carries its line, newline-terminated, as the string
+	 * member RB_LINE_TEXT_KEY instead of "payload" and "headers" (which
+	 * are then not parsed at all) */
+	bool		 line_text;
 };
+#define RB_LINE_TEXT_KEY	"_line"
+
 
 /**
  * Claim due deliveries in one short transaction (the seed's "Lane

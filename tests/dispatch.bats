@@ -128,6 +128,18 @@ order_violations() {  # file [strict]
   [ "$(awk '{ printf "%s ", $3 }' "$one")" = "1 2 3 " ]
 }
 
+@test "handlers get the payload and headers as stored: compact, numbers as spelled, big ones too" {
+  need_pg
+  local out=$BATS_TEST_TMPDIR/line.out
+  # published from SQL: rb-publish itself refuses integers beyond 64 bits
+  q "SELECT count(*) FROM relaybus_publish('t', '{\"price\": 1.50, \"big\": 12345678901234567890123, \"s\": \"a\\\"b\\n\\u00e9\"}',
+       NULL, 'p1', '{\"h\": [1, 2]}', NULL, NULL, ARRAY['lit'])" >/dev/null
+  run -0 rb-dispatch -q -H lit --exec "cat >>$out" --drain
+  [ "$(wc -l <"$out")" = 1 ]
+  [[ "$(cat "$out")" == '{"event_id":"p1","handler":"lit","name":"t","key":null,"payload":{"s":"a\"b\né","big":12345678901234567890123,"price":1.50},"headers":{"h":[1,2]},"attempt":1,"lease":"'* ]]
+  jq -e '.delivery_id and .lane >= 0 and .sequence == null and (.created_at | test("Z$"))' "$out"
+}
+
 @test "kill -9 mid-batch: after the lease another dispatcher runs that work, attempts charged" {
   need_pg
   local a=$BATS_TEST_TMPDIR/a.out b=$BATS_TEST_TMPDIR/b.out

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "rb_jsonl.h"
+#include "rb_util.h"
 #include "tap.h"
 
 /* A reader over the bytes of s through a pipe. */
@@ -30,6 +31,106 @@ reader_of(const char *s, size_t max)
 	}
 	close(fds[1]);
 	return rb_jsonl_reader_new(fds[0], max);
+}
+
+/* rb_json_sb_dump prints every value exactly as json_dumps does. */
+static void
+test_dump(void)
+{
+	static const char *const docs[] = {
+	    "{}", "[]", "{\"a\":[1,-2,3.5,1e300,-0.0,true,false,null,\"x\"],\"b\":{\"c\":{}}}",
+	    "{\"s\":\"q\\\"uote back\\\\slash tab\\t nl\\n ctl\\u0001 \\u00e9 \\u2028 /\"}",
+	    "{\"big\":9223372036854775807,\"neg\":-9223372036854775808,\"r\":1.5,\"z\":0}",
+	    "{\"k\\u0001ey\":1,\"\":\"\"}", "\"just a string\"", "42", "[[[[]]],{\"a\":[{}]}]" };
+
+	for (size_t i = 0; i < sizeof docs / sizeof docs[0]; i++) {
+		json_t *v = json_loads(docs[i], JSON_DECODE_ANY, NULL);
+		char *theirs = v != NULL ? json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+		struct rb_sbuf b;
+
+		rb_sb_init(&b);
+		if (v != NULL)
+			rb_json_sb_dump(&b, v);
+		ok(theirs != NULL && strcmp(b.s, theirs) == 0, "dump %zu as jansson: %s", i, b.s);
+		free(b.s);
+		free(theirs);
+		json_decref(v);
+	}
+}
+
+/* The members rb_json_scan found are the object jansson parses. */
+static bool
+scan_agrees(const char *s, size_t n, int count, const struct rb_json_member *m)
+{
+	json_t *o = json_loadb(s, n, JSON_REJECT_DUPLICATES, NULL);
+	bool same = o != NULL && json_is_object(o) && (size_t)count == json_object_size(o);
+
+	for (int i = 0; same && i < count && i < 32; i++) {
+		char key[256];
+		json_t *v = json_loadb(m[i].val, m[i].vlen, JSON_DECODE_ANY, NULL);
+
+		snprintf(key, sizeof key, "%.*s", (int)m[i].klen, m[i].key);
+		same = v != NULL && (m[i].escaped || json_equal(v, json_object_get(o, key)));
+		json_decref(v);
+	}
+	json_decref(o);
+	return same;
+}
+
+static void
+test_scan(void)
+{
+	static const char *const good[] = {
+	    "{}", " {\"a\" : 1 } ", "{\"event_id\":\"e1\",\"lease\":\"3.4.0\",\"ok\":true,\"retry_ms\":250}",
+	    "{\"a\":{\"b\":[1,2,{\"c\":null}]},\"d\":\"\\u00e9\\ud83d\\ude00\\n\",\"e\":-0.5,\"f\":false}",
+	    "{\"u\":\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\"}",
+	    "{\"t\":1764492000123456,\"m\":-922337203685477580,\"r\":3.14159265358979323846}" };
+	static const char *const bad[] = {
+	    "", "[]", "{", "{\"a\"}", "{\"a\":}", "{\"a\":1,}", "{\"a\":1}x", "{\"a\":01}", "{\"a\":1.}",
+	    "{\"a\":-}", "{\"a\":tru}", "{\"a\":\"\x01\"}", "{\"a\":\"\\x\"}", "{\"a\":\"\\u12\"}",
+	    "{\"a\":\"\\u0000\"}", "{\"a\":\"\\udc00\"}", "{\"a\":\"\\ud800x\"}", "{\"a\":\"\xff\"}",
+	    "{\"a\":\"\xc0\xaf\"}", "{\"a\":\"\xed\xa0\x80\"}", "{\"a\":\"\xf4\x90\x80\x80\"}",
+	    "{\"a\":1,\"a\":2}", "{\"a\":{\"x\":1,\"x\":2}}", "{\"a\":1e5}", "{\"a\":1234567890123456789}", "{\"a\":-9223372036854775809}", "{\"a\":\"x}" };
+	struct rb_json_member m[32];
+	unsigned seed = 12345;
+	long agreed = 0, doubted = 0;
+
+	for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+		int c = rb_json_scan(good[i], strlen(good[i]), m, 32);
+
+		ok(c >= 0 && scan_agrees(good[i], strlen(good[i]), c, m), "scan takes %s", good[i]);
+	}
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+		ok(rb_json_scan(bad[i], strlen(bad[i]), m, 32) < 0, "scan leaves %s to jansson", bad[i]);
+	{
+		const char *line = "{\"event_id\":\"e1\",\"lease\":\"3.4.0\",\"ok\":true}";
+		int c = rb_json_scan(line, strlen(line), m, 32);
+
+		ok(c == 3 && m[1].type == '"' && m[1].vlen == 7 && memcmp(m[1].val, "\"3.4.0\"", 7) == 0 &&
+		    m[2].type == 't' && m[0].klen == 8, "scan: members, types and spans");
+	}
+	/* mutations of a delivery line: whatever the scan takes, jansson takes the same way */
+	for (int k = 0; k < 20000; k++) {
+		char buf[256];
+		const char *base = good[3];
+		size_t n = strlen(base);
+		int c;
+
+		memcpy(buf, base, n);
+		for (int j = 0; j < 1 + k % 3; j++) {
+			static const char alphabet[] = "{}[]\",:\\ 0123456789.-+eEtrufalsn\x01\xc3\xa9\xff";
+
+			seed = seed * 1103515245 + 12345;
+			buf[(seed >> 8) % n] = alphabet[(seed >> 20) % (sizeof alphabet - 1)];
+		}
+		c = rb_json_scan(buf, n, m, 32);
+		if (c < 0)
+			doubted++;
+		else if (scan_agrees(buf, n, c, m))
+			agreed++;
+	}
+	ok(agreed + doubted == 20000, "20,000 mutated lines: every one the scan took, jansson took the same "
+	    "(%ld taken, %ld left to jansson)", agreed, doubted);
 }
 
 int
@@ -129,5 +230,7 @@ main(void)
 			json_decref(js);
 		}
 	}
+	test_dump();
+	test_scan();
 	return done_testing();
 }
