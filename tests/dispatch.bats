@@ -72,19 +72,22 @@ order_violations() {  # file [strict]
   [[ "$output" == *"--stats-every DUR"* ]]
 }
 
-@test "default concurrency: 200 deliveries in flight with --pipe, 10 with --exec and --sql" {
+@test "default concurrency: 400 deliveries in flight with --pipe, 10 with --exec and --sql" {
   need_pg
   run -0 --separate-stderr rb-dispatch -v -H dc --pipe cat --drain
-  [[ "$stderr" == *"(concurrency 200)"* ]]
+  [[ "$stderr" == *"(concurrency 400)"* ]]
   run -0 --separate-stderr rb-dispatch -v -H dc --exec true --drain
   [[ "$stderr" == *"(concurrency 10)"* ]]
   run -0 --separate-stderr rb-dispatch -v -H dc --pipe cat --concurrency 7 --drain
   [[ "$stderr" == *"(concurrency 7)"* ]]
-  # and 200 really go out at once: one co-process holds them all before answering
-  publish 300 dc dc
-  run -0 --separate-stderr timeout 60 rb-dispatch -v -H dc --batch 200 --drain \
-    --pipe "sh -c 'head -n 200 >$BATS_TEST_TMPDIR/first; cat $BATS_TEST_TMPDIR/first; cat'"
-  [ "$(wc -l <"$BATS_TEST_TMPDIR/first")" = 200 ]
+  # and 400 really go out at once, in claims of 200: one co-process holds them
+  # all before answering
+  publish 500 dc dc
+  run -0 --separate-stderr timeout 60 rb-dispatch -vv -H dc --drain \
+    --pipe "sh -c 'head -n 400 >$BATS_TEST_TMPDIR/first; cat $BATS_TEST_TMPDIR/first; cat'"
+  [ "$(wc -l <"$BATS_TEST_TMPDIR/first")" = 400 ]
+  [[ "$stderr" == *"claimed 200 (asked 200)"* ]]
+  [[ "$stderr" != *"(asked 201)"* && "$stderr" != *"claimed 201"* ]]
   [ "$(pending dc)" = 0 ]
 }
 
