@@ -54,7 +54,7 @@ CREATE INDEX IF NOT EXISTS relaybus_deliveries_dead_idx
     ON @S@.relaybus_deliveries (updated_at, id) WHERE status = 'dead';
 
 -- 256 lanes per handler.  Workers lease lanes, not rows.  No secondary
--- index and half-empty pages, so every update of a lane row is HOT.
+-- index and mostly empty pages, so every update of a lane row is HOT.
 CREATE TABLE IF NOT EXISTS @S@.relaybus_lanes (
     handler          text NOT NULL,
     lane             smallint NOT NULL CHECK (lane >= 0 AND lane < 256),
@@ -63,7 +63,10 @@ CREATE TABLE IF NOT EXISTS @S@.relaybus_lanes (
     lease_expires_at timestamptz,
     in_flight        bigint[] NOT NULL DEFAULT '{}',
     CONSTRAINT relaybus_lanes_pkey PRIMARY KEY (handler, lane)
-) WITH (fillfactor = 50);
+) WITH (fillfactor = 10);
+-- (relaybus 0.1 made it 50: a lane row grows from 60 bytes to 600 with
+-- its in-flight ids, and at 40 rows to a page its updates stopped being HOT)
+ALTER TABLE @S@.relaybus_lanes SET (fillfactor = 10);
 
 -- Per-key sequence counters; the row stays locked until the publishing
 -- transaction commits, so sequences follow commit order.
@@ -368,10 +371,11 @@ DECLARE
     v_used     smallint[];
     v_elanes   smallint[];
     v_epochs   bigint[];
-    -- at most this many picks per lane and claim: keeps in_flight arrays
-    -- small (lane rows stay small enough for HOT updates, never TOASTed)
-    -- and spreads a batch over lanes; a last pass tops up when lanes run out
-    c_per_lane CONSTANT integer := 64;
+    -- at most this many picks per lane and pass (the top-up is a second
+    -- pass): keeps in_flight arrays small, so that lane rows stay small
+    -- enough for HOT updates (8 lanes to a page at fillfactor 10, each
+    -- under 1 kB) and are never TOASTed, and spreads a batch over lanes
+    c_per_lane CONSTANT integer := 32;
     l          record;
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM @S@.relaybus_lanes x WHERE x.handler = p_handler AND x.lane = 0) THEN
@@ -467,7 +471,7 @@ BEGIN
         SELECT array_agg(t.c), array_agg(t.lane) INTO v_ids, v_lanes
           FROM (SELECT c, hl.lane FROM unnest(v_held) hl(lane)
                 CROSS JOIN LATERAL @S@.relaybus_lane_candidates(p_handler, hl.lane, v_now, v_live || v_picked,
-                    p_batch - cardinality(v_picked), p_chain) c
+                    least(p_batch - cardinality(v_picked), c_per_lane), p_chain) c
                 LIMIT p_batch - cardinality(v_picked)) t;
         v_picked := v_picked || coalesce(v_ids, '{}');
         v_plane := v_plane || coalesce(v_lanes, '{}');

@@ -60,11 +60,11 @@ updated_at" ]
   [ "$(q "SELECT pg_get_expr(indpred, indrelid) FROM pg_index WHERE indexrelid = 'relaybus_deliveries_dead_idx'::regclass")" = "(status = 'dead'::text)" ]
 }
 
-@test "lanes have no secondary index and fillfactor 50; deliveries vacuum at 2%" {
+@test "lanes have no secondary index and fillfactor 10; deliveries vacuum at 2%" {
   setup_schema
   [ "$(q "SELECT count(*) FROM pg_indexes WHERE schemaname = '$RB_SCHEMA' AND tablename = 'relaybus_lanes'")" = 1 ]
   [ "$(q "SELECT indexname FROM pg_indexes WHERE schemaname = '$RB_SCHEMA' AND tablename = 'relaybus_lanes'")" = relaybus_lanes_pkey ]
-  [ "$(q "SELECT array_to_string(reloptions, ',') FROM pg_class WHERE oid = 'relaybus_lanes'::regclass")" = "fillfactor=50" ]
+  [ "$(q "SELECT array_to_string(reloptions, ',') FROM pg_class WHERE oid = 'relaybus_lanes'::regclass")" = "fillfactor=10" ]
   [ "$(q "SELECT array_to_string(reloptions, ',') FROM pg_class WHERE oid = 'relaybus_deliveries'::regclass")" = "autovacuum_vacuum_scale_factor=0.02" ]
 }
 
@@ -98,7 +98,7 @@ mailer order.created" ]
   before=$(catalog)
   q "INSERT INTO relaybus_events (id, name, payload) VALUES ('keep', 'x', '{}')"
   rb-setup -s h1:a.b
-  [[ "$before" == *"relaybus_lanes r fillfactor=50"* ]]
+  [[ "$before" == *"relaybus_lanes r fillfactor=10"* ]]
   [ "$(catalog)" = "$before" ]
   [ "$(q "SELECT count(*) FROM relaybus_lanes WHERE handler = 'h1'")" = 256 ]
   [ "$(q "SELECT count(*) FROM relaybus_subscriptions WHERE handler = 'h1'")" = 1 ]
