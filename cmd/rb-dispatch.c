@@ -183,11 +183,16 @@ static int64_t	reconnect_at, reconnect_backoff = 100;
 static bool	wake = true;		/* claim at the next chance */
 static bool	more_work;		/* the last claim found work: claim again when slots free */
 static bool	claiming;		/* a claim is out: the handlers are served meanwhile */
+static bool	completing;		/* a completion is out (flush_results) ... */
+static size_t	ncompleting;		/* ... of the first this many queued results ... */
+static json_t	*completing_arr;	/* ... sent as this array */
 static unsigned	claim_gen;		/* the owner generation it was sent for */
 static int	claim_asked;
 static bool	claim_searched;		/* ... and whether it looked for more lanes */
 static bool	lanes_dry;		/* a look for more lanes found too few: do not look again until woken or polling */
 static void	claim_collect(bool wait);
+static void	complete_collect(bool wait);
+static void	db_settle(void);
 static void	start_delivery(json_t *line, unsigned gen, json_t *followers);
 static void	chain_next(json_t *followers, unsigned gen, bool go);
 static void	proc_write(struct coproc *c);
@@ -460,6 +465,9 @@ db_error(const struct rb_error *err, const char *what)
 			rb_warn("%s: %s: reconnecting", what, err->msg);
 		db_down = true;
 		claiming = false;	/* its answer, if any, is lost with the connection */
+		completing = false;	/* its results stay queued and are applied again */
+		json_decref(completing_arr);
+		completing_arr = NULL;
 		reconnect_at = rb_mono_ms() + (reconnect_backoff > 200 ? 200 : reconnect_backoff);
 		return;
 	}
@@ -577,84 +585,154 @@ finish_slot(struct slot *s, json_t *r)
 		chain_next(followers, gen, true);
 }
 
-/* Apply the queued results, at most 1000 per call.  false on a database error. */
+/*
+ * What the outcomes of the first n queued results (arr, the statement's
+ * input) say: the counts, the chains behind them, and the queue moves on.
+ * Takes arr and outcomes.
+ */
+static void
+apply_outcomes(size_t n, json_t *arr, json_t *outcomes)
+{
+	size_t i;
+	json_t *o;
+	bool progress = false;
+	struct { json_t *followers; unsigned gen; bool go; } *next;	/* the chains behind them */
+
+	next = xcalloc(n > 0 ? n : 1, sizeof *next);
+	json_array_foreach(outcomes, i, o) {
+		const char *oc = json_string_value(json_object_get(o, "outcome"));
+		const char *ev = json_string_value(json_object_get(o, "event_id"));
+
+		if (oc == NULL)
+			oc = "lost";
+		if (strcmp(oc, "completed") == 0) {
+			st.completed++;
+			progress = true;
+			if (i < n)
+				next[i].go = true;	/* its chain goes on */
+		} else if (strcmp(oc, "rescheduled") == 0) {
+			st.rescheduled++;
+			progress = true;
+		} else if (strcmp(oc, "buried") == 0) {
+			st.buried++;
+			rb_warn("%s: buried after %" JSON_INTEGER_FORMAT " attempts: %s", ev,
+			    json_integer_value(json_object_get(o, "attempts")),
+			    json_string_value(json_object_get(json_array_get(arr, i), "error")));
+		} else if (strcmp(oc, "released") == 0)
+			st.released++;
+		else {
+			st.lost++;
+			if (json_is_true(json_object_get(o, "missing")))
+				rb_debug("%s: already gone (completed before a reconnect)", ev);
+			else
+				rb_info("%s: lease lost, not applied (it runs again elsewhere)", ev);
+		}
+		if (json_is_string(json_object_get(o, "error")))
+			rb_info("%s: %s", ev, json_string_value(json_object_get(o, "error")));
+		rb_debug("%s: %s", ev, oc);
+	}
+	json_decref(outcomes);
+	json_decref(arr);
+	for (i = 0; i < n; i++) {
+		owner_done(queue[i].gen);
+		json_decref(queue[i].r);
+		next[i].followers = queue[i].followers;
+		next[i].gen = queue[i].gen;
+	}
+	memmove(queue, queue + n, (nqueue - n) * sizeof *queue);
+	nqueue -= n;
+	if (nqueue > 0)
+		queue_since = rb_mono_ms();
+	for (i = 0; i < n; i++)
+		if (next[i].followers != NULL)
+			chain_next(next[i].followers, next[i].gen, next[i].go && stop_level == 0);
+	free(next);
+	for (int k = 0; opt.mode == MODE_PIPE && k < opt.procs; k++)
+		proc_write(&procs[k]);
+	if (progress) {
+		/* deletions may have unblocked the next delivery of a key */
+		more_work = true;
+		idle_seen = false;
+	}
+}
+
+/*
+ * Apply the queued results, at most 1000 per statement.  When they all
+ * complete (no --sql) the statement goes out in the background, after the
+ * claim that is out if any, and complete_collect takes its answer: the
+ * loop goes on serving the handlers meanwhile.  Anything else is applied
+ * at once.  false on a database error.
+ */
 static bool
 flush_results(void)
 {
-	claim_collect(true);
-	while (nqueue > 0 && !db_down) {
+	while (nqueue > 0 && !db_down && !completing) {
 		size_t n = nqueue > 1000 ? 1000 : nqueue, i;
-		json_t *arr = json_array(), *outcomes = NULL, *o;
+		json_t *arr, *outcomes = NULL;
 		struct rb_error err = { 0 };
-		bool progress = false;
-		struct { json_t *followers; unsigned gen; bool go; } *next;	/* the chains behind them */
+		bool all_ok = opt.mode != MODE_SQL;
 
-		next = xcalloc(n, sizeof *next);
+		for (i = 0; i < n && all_ok; i++)
+			all_ok = rb_result_completes(queue[i].r);
+		if (all_ok && claiming)
+			return true;	/* sent once the claim's answer is in */
+		arr = json_array();
 		for (i = 0; i < n; i++)
 			json_array_append(arr, queue[i].r);
-		if (rb_store_complete(store, &opt.co, arr, &outcomes, &err) < 0) {
+		if (all_ok) {
+			if (rb_store_complete_send(store, arr, &err) < 0) {
+				json_decref(arr);
+				db_error(&err, "complete");
+				return false;
+			}
+			completing = true;
+			ncompleting = n;
+			completing_arr = arr;
+			return true;
+		}
+		claim_collect(true);
+		if (db_down || rb_store_complete(store, &opt.co, arr, &outcomes, &err) < 0) {
 			json_decref(arr);
-			free(next);
-			db_error(&err, "complete");
+			if (!db_down)
+				db_error(&err, "complete");
 			return false;
 		}
-		json_array_foreach(outcomes, i, o) {
-			const char *oc = json_string_value(json_object_get(o, "outcome"));
-			const char *ev = json_string_value(json_object_get(o, "event_id"));
-
-			if (oc == NULL)
-				oc = "lost";
-			if (strcmp(oc, "completed") == 0) {
-				st.completed++;
-				progress = true;
-				if (i < n)
-					next[i].go = true;	/* its chain goes on */
-			} else if (strcmp(oc, "rescheduled") == 0) {
-				st.rescheduled++;
-				progress = true;
-			} else if (strcmp(oc, "buried") == 0) {
-				st.buried++;
-				rb_warn("%s: buried after %" JSON_INTEGER_FORMAT " attempts: %s", ev,
-				    json_integer_value(json_object_get(o, "attempts")),
-				    json_string_value(json_object_get(json_array_get(arr, i), "error")));
-			} else if (strcmp(oc, "released") == 0)
-				st.released++;
-			else {
-				st.lost++;
-				if (json_is_true(json_object_get(o, "missing")))
-					rb_debug("%s: already gone (completed before a reconnect)", ev);
-				else
-					rb_info("%s: lease lost, not applied (it runs again elsewhere)", ev);
-			}
-			if (json_is_string(json_object_get(o, "error")))
-				rb_info("%s: %s", ev, json_string_value(json_object_get(o, "error")));
-			rb_debug("%s: %s", ev, oc);
-		}
-		json_decref(outcomes);
-		json_decref(arr);
-		for (i = 0; i < n; i++) {
-			owner_done(queue[i].gen);
-			json_decref(queue[i].r);
-			next[i].followers = queue[i].followers;
-			next[i].gen = queue[i].gen;
-		}
-		memmove(queue, queue + n, (nqueue - n) * sizeof *queue);
-		nqueue -= n;
-		if (nqueue > 0)
-			queue_since = rb_mono_ms();
-		for (i = 0; i < n; i++)
-			if (next[i].followers != NULL)
-				chain_next(next[i].followers, next[i].gen, next[i].go && stop_level == 0);
-		free(next);
-		for (int k = 0; opt.mode == MODE_PIPE && k < opt.procs; k++)
-			proc_write(&procs[k]);
-		if (progress) {
-			/* deletions may have unblocked the next delivery of a key */
-			more_work = true;
-			idle_seen = false;
-		}
+		apply_outcomes(n, arr, outcomes);
 	}
 	return true;
+}
+
+/* Take the answer to the completion that is out (flush_results), waiting or only if it is in. */
+static void
+complete_collect(bool wait)
+{
+	struct rb_error err = { 0 };
+	json_t *outcomes = NULL, *arr;
+	int rc;
+
+	if (!completing)
+		return;
+	rc = rb_store_complete_recv(store, wait, &outcomes, &err);
+	if (rc == RB_CLAIM_PENDING)
+		return;
+	completing = false;
+	arr = completing_arr;
+	completing_arr = NULL;
+	if (rc < 0) {
+		/* the results stay queued: applied again after the reconnect */
+		json_decref(arr);
+		db_error(&err, "complete");
+		return;
+	}
+	apply_outcomes(ncompleting, arr, outcomes);
+}
+
+/* Nothing out on the connection: the next statement may go. */
+static void
+db_settle(void)
+{
+	claim_collect(true);
+	complete_collect(true);
 }
 
 /* ---- handlers ---------------------------------------------------------------------- */
@@ -1093,7 +1171,7 @@ claim_due(int64_t now)
 	int low = opt.batch < opt.concurrency ? opt.batch : opt.concurrency;
 
 	low = low / 4 > 1 ? low / 4 : 1;
-	if (db_down || claiming || stop_level > 0 || fatal_code != 0 || free_slots <= 0 ||
+	if (db_down || claiming || completing || stop_level > 0 || fatal_code != 0 || free_slots <= 0 ||
 	    (opt.mode == MODE_PIPE && !proc_alive()))
 		return 0;
 	if (wake || now >= next_poll || (more_work && (free_slots >= low || running + (int)nqueue == 0)))
@@ -1300,7 +1378,7 @@ extend_leases(int64_t now)
 	struct rb_error err = { 0 };
 
 	next_extend = now + opt.lease_ms / 3;
-	claim_collect(true);
+	db_settle();
 	for (int i = 0; i < NOWNERS && !db_down; i++) {
 		struct owner *o = &owners[i];
 		int n;
@@ -1326,7 +1404,7 @@ retire_owners(void)
 
 		if (o->name == NULL || o->gen == cur_gen || o->count > 0)
 			continue;
-		claim_collect(true);
+		db_settle();
 		if (db_down)
 			return;
 		/* nothing of it runs here any more: what is still in flight under
@@ -1409,8 +1487,10 @@ wait_and_serve(int64_t now, struct pollfd *pfd, int *ref)
 
 	/* libpq may hold the claim's answer already (read along with a
 	 * notification): the socket would not wake us for it */
-	if (!db_down)
+	if (!db_down) {
 		claim_collect(false);
+		complete_collect(false);
+	}
 	pfd[n].fd = sigpipe_fd[0];
 	pfd[n].events = POLLIN;
 	ref[n++] = -1;
@@ -1422,7 +1502,8 @@ wait_and_serve(int64_t now, struct pollfd *pfd, int *ref)
 	if (db_down)
 		until = min_deadline(until, reconnect_at);
 	else {
-		if (nqueue > 0)
+		/* (while a statement is out, its answer on the socket wakes us) */
+		if (nqueue > 0 && !claiming && !completing)
 			until = min_deadline(until, queue_since + opt.window_ms);
 		until = min_deadline(until, claim_due(now));
 		if (next_extend > 0)
@@ -1480,6 +1561,7 @@ wait_and_serve(int64_t now, struct pollfd *pfd, int *ref)
 			int hit;
 
 			claim_collect(false);	/* first: the answer may be all that came before a break */
+			complete_collect(false);
 			if (db_down)
 				continue;
 			hit = rb_store_notified(store, opt.handler, 0, &err);
@@ -1491,6 +1573,7 @@ wait_and_serve(int64_t now, struct pollfd *pfd, int *ref)
 				wake = true;
 			}
 			claim_collect(false);	/* and what the notification read brought along */
+			complete_collect(false);
 		} else if (ref[k] >= 200000)
 			proc_write(&procs[ref[k] - 200000]);
 		else if (ref[k] >= 100000)
@@ -1536,7 +1619,7 @@ hand_back_lanes(void)
 {
 	struct rb_error err = { 0 };
 
-	claim_collect(true);
+	db_settle();
 	if (db_down)
 		return;
 

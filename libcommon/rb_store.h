@@ -163,6 +163,19 @@ int	rb_store_claim(struct rb_store *, const struct rb_claim_opts *, json_t **del
 int	rb_store_claim_send(struct rb_store *, const struct rb_claim_opts *, struct rb_error *err);
 int	rb_store_claim_recv(struct rb_store *, bool wait, json_t **deliveries, struct rb_error *err);
 
+/**
+ * rb_store_complete in two steps, as the claim (rb_store_claim_send), for
+ * results that are all successes (rb_result_completes) applied without
+ * --sql: one statement, sent now, its outcomes collected later.  While it
+ * is out the store takes no other call but rb_store_notified and
+ * rb_store_socket.  recv returns 0 with outcomes (as rb_store_complete's),
+ * -1, or RB_CLAIM_PENDING.
+ */
+int	rb_store_complete_send(struct rb_store *, const json_t *results, struct rb_error *err);
+int	rb_store_complete_recv(struct rb_store *, bool wait, json_t **outcomes, struct rb_error *err);
+/** Whether a result completes its delivery (ok, not released, not dead). */
+bool	rb_result_completes(const json_t *result);
+
 /** Renew the lease of every lane held by owner for handler.  Returns lanes renewed, or -1. */
 int	rb_store_extend(struct rb_store *, const char *handler, const char *owner, int64_t lease_ms,
 	    struct rb_error *err);

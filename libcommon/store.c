@@ -255,6 +255,31 @@ rb_store_complete(struct rb_store *s, const struct rb_complete_opts *o, const js
 }
 
 int
+rb_store_complete_send(struct rb_store *s, const json_t *results, struct rb_error *err)
+{
+	NEED_OP(s, complete_send, err);
+	return s->ops->complete_send(s, results, err);
+}
+
+int
+rb_store_complete_recv(struct rb_store *s, bool wait, json_t **outcomes, struct rb_error *err)
+{
+	*outcomes = NULL;
+	NEED_OP(s, complete_recv, err);
+	return s->ops->complete_recv(s, wait, outcomes, err);
+}
+
+bool
+rb_result_completes(const json_t *r)
+{
+	const json_t *ok = json_object_get(r, "ok");
+
+	if (json_is_true(json_object_get(r, "release")) || json_is_true(json_object_get(r, "dead")))
+		return false;
+	return ok == NULL || json_is_true(ok);
+}
+
+int
 rb_store_relinquish(struct rb_store *s, const char *handler, const char *owner, struct rb_error *err)
 {
 	NEED_OP(s, relinquish, err);

@@ -26,6 +26,8 @@ struct rb_store_ops {
 	int	(*claim)(struct rb_store *, const struct rb_claim_opts *, json_t **, struct rb_error *);
 	int	(*claim_send)(struct rb_store *, const struct rb_claim_opts *, struct rb_error *);
 	int	(*claim_recv)(struct rb_store *, bool, json_t **, struct rb_error *);
+	int	(*complete_send)(struct rb_store *, const json_t *, struct rb_error *);
+	int	(*complete_recv)(struct rb_store *, bool, json_t **, struct rb_error *);
 	int	(*extend)(struct rb_store *, const char *, const char *, int64_t, struct rb_error *);
 	int	(*complete)(struct rb_store *, const struct rb_complete_opts *, const json_t *,
 		    json_t **, struct rb_error *);

@@ -33,6 +33,8 @@ extern const char rb_schema_history_pg_sql[];
 
 #define SETUP_LOCK_KEY	"7166535398124000001"
 
+struct fence_arrays;
+
 struct pg_be {
 	PGconn	*conn;
 	bool	 listening;
@@ -42,6 +44,11 @@ struct pg_be {
 		*q_relinquish, *q_relinquish_owner, *q_relinquish_leases, *q_lock_lane;
 	/* a claim sent and not collected yet (rb_store_claim_send) */
 	bool	 claim_pending;
+	/* a completion sent and not collected yet (rb_store_complete_send) */
+	bool	 complete_pending, complete_hist;
+	int	 complete_tries;
+	json_t	*complete_results;
+	struct fence_arrays *complete_fa;	/* its parameters, kept for a retry */
 	int	 claim_tries;
 	char	 claim_params[5][256];	/* its parameters, kept for a retry */
 	struct rb_sbuf claim_live;	/* ... and the sixth: p_live ("{1,2}") */
@@ -50,6 +57,8 @@ struct pg_be {
 	bool	 claim_text;		/* rb_claim_opts.line_text */
 	char	 claim_chain[16];	/* ... and the eighth: p_chain */
 };
+
+static void complete_async_free(struct pg_be *);
 
 /* ---- text helpers ------------------------------------------------------ */
 
@@ -381,6 +390,7 @@ pg_close(struct rb_store *s)
 		return;
 	if (be->conn != NULL)
 		PQfinish(be->conn);
+	complete_async_free(be);
 	free(be->q_publish);
 	free(be->claim_live.s);
 	free(be->q_claim);
@@ -418,6 +428,7 @@ pg_reconnect(struct rb_store *s, struct rb_error *err)
 	be->conn = NULL;
 	be->history = -1;
 	be->claim_pending = false;
+	complete_async_free(be);
 	if (pg_connect(s, err) < 0)
 		return -1;
 	if (be->listening)
@@ -836,8 +847,8 @@ pg_claim_send(struct rb_store *s, const struct rb_claim_opts *o, struct rb_error
 	struct pg_be *be = be_of(s);
 	const char *params[8];
 
-	if (be->claim_pending)
-		return rb_seterr(err, RB_EXIT_SOFTWARE, "claim: a claim is in progress already");
+	if (be->claim_pending || be->complete_pending)
+		return rb_seterr(err, RB_EXIT_SOFTWARE, "claim: a statement is in progress already");
 	claim_params(be, o, params);
 	be->claim_tries = 1;
 	if (!PQsendQueryParams(be->conn, be->q_claim, 8, NULL, params, NULL, NULL, 0))
@@ -1020,6 +1031,44 @@ delivery_exists(struct rb_store *s, const json_t *r, struct rb_error *err)
 	return n;
 }
 
+/*
+ * The outcomes of a completion statement (res: the positions of the rows
+ * it deleted, 1-based in results order): completed or lost, and "missing"
+ * when a lost delivery is gone.  idx: the results' places in outcomes (and
+ * results), or NULL for 0..n-1.
+ */
+static int
+complete_outcomes(struct rb_store *s, const json_t *results, const size_t *idx, size_t n,
+    PGresult *res, json_t *outcomes, struct rb_error *err)
+{
+	bool *done = xcalloc(n > 0 ? n : 1, sizeof *done);
+
+	for (int i = 0; i < PQntuples(res); i++) {
+		long ord = strtol(PQgetvalue(res, i, 0), NULL, 10);
+
+		if (ord >= 1 && (size_t)ord <= n)
+			done[ord - 1] = true;
+	}
+	for (size_t k = 0; k < n; k++) {
+		size_t at = idx != NULL ? idx[k] : k;
+		const json_t *r = json_array_get(results, at);
+
+		set_outcome(outcomes, at, r, done[k] ? "completed" : "lost");
+		if (!done[k]) {
+			int ex = delivery_exists(s, r, err);
+
+			if (ex < 0) {
+				free(done);
+				return -1;
+			}
+			if (!ex)
+				json_object_set_new(json_array_get(outcomes, at), "missing", json_true());
+		}
+	}
+	free(done);
+	return 0;
+}
+
 /* Complete the ok results in one statement; marks completed or lost. */
 static int
 complete_ok(struct rb_store *s, const json_t *results, const size_t *idx, size_t n, json_t *outcomes,
@@ -1027,7 +1076,7 @@ complete_ok(struct rb_store *s, const json_t *results, const size_t *idx, size_t
 {
 	struct fence_arrays a;
 	PGresult *res;
-	int hist = history_enabled(s, err);
+	int rc, hist = history_enabled(s, err);
 
 	if (hist < 0)
 		return -1;
@@ -1036,40 +1085,126 @@ complete_ok(struct rb_store *s, const json_t *results, const size_t *idx, size_t
 		fa_add(&a, json_array_get(results, idx[k]));
 	fa_close(&a);
 	const char *params[6] = { a.ev.s, a.h.s, a.lane.s, a.epoch.s, a.claims.s, a.id.s };
-	bool *done = xcalloc(n > 0 ? n : 1, sizeof *done);
 
 	res = run(s, hist ? be_of(s)->q_complete_hist : be_of(s)->q_complete, 6, params,
 	    PGRES_TUPLES_OK, "complete", true, err);
 	fa_free(&a);
-	if (res == NULL) {
-		free(done);
+	if (res == NULL)
 		return -1;
+	rc = complete_outcomes(s, results, idx, n, res, outcomes, err);
+	PQclear(res);
+	return rc;
+}
+
+/* ---- completion in two steps (rb_store_complete_send) ---------------------------------- */
+
+static void
+complete_async_free(struct pg_be *be)
+{
+	if (be->complete_fa != NULL) {
+		fa_free(be->complete_fa);
+		free(be->complete_fa);
+		be->complete_fa = NULL;
 	}
-	for (int i = 0; i < PQntuples(res); i++) {
-		long ord = strtol(PQgetvalue(res, i, 0), NULL, 10);	/* 1-based, in idx order */
+	json_decref(be->complete_results);
+	be->complete_results = NULL;
+	be->complete_pending = false;
+}
 
-		if (ord >= 1 && (size_t)ord <= n)
-			done[ord - 1] = true;
+static int
+complete_async_query(struct pg_be *be)
+{
+	const struct fence_arrays *a = be->complete_fa;
+	const char *params[6] = { a->ev.s, a->h.s, a->lane.s, a->epoch.s, a->claims.s, a->id.s };
+
+	return PQsendQueryParams(be->conn, be->complete_hist ? be->q_complete_hist : be->q_complete, 6,
+	    NULL, params, NULL, NULL, 0);
+}
+
+static int
+pg_complete_send(struct rb_store *s, const json_t *results, struct rb_error *err)
+{
+	struct pg_be *be = be_of(s);
+	int hist;
+
+	if (be->claim_pending || be->complete_pending)
+		return rb_seterr(err, RB_EXIT_SOFTWARE, "complete: a statement is in progress already");
+	if ((hist = history_enabled(s, err)) < 0)
+		return -1;
+	be->complete_fa = xcalloc(1, sizeof *be->complete_fa);
+	fa_init(be->complete_fa);
+	for (size_t i = 0; i < json_array_size(results); i++)
+		fa_add(be->complete_fa, json_array_get(results, i));
+	fa_close(be->complete_fa);
+	be->complete_results = json_incref((json_t *)results);
+	be->complete_hist = hist;
+	be->complete_tries = 1;
+	if (!complete_async_query(be)) {
+		complete_async_free(be);
+		return send_failed(s, "complete", err);
 	}
-	for (size_t k = 0; k < n; k++) {
-		const json_t *r = json_array_get(results, idx[k]);
+	be->complete_pending = true;
+	return 0;
+}
 
-		set_outcome(outcomes, idx[k], r, done[k] ? "completed" : "lost");
-		if (!done[k]) {
-			int ex = delivery_exists(s, r, err);
+static int
+pg_complete_recv(struct rb_store *s, bool wait, json_t **out, struct rb_error *err)
+{
+	struct pg_be *be = be_of(s);
 
-			if (ex < 0) {
-				PQclear(res);
-				free(done);
+	if (!be->complete_pending)
+		return rb_seterr(err, RB_EXIT_SOFTWARE, "complete: no completion in progress");
+	for (;;) {
+		PGresult *res, *more;
+
+		if (!wait) {
+			int alive = PQconsumeInput(be->conn);
+
+			if (PQisBusy(be->conn)) {
+				if (!alive || PQstatus(be->conn) == CONNECTION_BAD) {
+					complete_async_free(be);
+					return send_failed(s, "complete", err);
+				}
+				return RB_CLAIM_PENDING;
+			}
+		}
+		res = PQgetResult(be->conn);
+		while ((more = PQgetResult(be->conn)) != NULL)
+			PQclear(more);
+		be->complete_pending = false;
+		if (res != NULL && PQresultStatus(res) == PGRES_TUPLES_OK) {
+			size_t n = json_array_size(be->complete_results);
+			json_t *outcomes = json_array();
+			int rc;
+
+			for (size_t i = 0; i < n; i++)
+				json_array_append_new(outcomes, json_object());
+			rc = complete_outcomes(s, be->complete_results, NULL, n, res, outcomes, err);
+			PQclear(res);
+			complete_async_free(be);
+			if (rc < 0) {
+				json_decref(outcomes);
 				return -1;
 			}
-			if (!ex)
-				json_object_set_new(json_array_get(outcomes, idx[k]), "missing", json_true());
+			*out = outcomes;
+			return 0;
 		}
+		/* a deadlock or serialization failure: the statement runs again, as run() does */
+		if (retryable(res) && be->complete_tries < 5) {
+			PQclear(res);
+			be->complete_tries++;
+			if (!complete_async_query(be)) {
+				complete_async_free(be);
+				return send_failed(s, "complete", err);
+			}
+			be->complete_pending = true;
+			continue;
+		}
+		pg_fail(s, res, "complete", err);
+		PQclear(res);
+		complete_async_free(be);
+		return -1;
 	}
-	PQclear(res);
-	free(done);
-	return 0;
 }
 
 /* Complete one result with the caller's SQL in the same transaction. */
@@ -1166,16 +1301,6 @@ fail_kind(const json_t *r)
 	return "retry";
 }
 
-static bool
-result_ok(const json_t *r)
-{
-	const json_t *ok = json_object_get(r, "ok");
-
-	if (json_is_true(json_object_get(r, "release")) || json_is_true(json_object_get(r, "dead")))
-		return false;
-	return ok == NULL || json_is_true(ok);
-}
-
 static int
 complete_fail(struct rb_store *s, const struct rb_complete_opts *o, const json_t *results,
     const size_t *idx, size_t n, json_t *outcomes, struct rb_error *err)
@@ -1262,7 +1387,7 @@ pg_complete(struct rb_store *s, const struct rb_complete_opts *o, const json_t *
 		const json_t *r = json_array_get(results, i);
 
 		json_array_append_new(outcomes, json_object());
-		if (result_ok(r))
+		if (rb_result_completes(r))
 			ok[nok++] = i;
 		else
 			fail[nfail++] = i;
@@ -1420,6 +1545,8 @@ const struct rb_store_ops rb_store_pg_ops = {
 	.claim = pg_claim,
 	.claim_send = pg_claim_send,
 	.claim_recv = pg_claim_recv,
+	.complete_send = pg_complete_send,
+	.complete_recv = pg_complete_recv,
 	.extend = pg_extend,
 	.complete = pg_complete,
 	.relinquish = pg_relinquish,
