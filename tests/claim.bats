@@ -223,6 +223,70 @@ claimers() {  # n: run n claimers until nothing is due; each records "owner lane
   [ "$(q "SELECT coalesce(lease_owner, 'free') FROM relaybus_lanes WHERE handler = 'k' AND lane = relaybus_lane('L')")" = free ]
 }
 
+# relaybus_claim as rb-dispatch calls it: (handler, owner, batch, lease_ms,
+# max_attempts, live ids, search, chain); prints the event ids claimed
+claim8() {  # owner batch live search chain
+  q "SELECT string_agg(event_id, ' ' ORDER BY lane, sequence NULLS LAST, id)
+       FROM relaybus_claim('k', '$1', $2, 60000, 5, $3, $4, $5)"
+}
+
+@test "claim, as a dispatcher calls it: ids it still runs, whether to look for lanes, chains of a key" {
+  # live ids: what the caller says it runs is not claimed again; NULL looks them up
+  printf '%s\n' '{"id":"u1","name":"keyed.x","key":"U","payload":1}' | rb-publish -q
+  printf '%s\n' '{"id":"u2","name":"keyed.x","key":"V","payload":1}' | rb-publish -q
+  [ "$(claim8 A 1 "'{}'" true 1)" != "" ]
+  first=$(q "SELECT event_id FROM relaybus_deliveries d JOIN relaybus_lanes l ON l.handler = d.handler AND l.lane = d.lane
+             WHERE d.id = ANY (l.in_flight)")
+  fid=$(q "SELECT id FROM relaybus_deliveries WHERE event_id = '$first'")
+  # told it still runs: the other one only
+  [ "$(claim8 A 10 "'{$fid}'::bigint[]" true 1)" = "$(q "SELECT event_id FROM relaybus_deliveries WHERE event_id <> '$first'")" ]
+  # not told (NULL): both are found in flight, nothing is due
+  [ "$(claim8 A 10 NULL true 1)" = "" ]
+  q "UPDATE relaybus_lanes SET lease_owner = NULL, lease_expires_at = NULL, in_flight = '{}'; TRUNCATE relaybus_deliveries"
+  # search: a claim that must not look for lanes takes only from the lanes it holds
+  printf '%s\n' '{"id":"s1","name":"keyed.x","key":"S1","payload":1}' | rb-publish -q
+  [ "$(claim8 B 10 "'{}'" true 1)" = s1 ]
+  q "DELETE FROM relaybus_deliveries WHERE event_id = 's1'"
+  printf '%s\n' '{"id":"s2","name":"keyed.x","key":"S2","payload":1}' | rb-publish -q
+  [ "$(q "SELECT relaybus_lane('S1') <> relaybus_lane('S2')")" = t ]
+  [ "$(claim8 B 10 "'{}'" false 1)" = "" ]
+  [ "$(claim8 B 10 "'{}'" true 1)" = s2 ]
+  # an owner that holds no lane looks whatever it is told
+  printf '%s\n' '{"id":"s3","name":"keyed.x","key":"S3","payload":1}' | rb-publish -q
+  [ "$(claim8 C 10 "'{}'" false 1)" = s3 ]
+  q "UPDATE relaybus_lanes SET lease_owner = NULL, lease_expires_at = NULL, in_flight = '{}'; TRUNCATE relaybus_deliveries"
+  # chains: up to N of a key in sequence order, stopping before one that is not due
+  for i in 1 2 3 4 5; do printf '{"id":"c%d","name":"keyed.x","key":"C","payload":%d}\n' "$i" "$i"; done | rb-publish -q
+  [ "$(claim8 D 100 "'{}'" true 3)" = "c1 c2 c3" ]
+  [ "$(q "SELECT cardinality(in_flight) FROM relaybus_lanes WHERE handler = 'k' AND lane = relaybus_lane('C')")" = 3 ]
+  q "UPDATE relaybus_lanes SET lease_owner = NULL, lease_expires_at = NULL, in_flight = '{}'"
+  q "UPDATE relaybus_deliveries SET available_at = now() + interval '1 hour' WHERE event_id = 'c3'"
+  [ "$(claim8 E 100 "'{}'" true 8)" = "c1 c2" ]
+  # rb-claim takes heads only: a pipeline has no one to run a chain in order
+  q "UPDATE relaybus_lanes SET lease_owner = NULL, lease_expires_at = NULL, in_flight = '{}'"
+  run -0 rb-claim -H k --batch 100
+  [ "$(echo "$output" | jq -r .event_id)" = c1 ]
+}
+
+@test "a result completes by its delivery_id, or by event and handler without one; a wrong id completes nothing" {
+  # i1 and i3 share a lane, so that only the event id tells their deliveries apart
+  local i3
+  i3=$(q "SELECT 'i3-' || g FROM generate_series(1, 10000) g WHERE relaybus_lane('i3-' || g) = relaybus_lane('i1') LIMIT 1")
+  printf '{"id":"%s","name":"keyed.x","payload":1}\n' i1 i2 "$i3" | rb-publish -q
+  rb-claim -H k --batch 10 | ok_all >"$BATS_TEST_TMPDIR/c"
+  [ "$(wc -l <"$BATS_TEST_TMPDIR/c")" = 3 ]
+  other=$(jq -r --arg i "$i3" 'select(.event_id == $i) | .delivery_id' "$BATS_TEST_TMPDIR/c")
+  # i1 as claimed, i2 without its id, i3 with an id that is nobody's
+  jq -c --arg i "$i3" 'if .event_id == "i2" then del(.delivery_id) elif .event_id == $i then .delivery_id = "999999999" else . end' \
+    "$BATS_TEST_TMPDIR/c" >"$BATS_TEST_TMPDIR/r"
+  # and last, i1's line with i3's id: same lane, same lease; it must not delete i3
+  jq -c --arg o "$other" 'select(.event_id == "i1") | .delivery_id = $o' "$BATS_TEST_TMPDIR/c" >>"$BATS_TEST_TMPDIR/r"
+  run --separate-stderr rb-complete --no-relinquish <"$BATS_TEST_TMPDIR/r"
+  [ "$(printf '%s\n' "$output" | sed '$d' | jq -r '"\(.event_id) \(.outcome)"' | sort | tr '\n' ' ')" = "i1 completed i2 completed $i3 lost " ]
+  [ "$(printf '%s\n' "$output" | tail -n 1 | jq -r '"\(.event_id) \(.outcome)"')" = "i1 lost" ]
+  [ "$(q "SELECT string_agg(event_id, ' ') FROM relaybus_deliveries")" = "$i3" ]
+}
+
 @test "effectively-once: --sql commits with the deletion, and a takeover cannot also win" {
   q "CREATE TABLE IF NOT EXISTS effects (event_id text PRIMARY KEY, at timestamptz DEFAULT clock_timestamp())"
   q "TRUNCATE effects"
