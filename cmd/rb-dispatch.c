@@ -1317,8 +1317,15 @@ chain_ids(const json_t *followers, int64_t *ids)
 static size_t
 live_ids(int64_t **ids, size_t *cap)
 {
-	size_t n = 0, want = (size_t)opt.concurrency + nqueue + (size_t)nwait;
+	size_t n = 0, want = nqueue;
 
+	/* counted, not derived from running, nqueue and nwait: a slip in
+	 * those counters must not write past the end */
+	for (int i = 0; i < opt.concurrency; i++)
+		if (slots[i].used)
+			want += 1 + json_array_size(slots[i].followers);
+	for (size_t i = 0; i < nqueue; i++)
+		want += json_array_size(queue[i].followers);
 	if (*cap < want) {
 		*cap = want;
 		*ids = xrealloc(*ids, want * sizeof **ids);
