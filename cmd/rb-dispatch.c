@@ -567,8 +567,7 @@ finish_slot(struct slot *s, json_t *r)
 	unsigned gen = s->gen;
 	/* the rest of its chain goes on once it succeeded; with --sql only
 	 * once that committed (the handler is the completion), see flush_results */
-	bool go = followers != NULL && opt.mode != MODE_SQL && json_is_true(json_object_get(r, "ok")) &&
-	    !json_is_true(json_object_get(r, "release")) && stop_level == 0;
+	bool go = followers != NULL && opt.mode != MODE_SQL && rb_result_completes(r) && stop_level == 0;
 
 	queue_result(r, gen, go ? NULL : followers);
 	if (opt.mode == MODE_PIPE && s->proc >= 0)

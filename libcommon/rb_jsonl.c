@@ -228,14 +228,11 @@ rb_json_sb_string(struct rb_sbuf *b, const char *s, size_t n)
 int
 rb_jsonl_put_string(FILE *f, const char *s)
 {
-	struct rb_sbuf b;
-	int rc;
+	static struct rb_sbuf b;	/* reused: rb-publish prints one per ack */
 
-	rb_sb_init(&b);
+	b.len = 0;
 	rb_json_sb_string(&b, s, strlen(s));
-	rc = fwrite(b.s, 1, b.len, f) == b.len ? 0 : -1;
-	free(b.s);
-	return rc;
+	return fwrite(b.s, 1, b.len, f) == b.len ? 0 : -1;
 }
 
 void
