@@ -369,8 +369,11 @@ DECLARE
     v_start    integer := abs(hashtext(p_owner)) % 256;
     v_charged  smallint[] := '{}';
     v_used     smallint[];
+    v_scanned  smallint[] := '{}';   -- held lanes read to the end in step 1
+    v_last     bigint;
     v_elanes   smallint[];
     v_epochs   bigint[];
+    v_epoch    bigint[] := array_fill(-1::bigint, ARRAY[256], ARRAY[0]);  -- by lane (no NULLs: O(1) lookups)
     -- at most this many picks per lane and pass (the top-up is a second
     -- pass): keeps in_flight arrays small, so that lane rows stay small
     -- enough for HOT updates (8 lanes to a page at fillfactor 10, each
@@ -403,17 +406,29 @@ BEGIN
          WHERE x.handler = p_handler AND x.lane = ANY (v_held);
     END IF;
     IF cardinality(v_held) > 0 THEN
-        SELECT coalesce(array_agg(t.c), '{}'), coalesce(array_agg(t.lane), '{}') INTO v_picked, v_plane
-          FROM (SELECT c, hl.lane FROM unnest(v_held) hl(lane)
+        SELECT coalesce(array_agg(t.c), '{}'), coalesce(array_agg(t.lane), '{}'), max(t.o)
+          INTO v_picked, v_plane, v_last
+          FROM (SELECT c, hl.lane, hl.o FROM unnest(v_held) WITH ORDINALITY hl(lane, o)
                 CROSS JOIN LATERAL @S@.relaybus_lane_candidates(p_handler, hl.lane, v_now, v_live,
                     least(p_batch, c_per_lane), p_chain) c
                 LIMIT p_batch) t;
+        -- the lanes read to the end: all of them when the batch is short,
+        -- else those before the lane it filled at (lanes are read in order)
+        v_scanned := CASE WHEN cardinality(v_picked) < p_batch THEN v_held
+                          ELSE v_held[1:v_last - 1] END;
     END IF;
     -- 2. more lanes, a few at a time: free ones and expired ones with due
     -- work.  The lanes to look at, from a place of this owner's own (owners
     -- spread over the lanes); none when this owner holds them all, which
     -- costs one scan of the lane rows instead of 256 probes
     IF cardinality(v_picked) < p_batch AND (p_search OR cardinality(v_held) = 0) THEN
+        -- (after the last lane held, counting from there: the lanes before
+        -- it were looked at by earlier searches, and those that ran dry were
+        -- handed back; looking at them first again would cost every search)
+        IF cardinality(v_held) > 0 THEN
+            SELECT (v_start + max((h.ln - v_start + 256) % 256) + 1) % 256 INTO v_start
+              FROM unnest(v_held) h(ln);
+        END IF;
         SELECT coalesce(array_agg(y.lane ORDER BY (y.lane - v_start + 256) % 256), '{}') INTO v_free
           FROM @S@.relaybus_lanes y
          WHERE y.handler = p_handler AND (y.lease_owner IS NULL OR y.lease_expires_at <= v_now)
@@ -481,10 +496,11 @@ BEGIN
     -- Acquired lanes that got nothing are left alone (a free lane was only
     -- locked), except a taken-over lane whose in-flight deliveries were
     -- charged: it is freed with a new epoch so no one charges them twice.
-    -- Held lanes that run nothing and got nothing are handed back at once,
-    -- if the batch did not fill: then every held lane was read to the end
-    -- (a lane passed over for a full batch may have work: handing it back
-    -- would only have it taken again, with a new epoch).
+    -- Held lanes that run nothing and gave nothing when read to the end
+    -- are handed back at once (a lane passed over for a full batch may have
+    -- work: handing it back would only have it taken again, with a new
+    -- epoch).  Kept, a drained lane would be read again by every claim: in
+    -- a backlog drain, most of the held lanes soon are.
     v_used := ARRAY(SELECT DISTINCT u FROM unnest(v_plane) u);
     WITH w AS (
         UPDATE @S@.relaybus_lanes x
@@ -497,21 +513,26 @@ BEGIN
          WHERE x.handler = p_handler AND x.lane = ANY (v_used)
         RETURNING x.lane, x.epoch)
     SELECT array_agg(w.lane), array_agg(w.epoch) INTO v_elanes, v_epochs FROM w;
+    -- (the epochs by lane: a lookup per row, not a join the planner would
+    -- redo for every row)
+    FOR i IN 1 .. coalesce(cardinality(v_elanes), 0) LOOP
+        v_epoch[v_elanes[i]] := v_epochs[i];
+    END LOOP;
     UPDATE @S@.relaybus_lanes x
        SET epoch = x.epoch + 1, lease_owner = NULL, lease_expires_at = NULL, in_flight = '{}'
      WHERE x.handler = p_handler AND x.lane = ANY (v_charged) AND NOT (x.lane = ANY (v_used));
     UPDATE @S@.relaybus_lanes x
        SET lease_owner = NULL, lease_expires_at = NULL, in_flight = '{}'
-     WHERE x.handler = p_handler AND x.lane = ANY (v_held) AND NOT (x.lane = ANY (v_acquired))
+     WHERE x.handler = p_handler AND x.lane = ANY (v_scanned)
        AND NOT (x.lane = ANY (v_used)) AND x.lease_owner = p_owner
-       AND NOT (x.in_flight && v_live) AND cardinality(v_picked) < p_batch;
+       AND NOT (x.in_flight && v_live);
     RETURN QUERY
-        SELECT d.id, d.event_id, d.handler, d.lane, le.epoch, d.claims, d.attempts,
+        SELECT d.id, d.event_id, d.handler, d.lane, v_epoch[d.lane], d.claims, d.attempts,
                e.name, e.key, d.sequence, e.payload, e.headers, @S@.relaybus_ts(d.created_at)
           FROM unnest(v_picked) p(pid)
          CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_deliveries dd WHERE dd.id = p.pid OFFSET 0) d
          CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_events ee WHERE ee.id = d.event_id OFFSET 0) e
-          JOIN unnest(v_elanes, v_epochs) AS le(lane, epoch) ON le.lane = d.lane
+         WHERE v_epoch[d.lane] >= 0
          ORDER BY d.lane, d.sequence NULLS LAST, d.available_at, d.id;
 END $$;
 

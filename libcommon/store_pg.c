@@ -56,6 +56,7 @@ struct pg_be {
 	bool	 claim_quiet;		/* ... and the seventh: p_search false */
 	bool	 claim_text;		/* rb_claim_opts.line_text */
 	char	 claim_chain[16];	/* ... and the eighth: p_chain */
+	unsigned prepared;		/* hot statements prepared on this connection (bits) */
 };
 
 static void complete_async_free(struct pg_be *);
@@ -215,6 +216,51 @@ retryable(PGresult *res)
 	return state != NULL && (strcmp(state, "40001") == 0 || strcmp(state, "40P01") == 0);
 }
 
+/* The hot statements (claim, completion) are prepared once per connection,
+ * on first use, and then only bound and run: parsing and planning the
+ * completion took 0.33 ms a call, a tenth of the server's time in a drain.
+ * Returns the statement's name, or NULL for any other statement or when
+ * preparing failed (the caller then sends the text, which reports the
+ * error as before). */
+static const char *
+prepared(struct pg_be *be, const char *sql, int n)
+{
+	static const char *const names[] = { "relaybus_claim", "relaybus_complete", "relaybus_complete_hist" };
+	int which = sql == be->q_claim ? 0 : sql == be->q_complete ? 1 : sql == be->q_complete_hist ? 2 : -1;
+	PGresult *res;
+	bool ok;
+
+	if (which < 0)
+		return NULL;
+	if (be->prepared & (1u << which))
+		return names[which];
+	res = PQprepare(be->conn, names[which], sql, n, NULL);
+	ok = res != NULL && PQresultStatus(res) == PGRES_COMMAND_OK;
+	PQclear(res);
+	if (!ok)
+		return NULL;
+	be->prepared |= 1u << which;
+	return names[which];
+}
+
+static PGresult *
+exec_q(struct pg_be *be, const char *sql, int n, const char *const *params)
+{
+	const char *name = prepared(be, sql, n);
+
+	return name != NULL ? PQexecPrepared(be->conn, name, n, params, NULL, NULL, 0)
+	    : PQexecParams(be->conn, sql, n, NULL, params, NULL, NULL, 0);
+}
+
+static int
+send_q(struct pg_be *be, const char *sql, int n, const char *const *params)
+{
+	const char *name = prepared(be, sql, n);
+
+	return name != NULL ? PQsendQueryPrepared(be->conn, name, n, params, NULL, NULL, 0)
+	    : PQsendQueryParams(be->conn, sql, n, NULL, params, NULL, NULL, 0);
+}
+
 /* Run a parameterized statement (text params); retries a deadlock or a
  * serialization failure a few times when it runs in its own transaction. */
 static PGresult *
@@ -226,7 +272,7 @@ run(struct rb_store *s, const char *sql, int n, const char *const *params, ExecS
 
 	for (int attempt = 0; attempt < (retry ? 5 : 1); attempt++) {
 		PQclear(res);
-		res = PQexecParams(be->conn, sql, n, NULL, params, NULL, NULL, 0);
+		res = exec_q(be, sql, n, params);
 		if (res != NULL && PQresultStatus(res) == want)
 			return res;
 		if (!retryable(res))
@@ -290,6 +336,7 @@ pg_connect(struct rb_store *s, struct rb_error *err)
 	vals[n++] = s->app;
 	keys[n] = NULL;
 	vals[n] = NULL;
+	be->prepared = 0;
 	be->conn = PQconnectdbParams(keys, vals, 1);
 	if (be->conn == NULL)
 		return rb_seterr(err, RB_EXIT_OSERR, "out of memory");
@@ -851,7 +898,7 @@ pg_claim_send(struct rb_store *s, const struct rb_claim_opts *o, struct rb_error
 		return rb_seterr(err, RB_EXIT_SOFTWARE, "claim: a statement is in progress already");
 	claim_params(be, o, params);
 	be->claim_tries = 1;
-	if (!PQsendQueryParams(be->conn, be->q_claim, 8, NULL, params, NULL, NULL, 0))
+	if (!send_q(be, be->q_claim, 8, params))
 		return send_failed(s, "claim", err);
 	be->claim_pending = true;
 	return 0;
@@ -898,7 +945,7 @@ pg_claim_recv(struct rb_store *s, bool wait, json_t **out, struct rb_error *err)
 			params[6] = be->claim_quiet ? "false" : "true";
 			params[7] = be->claim_chain;
 			be->claim_tries++;
-			if (!PQsendQueryParams(be->conn, be->q_claim, 8, NULL, params, NULL, NULL, 0))
+			if (!send_q(be, be->q_claim, 8, params))
 				return send_failed(s, "claim", err);
 			be->claim_pending = true;
 			continue;
@@ -1117,8 +1164,7 @@ complete_async_query(struct pg_be *be)
 	const struct fence_arrays *a = be->complete_fa;
 	const char *params[6] = { a->ev.s, a->h.s, a->lane.s, a->epoch.s, a->claims.s, a->id.s };
 
-	return PQsendQueryParams(be->conn, be->complete_hist ? be->q_complete_hist : be->q_complete, 6,
-	    NULL, params, NULL, NULL, 0);
+	return send_q(be, be->complete_hist ? be->q_complete_hist : be->q_complete, 6, params);
 }
 
 static int
