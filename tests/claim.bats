@@ -268,6 +268,22 @@ claim8() {  # owner batch live search chain
   [ "$(echo "$output" | jq -r .event_id)" = c1 ]
 }
 
+@test "a held lane that ran dry is handed back even when the batch fills from another" {
+  # two keys in two lanes, the first one read holding one delivery, the other three
+  read -r a b < <(q "SELECT CASE WHEN relaybus_lane('P') < relaybus_lane('Q') THEN 'P Q' ELSE 'Q P' END")
+  printf '{"id":"d1","name":"keyed.x","key":"%s","payload":1}\n' "$a" | rb-publish -q
+  for i in 1 2 3; do printf '{"id":"f%d","name":"keyed.x","key":"%s","payload":%d}\n' "$i" "$b" "$i"; done | rb-publish -q
+  [ "$(claim8 A 2 "'{}'" true 1)" = "d1 f1" ]
+  q "DELETE FROM relaybus_deliveries WHERE event_id IN ('d1', 'f1')"
+  # the batch of 1 fills from the second lane; the first, read to the end, gave nothing
+  [ "$(claim8 A 1 "'{}'" false 1)" = f2 ]
+  [ "$(q "SELECT coalesce(lease_owner, 'free') FROM relaybus_lanes WHERE handler = 'k' AND lane = relaybus_lane('$a')")" = free ]
+  [ "$(q "SELECT lease_owner FROM relaybus_lanes WHERE handler = 'k' AND lane = relaybus_lane('$b')")" = A ]
+  # a lane that still runs something is kept: f2 is live, f3 waits behind it
+  [ "$(claim8 A 1 "'{'$(q "SELECT id FROM relaybus_deliveries WHERE event_id = 'f2'")'}'::bigint[]" false 1)" = "" ]
+  [ "$(q "SELECT lease_owner FROM relaybus_lanes WHERE handler = 'k' AND lane = relaybus_lane('$b')")" = A ]
+}
+
 @test "a result completes by its delivery_id, or by event and handler without one; a wrong id completes nothing" {
   # i1 and i3 share a lane, so that only the event id tells their deliveries apart
   local i3
