@@ -72,14 +72,14 @@ order_violations() {  # file [strict]
   [[ "$output" == *"--stats-every DUR"* ]]
 }
 
-@test "default concurrency: 400 deliveries in flight with --pipe, 10 with --exec and --sql" {
+@test "defaults: 400 in flight, claims of 200, chains of 32 with --pipe; 10, 100, 8 with --exec" {
   need_pg
   run -0 --separate-stderr rb-dispatch -v -H dc --pipe cat --drain
-  [[ "$stderr" == *"(concurrency 400)"* ]]
+  [[ "$stderr" == *"(concurrency 400, batch 200, chain 32)"* ]]
   run -0 --separate-stderr rb-dispatch -v -H dc --exec true --drain
-  [[ "$stderr" == *"(concurrency 10)"* ]]
-  run -0 --separate-stderr rb-dispatch -v -H dc --pipe cat --concurrency 7 --drain
-  [[ "$stderr" == *"(concurrency 7)"* ]]
+  [[ "$stderr" == *"(concurrency 10, batch 100, chain 8)"* ]]
+  run -0 --separate-stderr rb-dispatch -v -H dc --pipe cat --concurrency 7 --batch 3 --chain 2 --drain
+  [[ "$stderr" == *"(concurrency 7, batch 3, chain 2)"* ]]
   # and 400 really go out at once, in claims of 200: one co-process holds them
   # all before answering
   publish 500 dc dc
