@@ -137,6 +137,9 @@ struct rb_claim_opts {
 	 * member RB_LINE_TEXT_KEY instead of "payload" and "headers" (which
 	 * are then not parsed at all) */
 	bool		 line_text;
+	/* claim only: rb_store_claim_send's answer is what was taken,
+	 * [{"id", "lane", "epoch"}, ...], for rb_store_fetch_send */
+	bool		 apart;
 };
 #define RB_LINE_TEXT_KEY	"_line"
 
@@ -162,6 +165,20 @@ int	rb_store_claim(struct rb_store *, const struct rb_claim_opts *, json_t **del
 #define RB_CLAIM_PENDING (-2)
 int	rb_store_claim_send(struct rb_store *, const struct rb_claim_opts *, struct rb_error *err);
 int	rb_store_claim_recv(struct rb_store *, bool wait, json_t **deliveries, struct rb_error *err);
+
+/**
+ * Read the deliveries that a claim sent with rb_claim_opts.apart took
+ * (claimed: its answer), on a second connection of the store's (opened on
+ * first use, closed with the first), so that reading the events runs
+ * beside the next claim instead of inside it.  One at a time.  recv gives
+ * the delivery objects rb_store_claim gives (line_text: as there), in the
+ * order to start them, without those that are gone; it returns their
+ * number, -1, or RB_CLAIM_PENDING.  rb_store_fetch_socket: the socket to
+ * poll while one is out, else -1.
+ */
+int	rb_store_fetch_send(struct rb_store *, const json_t *claimed, bool line_text, struct rb_error *err);
+int	rb_store_fetch_recv(struct rb_store *, bool wait, json_t **deliveries, struct rb_error *err);
+int	rb_store_fetch_socket(const struct rb_store *);
 
 /**
  * rb_store_complete in two steps, as the claim (rb_store_claim_send), for

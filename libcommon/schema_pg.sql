@@ -346,12 +346,16 @@ $$;
 -- p_chain: how many deliveries of one key to take at once (1: the heads
 -- only); see relaybus_lane_candidates.  A chain's followers are in flight
 -- like the rest: a takeover charges them an attempt too.
-CREATE OR REPLACE FUNCTION @S@.relaybus_claim(
+--
+-- relaybus_claim_ids returns what was claimed as (id, lane, epoch), in the
+-- order the lanes gave them; relaybus_deliveries_by_id reads the rows.
+-- rb-dispatch runs the second on a connection of its own, so that reading
+-- the events (a random probe of their text key each) runs beside the next
+-- claim; relaybus_claim does both.
+CREATE OR REPLACE FUNCTION @S@.relaybus_claim_ids(
     p_handler text, p_owner text, p_batch integer, p_lease_ms bigint, p_max_attempts integer,
     p_live bigint[], p_search boolean, p_chain integer)
-RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigint, claims integer,
-               attempts integer, name text, key text, sequence bigint, payload jsonb, headers jsonb,
-               created_at text)
+RETURNS TABLE (id bigint, lane smallint, epoch bigint)
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
     v_now      timestamptz := clock_timestamp();
@@ -527,13 +531,46 @@ BEGIN
        AND NOT (x.lane = ANY (v_used)) AND x.lease_owner = p_owner
        AND NOT (x.in_flight && v_live);
     RETURN QUERY
-        SELECT d.id, d.event_id, d.handler, d.lane, v_epoch[d.lane], d.claims, d.attempts,
-               e.name, e.key, d.sequence, e.payload, e.headers, @S@.relaybus_ts(d.created_at)
-          FROM unnest(v_picked) p(pid)
-         CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_deliveries dd WHERE dd.id = p.pid OFFSET 0) d
-         CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_events ee WHERE ee.id = d.event_id OFFSET 0) e
-         WHERE v_epoch[d.lane] >= 0
-         ORDER BY d.lane, d.sequence NULLS LAST, d.available_at, d.id;
+        SELECT p.pid, p.ln, v_epoch[p.ln] FROM unnest(v_picked, v_plane) p(pid, ln)
+         WHERE v_epoch[p.ln] >= 0;
+END $$;
+
+-- The claimed deliveries of p_ids (p_epochs: their lanes' epochs, element
+-- by element), in the order they are to start: by lane, a key's in
+-- sequence order.  A delivery that is gone is left out.  Lookups one id at
+-- a time, LATERAL and fenced with OFFSET 0, index scans only: the plan must
+-- not depend on statistics, which a young table does not have.
+CREATE OR REPLACE FUNCTION @S@.relaybus_deliveries_by_id(p_ids bigint[], p_epochs bigint[])
+RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigint, claims integer,
+               attempts integer, name text, key text, sequence bigint, payload jsonb, headers jsonb,
+               created_at text)
+LANGUAGE sql STABLE SET enable_seqscan = off AS $$
+    SELECT d.id, d.event_id, d.handler, d.lane, p.epoch, d.claims, d.attempts,
+           e.name, e.key, d.sequence, e.payload, e.headers, @S@.relaybus_ts(d.created_at)
+      FROM unnest(p_ids, p_epochs) p(pid, epoch)
+     CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_deliveries dd WHERE dd.id = p.pid OFFSET 0) d
+     CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_events ee WHERE ee.id = d.event_id OFFSET 0) e
+     ORDER BY d.lane, d.sequence NULLS LAST, d.available_at, d.id
+$$;
+
+-- Claim and read in one statement (rb-claim; what one types in psql).
+CREATE OR REPLACE FUNCTION @S@.relaybus_claim(
+    p_handler text, p_owner text, p_batch integer, p_lease_ms bigint, p_max_attempts integer,
+    p_live bigint[], p_search boolean, p_chain integer)
+RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigint, claims integer,
+               attempts integer, name text, key text, sequence bigint, payload jsonb, headers jsonb,
+               created_at text)
+-- (two statements: the second must see what the first wrote, a takeover's
+-- charged attempts; one query would read with the snapshot it began with)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_ids    bigint[];
+    v_epochs bigint[];
+BEGIN
+    SELECT array_agg(c.id), array_agg(c.epoch) INTO v_ids, v_epochs
+      FROM @S@.relaybus_claim_ids(p_handler, p_owner, p_batch, p_lease_ms, p_max_attempts,
+                                  p_live, p_search, p_chain) c;
+    RETURN QUERY SELECT * FROM @S@.relaybus_deliveries_by_id(v_ids, v_epochs);
 END $$;
 
 -- The rare path: reschedule (kind 'retry'), bury ('bury') or release

@@ -238,6 +238,27 @@ rb_store_claim_recv(struct rb_store *s, bool wait, json_t **out, struct rb_error
 }
 
 int
+rb_store_fetch_send(struct rb_store *s, const json_t *claimed, bool line_text, struct rb_error *err)
+{
+	NEED_OP(s, fetch_send, err);
+	return s->ops->fetch_send(s, claimed, line_text, err);
+}
+
+int
+rb_store_fetch_recv(struct rb_store *s, bool wait, json_t **out, struct rb_error *err)
+{
+	*out = NULL;
+	NEED_OP(s, fetch_recv, err);
+	return s->ops->fetch_recv(s, wait, out, err);
+}
+
+int
+rb_store_fetch_socket(const struct rb_store *s)
+{
+	return s->ops->fetch_socket != NULL ? s->ops->fetch_socket(s) : -1;
+}
+
+int
 rb_store_extend(struct rb_store *s, const char *handler, const char *owner, int64_t lease_ms,
     struct rb_error *err)
 {

@@ -36,6 +36,9 @@ struct rb_store_ops {
 	int	(*relinquish_leases)(struct rb_store *, const json_t *, struct rb_error *);
 	int	(*listen)(struct rb_store *, struct rb_error *);
 	int	(*socket)(const struct rb_store *);
+	int	(*fetch_send)(struct rb_store *, const json_t *, bool, struct rb_error *);
+	int	(*fetch_recv)(struct rb_store *, bool, json_t **, struct rb_error *);
+	int	(*fetch_socket)(const struct rb_store *);
 	int	(*notified)(struct rb_store *, const char *, int, struct rb_error *);
 };
 

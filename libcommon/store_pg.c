@@ -57,9 +57,16 @@ struct pg_be {
 	bool	 claim_text;		/* rb_claim_opts.line_text */
 	char	 claim_chain[16];	/* ... and the eighth: p_chain */
 	unsigned prepared;		/* hot statements prepared on this connection (bits) */
+	bool	 claim_apart;		/* rb_claim_opts.apart: relaybus_claim_ids */
+	char	*q_claim_ids, *q_fetch;
+	/* the second connection, for rb_store_fetch_send (opened on first use) */
+	PGconn	*conn2;
+	unsigned prepared2;
+	bool	 fetch_pending, fetch_text;
 };
 
 static void complete_async_free(struct pg_be *);
+static json_t *claimed_ids(PGresult *);
 
 /* ---- text helpers ------------------------------------------------------ */
 
@@ -177,19 +184,18 @@ be_of(const struct rb_store *s)
 
 /* Map a failed result (or a NULL one) to an exit code and message. */
 static int
-pg_fail(struct rb_store *s, PGresult *res, const char *what, struct rb_error *err)
+pg_fail_on(struct rb_store *s, PGconn *c, PGresult *res, const char *what, struct rb_error *err)
 {
-	struct pg_be *be = be_of(s);
 	const char *state = res != NULL ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
 	const char *primary = res != NULL ? PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY) : NULL;
 	char msg[400];
 	int code = RB_EXIT_SOFTWARE;
 
 	if (primary == NULL)
-		primary = PQerrorMessage(be->conn);
+		primary = c != NULL ? PQerrorMessage(c) : "not connected";
 	snprintf(msg, sizeof msg, "%s", primary);
 	msg[strcspn(msg, "\n")] = '\0';
-	if (PQstatus(be->conn) == CONNECTION_BAD)
+	if (c == NULL || PQstatus(c) == CONNECTION_BAD)
 		code = RB_EXIT_TEMPFAIL;
 	else if (state == NULL)
 		code = RB_EXIT_SOFTWARE;
@@ -208,6 +214,12 @@ pg_fail(struct rb_store *s, PGresult *res, const char *what, struct rb_error *er
 	return rb_seterr(err, code, "%s: %s", what, msg);
 }
 
+static int
+pg_fail(struct rb_store *s, PGresult *res, const char *what, struct rb_error *err)
+{
+	return pg_fail_on(s, be_of(s)->conn, res, what, err);
+}
+
 static bool
 retryable(PGresult *res)
 {
@@ -223,42 +235,49 @@ retryable(PGresult *res)
  * preparing failed (the caller then sends the text, which reports the
  * error as before). */
 static const char *
-prepared(struct pg_be *be, const char *sql, int n)
+prepared(struct pg_be *be, PGconn *c, const char *sql, int n)
 {
-	static const char *const names[] = { "relaybus_claim", "relaybus_complete", "relaybus_complete_hist" };
-	int which = sql == be->q_claim ? 0 : sql == be->q_complete ? 1 : sql == be->q_complete_hist ? 2 : -1;
+	static const char *const names[] = { "relaybus_claim", "relaybus_complete", "relaybus_complete_hist",
+	    "relaybus_claim_ids", "relaybus_fetch" };
+	const char *const qs[] = { be->q_claim, be->q_complete, be->q_complete_hist, be->q_claim_ids,
+	    be->q_fetch };
+	unsigned *mask = c == be->conn2 ? &be->prepared2 : &be->prepared;
+	int which = -1;
 	PGresult *res;
 	bool ok;
 
+	for (int i = 0; i < (int)(sizeof names / sizeof names[0]) && which < 0; i++)
+		if (sql == qs[i])
+			which = i;
 	if (which < 0)
 		return NULL;
-	if (be->prepared & (1u << which))
+	if (*mask & (1u << which))
 		return names[which];
-	res = PQprepare(be->conn, names[which], sql, n, NULL);
+	res = PQprepare(c, names[which], sql, n, NULL);
 	ok = res != NULL && PQresultStatus(res) == PGRES_COMMAND_OK;
 	PQclear(res);
 	if (!ok)
 		return NULL;
-	be->prepared |= 1u << which;
+	*mask |= 1u << which;
 	return names[which];
 }
 
 static PGresult *
 exec_q(struct pg_be *be, const char *sql, int n, const char *const *params)
 {
-	const char *name = prepared(be, sql, n);
+	const char *name = prepared(be, be->conn, sql, n);
 
 	return name != NULL ? PQexecPrepared(be->conn, name, n, params, NULL, NULL, 0)
 	    : PQexecParams(be->conn, sql, n, NULL, params, NULL, NULL, 0);
 }
 
 static int
-send_q(struct pg_be *be, const char *sql, int n, const char *const *params)
+send_q(struct pg_be *be, PGconn *c, const char *sql, int n, const char *const *params)
 {
-	const char *name = prepared(be, sql, n);
+	const char *name = prepared(be, c, sql, n);
 
-	return name != NULL ? PQsendQueryPrepared(be->conn, name, n, params, NULL, NULL, 0)
-	    : PQsendQueryParams(be->conn, sql, n, NULL, params, NULL, NULL, 0);
+	return name != NULL ? PQsendQueryPrepared(c, name, n, params, NULL, NULL, 0)
+	    : PQsendQueryParams(c, sql, n, NULL, params, NULL, NULL, 0);
 }
 
 /* Run a parameterized statement (text params); retries a deadlock or a
@@ -322,9 +341,8 @@ rollback_quietly(struct rb_store *s)
 /* ---- connection ---------------------------------------------------------- */
 
 static int
-pg_connect(struct rb_store *s, struct rb_error *err)
+connect_to(struct rb_store *s, PGconn **conn, struct rb_error *err)
 {
-	struct pg_be *be = be_of(s);
 	const char *keys[4], *vals[4];
 	int n = 0;
 
@@ -336,19 +354,37 @@ pg_connect(struct rb_store *s, struct rb_error *err)
 	vals[n++] = s->app;
 	keys[n] = NULL;
 	vals[n] = NULL;
-	be->prepared = 0;
-	be->conn = PQconnectdbParams(keys, vals, 1);
-	if (be->conn == NULL)
+	*conn = PQconnectdbParams(keys, vals, 1);
+	if (*conn == NULL)
 		return rb_seterr(err, RB_EXIT_OSERR, "out of memory");
-	if (PQstatus(be->conn) != CONNECTION_OK) {
+	if (PQstatus(*conn) != CONNECTION_OK) {
 		char msg[400];
 
-		snprintf(msg, sizeof msg, "%s", PQerrorMessage(be->conn));
+		snprintf(msg, sizeof msg, "%s", PQerrorMessage(*conn));
 		msg[strcspn(msg, "\n")] = '\0';
 		return rb_seterr(err, RB_EXIT_UNAVAILABLE, "cannot connect to %s: %s",
 		    s->url_redacted, msg);
 	}
 	return 0;
+}
+
+static int
+pg_connect(struct rb_store *s, struct rb_error *err)
+{
+	be_of(s)->prepared = 0;
+	return connect_to(s, &be_of(s)->conn, err);
+}
+
+/* The second connection goes with the first: closed with it, and with it
+ * whatever was out on it. */
+static void
+close_conn2(struct pg_be *be)
+{
+	if (be->conn2 != NULL)
+		PQfinish(be->conn2);
+	be->conn2 = NULL;
+	be->prepared2 = 0;
+	be->fetch_pending = false;
 }
 
 /* publish: one row per event, in input order */
@@ -370,6 +406,19 @@ pg_open(struct rb_store *s, struct rb_error *err)
 	    "SELECT id, event_id, handler, lane, epoch, claims, attempts, name, key, sequence, "
 	    "payload::text, headers::text, created_at "
 	    "FROM @S@.relaybus_claim($1, $2, $3::integer, $4::bigint, $5::integer, $6::bigint[], $7::boolean, $8::integer)", sc);
+	be->q_claim_ids = render("SELECT id, lane, epoch "
+	    "FROM @S@.relaybus_claim_ids($1, $2, $3::integer, $4::bigint, $5::integer, $6::bigint[], $7::boolean, $8::integer)", sc);
+	/* relaybus_deliveries_by_id's query, prepared on the second connection
+	 * (a function's body would be planned again at every call); $2: the
+	 * epochs by lane (lane + 1).  The connection runs with enable_seqscan
+	 * off, as relaybus_claim does: young tables have no statistics. */
+	be->q_fetch = render(
+	    "SELECT d.id, d.event_id, d.handler, d.lane, ($2::bigint[])[d.lane + 1], d.claims, d.attempts, "
+	    "e.name, e.key, d.sequence, e.payload::text, e.headers::text, @S@.relaybus_ts(d.created_at) "
+	    "FROM unnest($1::bigint[]) p(pid) "
+	    "CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_deliveries dd WHERE dd.id = p.pid OFFSET 0) d "
+	    "CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_events ee WHERE ee.id = d.event_id OFFSET 0) e "
+	    "ORDER BY d.lane, d.sequence NULLS LAST, d.available_at, d.id", sc);
 	be->q_extend = render(
 	    "UPDATE @S@.relaybus_lanes SET lease_expires_at = clock_timestamp() + $3::bigint * interval '1 millisecond' "
 	    "WHERE handler = $1 AND lease_owner = $2", sc);
@@ -437,8 +486,11 @@ pg_close(struct rb_store *s)
 		return;
 	if (be->conn != NULL)
 		PQfinish(be->conn);
+	close_conn2(be);
 	complete_async_free(be);
 	free(be->q_publish);
+	free(be->q_claim_ids);
+	free(be->q_fetch);
 	free(be->claim_live.s);
 	free(be->q_claim);
 	free(be->q_extend);
@@ -473,6 +525,7 @@ pg_reconnect(struct rb_store *s, struct rb_error *err)
 	if (be->conn != NULL)
 		PQfinish(be->conn);
 	be->conn = NULL;
+	close_conn2(be);
 	be->history = -1;
 	be->claim_pending = false;
 	complete_async_free(be);
@@ -898,7 +951,8 @@ pg_claim_send(struct rb_store *s, const struct rb_claim_opts *o, struct rb_error
 		return rb_seterr(err, RB_EXIT_SOFTWARE, "claim: a statement is in progress already");
 	claim_params(be, o, params);
 	be->claim_tries = 1;
-	if (!send_q(be, be->q_claim, 8, params))
+	be->claim_apart = o->apart;
+	if (!send_q(be, be->conn, o->apart ? be->q_claim_ids : be->q_claim, 8, params))
 		return send_failed(s, "claim", err);
 	be->claim_pending = true;
 	return 0;
@@ -930,7 +984,7 @@ pg_claim_recv(struct rb_store *s, bool wait, json_t **out, struct rb_error *err)
 			PQclear(more);
 		be->claim_pending = false;
 		if (res != NULL && PQresultStatus(res) == PGRES_TUPLES_OK) {
-			*out = claim_rows(res, be->claim_text);
+			*out = be->claim_apart ? claimed_ids(res) : claim_rows(res, be->claim_text);
 			PQclear(res);
 			return (int)json_array_size(*out);
 		}
@@ -945,7 +999,7 @@ pg_claim_recv(struct rb_store *s, bool wait, json_t **out, struct rb_error *err)
 			params[6] = be->claim_quiet ? "false" : "true";
 			params[7] = be->claim_chain;
 			be->claim_tries++;
-			if (!send_q(be, be->q_claim, 8, params))
+			if (!send_q(be, be->conn, be->claim_apart ? be->q_claim_ids : be->q_claim, 8, params))
 				return send_failed(s, "claim", err);
 			be->claim_pending = true;
 			continue;
@@ -954,6 +1008,136 @@ pg_claim_recv(struct rb_store *s, bool wait, json_t **out, struct rb_error *err)
 		PQclear(res);
 		return -1;
 	}
+}
+
+/* ---- reading what a claim took, on the second connection ------------------ */
+
+/* What relaybus_claim_ids returned: [{"id", "lane", "epoch"}, ...]. */
+static json_t *
+claimed_ids(PGresult *res)
+{
+	json_t *arr = json_array();
+
+	for (int i = 0; i < PQntuples(res); i++)
+		json_array_append_new(arr, json_pack("{s:I, s:i, s:I}",
+		    "id", (json_int_t)strtoll(PQgetvalue(res, i, 0), NULL, 10),
+		    "lane", atoi(PQgetvalue(res, i, 1)),
+		    "epoch", (json_int_t)strtoll(PQgetvalue(res, i, 2), NULL, 10)));
+	return arr;
+}
+
+static int
+fetch_failed(struct rb_store *s, PGresult *res, struct rb_error *err)
+{
+	struct pg_be *be = be_of(s);
+
+	be->fetch_pending = false;
+	pg_fail_on(s, be->conn2, res, "fetch", err);
+	/* a connection that failed a read-only statement is not to be trusted */
+	if (be->conn2 != NULL && PQstatus(be->conn2) != CONNECTION_OK)
+		close_conn2(be);
+	return -1;
+}
+
+static int
+pg_fetch_send(struct rb_store *s, const json_t *claimed, bool text, struct rb_error *err)
+{
+	struct pg_be *be = be_of(s);
+	struct rb_sbuf ids, epochs;
+	const char *params[2];
+	char num[48];
+	json_int_t by_lane[256] = { 0 };
+	int ok;
+
+	if (be->fetch_pending)
+		return rb_seterr(err, RB_EXIT_SOFTWARE, "fetch: a fetch is in progress already");
+	if (be->conn2 != NULL && PQstatus(be->conn2) != CONNECTION_OK)
+		close_conn2(be);
+	if (be->conn2 == NULL) {
+		PGresult *res;
+
+		if (connect_to(s, &be->conn2, err) < 0) {
+			close_conn2(be);
+			return -1;
+		}
+		res = PQexec(be->conn2, "SET enable_seqscan = off");
+		if (res == NULL || PQresultStatus(res) != PGRES_COMMAND_OK) {
+			fetch_failed(s, res, err);
+			PQclear(res);
+			close_conn2(be);
+			return -1;
+		}
+		PQclear(res);
+	}
+	rb_sb_init(&ids);
+	rb_sb_init(&epochs);
+	rb_sb_puts(&ids, "{");
+	rb_sb_puts(&epochs, "{");
+	for (size_t i = 0; i < json_array_size(claimed); i++) {
+		const json_t *c = json_array_get(claimed, i);
+		json_int_t lane = json_integer_value(json_object_get(c, "lane"));
+
+		snprintf(num, sizeof num, "%s%" JSON_INTEGER_FORMAT, i > 0 ? "," : "",
+		    json_integer_value(json_object_get(c, "id")));
+		rb_sb_puts(&ids, num);
+		if (lane >= 0 && lane < 256)
+			by_lane[lane] = json_integer_value(json_object_get(c, "epoch"));
+	}
+	for (int i = 0; i < 256; i++) {
+		snprintf(num, sizeof num, "%s%" JSON_INTEGER_FORMAT, i > 0 ? "," : "", by_lane[i]);
+		rb_sb_puts(&epochs, num);
+	}
+	rb_sb_puts(&ids, "}");
+	rb_sb_puts(&epochs, "}");
+	params[0] = ids.s;
+	params[1] = epochs.s;
+	ok = send_q(be, be->conn2, be->q_fetch, 2, params);
+	free(ids.s);
+	free(epochs.s);
+	if (!ok)
+		return fetch_failed(s, NULL, err);
+	be->fetch_pending = true;
+	be->fetch_text = text;
+	return 0;
+}
+
+static int
+pg_fetch_recv(struct rb_store *s, bool wait, json_t **out, struct rb_error *err)
+{
+	struct pg_be *be = be_of(s);
+	PGresult *res, *more;
+
+	if (!be->fetch_pending)
+		return rb_seterr(err, RB_EXIT_SOFTWARE, "fetch: no fetch in progress");
+	if (!wait) {
+		int alive = PQconsumeInput(be->conn2);
+
+		if (PQisBusy(be->conn2)) {
+			if (!alive || PQstatus(be->conn2) == CONNECTION_BAD)
+				return fetch_failed(s, NULL, err);
+			return RB_CLAIM_PENDING;
+		}
+	}
+	res = PQgetResult(be->conn2);
+	while ((more = PQgetResult(be->conn2)) != NULL)
+		PQclear(more);
+	be->fetch_pending = false;
+	if (res == NULL || PQresultStatus(res) != PGRES_TUPLES_OK) {
+		fetch_failed(s, res, err);
+		PQclear(res);
+		return -1;
+	}
+	*out = claim_rows(res, be->fetch_text);
+	PQclear(res);
+	return (int)json_array_size(*out);
+}
+
+static int
+pg_fetch_socket(const struct rb_store *s)
+{
+	struct pg_be *be = be_of(s);
+
+	return be != NULL && be->conn2 != NULL && be->fetch_pending ? PQsocket(be->conn2) : -1;
 }
 
 static int
@@ -1164,7 +1348,7 @@ complete_async_query(struct pg_be *be)
 	const struct fence_arrays *a = be->complete_fa;
 	const char *params[6] = { a->ev.s, a->h.s, a->lane.s, a->epoch.s, a->claims.s, a->id.s };
 
-	return send_q(be, be->complete_hist ? be->q_complete_hist : be->q_complete, 6, params);
+	return send_q(be, be->conn, be->complete_hist ? be->q_complete_hist : be->q_complete, 6, params);
 }
 
 static int
@@ -1600,6 +1784,9 @@ const struct rb_store_ops rb_store_pg_ops = {
 	.relinquish_leases = pg_relinquish_leases,
 	.listen = pg_listen,
 	.socket = pg_socket,
+	.fetch_send = pg_fetch_send,
+	.fetch_recv = pg_fetch_recv,
+	.fetch_socket = pg_fetch_socket,
 	.notified = pg_notified,
 };
 

@@ -268,6 +268,23 @@ claim8() {  # owner batch live search chain
   [ "$(echo "$output" | jq -r .event_id)" = c1 ]
 }
 
+@test "claimed apart: relaybus_claim_ids gives (id, lane, epoch); relaybus_deliveries_by_id reads them, not what is gone" {
+  for i in 3 1 2; do printf '{"id":"a%d","name":"keyed.x","key":"A","payload":%d}\n' "$i" "$i"; done | rb-publish -q
+  run -0 q "SELECT string_agg(c.id || ' ' || c.lane || ' ' || c.epoch, ',')
+              FROM relaybus_claim_ids('k', 'A', 10, 60000, 5, '{}', true, 8) c"
+  [ "$(echo "$output" | tr ',' '\n' | wc -l)" = 3 ]
+  # the lane and its epoch as recorded by the claim
+  [ "$(echo "$output" | tr ',' '\n' | cut -d' ' -f2-3 | sort -u)" = \
+    "$(q "SELECT lane || ' ' || epoch FROM relaybus_lanes WHERE handler = 'k' AND lease_owner = 'A'")" ]
+  ids="{$(echo "$output" | tr ',' '\n' | cut -d' ' -f1 | paste -sd,)}"
+  eps="{$(echo "$output" | tr ',' '\n' | cut -d' ' -f3 | paste -sd,)}"
+  q "DELETE FROM relaybus_deliveries WHERE event_id = 'a1'"
+  # in the order to run them (the key's sequence), without the one that is gone
+  [ "$(q "SELECT string_agg(event_id || ':' || epoch || ':' || attempts, ' ')
+          FROM relaybus_deliveries_by_id('$ids', '$eps')")" = \
+    "a3:$(echo "$eps" | tr -d '{}' | cut -d, -f1):0 a2:$(echo "$eps" | tr -d '{}' | cut -d, -f1):0" ]
+}
+
 @test "a held lane that ran dry is handed back even when the batch fills from another" {
   # two keys in two lanes, the first one read holding one delivery, the other three
   read -r a b < <(q "SELECT CASE WHEN relaybus_lane('P') < relaybus_lane('Q') THEN 'P Q' ELSE 'Q P' END")

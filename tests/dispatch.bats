@@ -72,20 +72,20 @@ order_violations() {  # file [strict]
   [[ "$output" == *"--stats-every DUR"* ]]
 }
 
-@test "defaults: 400 in flight, claims of 200, chains of 32 with --pipe; 10, 100, 8 with --exec" {
+@test "defaults: 800 in flight, claims of 200, chains of 32 with --pipe; 10, 100, 8 with --exec" {
   need_pg
   run -0 --separate-stderr rb-dispatch -v -H dc --pipe cat --drain
-  [[ "$stderr" == *"(concurrency 400, batch 200, chain 32)"* ]]
+  [[ "$stderr" == *"(concurrency 800, batch 200, chain 32)"* ]]
   run -0 --separate-stderr rb-dispatch -v -H dc --exec true --drain
   [[ "$stderr" == *"(concurrency 10, batch 100, chain 8)"* ]]
   run -0 --separate-stderr rb-dispatch -v -H dc --pipe cat --concurrency 7 --batch 3 --chain 2 --drain
   [[ "$stderr" == *"(concurrency 7, batch 3, chain 2)"* ]]
-  # and 400 really go out at once, in claims of 200: one co-process holds them
+  # and 800 really go out at once, in claims of 200: one co-process holds them
   # all before answering
-  publish 500 dc dc
+  publish 1000 dc dc
   run -0 --separate-stderr timeout 60 rb-dispatch -vv -H dc --drain \
-    --pipe "sh -c 'head -n 400 >$BATS_TEST_TMPDIR/first; cat $BATS_TEST_TMPDIR/first; cat'"
-  [ "$(wc -l <"$BATS_TEST_TMPDIR/first")" = 400 ]
+    --pipe "sh -c 'head -n 800 >$BATS_TEST_TMPDIR/first; cat $BATS_TEST_TMPDIR/first; cat'"
+  [ "$(wc -l <"$BATS_TEST_TMPDIR/first")" = 800 ]
   [[ "$stderr" == *"claimed 200 (asked 200)"* ]]
   [[ "$stderr" != *"(asked 201)"* && "$stderr" != *"claimed 201"* ]]
   [ "$(pending dc)" = 0 ]
@@ -183,6 +183,27 @@ order_violations() {  # file [strict]
   [ "$(pending restart)" = 0 ]
   [ "$(cut -d' ' -f1 "$out" | sort -u | wc -l)" = 1000 ]
   [ "$(order_violations "$out" 0)" = 0 ]
+}
+
+@test "the connection that reads what was claimed is cut, again and again: it reconnects, nothing lost or run twice" {
+  need_pg
+  local out=$BATS_TEST_TMPDIR/f.out cut=0 n
+  publish 3000 f fetchcut 20
+  rb-dispatch -H fetchcut --pipe "rb-test-pipe $out" --drain -c 20 -b 10 2>"$BATS_TEST_TMPDIR/f.err" 3>&- & PIDS=$!
+  # the second connection is the one whose statement reads the claimed rows
+  while kill -0 "$PIDS" 2>/dev/null && [ "$cut" -lt 3 ]; do
+    n=$(q "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+           WHERE query LIKE 'SELECT d.id, d.event_id%' AND pid <> pg_backend_pid()")
+    cut=$((cut + n))
+    sleep 0.2
+  done
+  wait "$PIDS"
+  [ "$cut" -ge 3 ]
+  [ "$(grep -c reconnected "$BATS_TEST_TMPDIR/f.err")" -ge 3 ]
+  [ "$(pending fetchcut)" = 0 ]
+  [ "$(cut -d' ' -f1 "$out" | sort -u | wc -l)" = 3000 ]
+  [ "$(wc -l <"$out")" = 3000 ]
+  [ "$(order_violations "$out")" = 0 ]
 }
 
 @test "SIGTERM: running handlers finish, lanes are handed back, a second dispatcher goes on at once" {
