@@ -1396,14 +1396,30 @@ delivery_id(const json_t *line)
 	return s != NULL ? strtoll(s, NULL, 10) : -1;
 }
 
+/* The lane of a delivery line, or of a result by its lease token. */
+static int
+lane_of(const json_t *line)
+{
+	const json_t *l = json_object_get(line, "lane");
+	const char *lease;
+
+	if (json_is_integer(l))
+		return (int)json_integer_value(l);
+	lease = json_string_value(json_object_get(line, "lease"));
+	return lease != NULL ? atoi(lease) : -1;
+}
+
 static size_t
-chain_ids(const json_t *followers, int64_t *ids)
+chain_ids(const json_t *followers, int64_t *ids, int *lanes)
 {
 	size_t n = 0;
 
-	for (size_t i = 0; i < json_array_size(followers); i++)
-		if ((ids[n] = delivery_id(json_array_get(followers, i))) >= 0)
-			n++;
+	for (size_t i = 0; i < json_array_size(followers); i++) {
+		const json_t *f = json_array_get(followers, i);
+
+		if ((ids[n] = delivery_id(f)) >= 0)
+			lanes[n++] = lane_of(f);
+	}
 	return n;
 }
 
@@ -1412,7 +1428,7 @@ chain_ids(const json_t *followers, int64_t *ids)
  * owner generation: the claim need not look them up (rb_claim_opts.live).
  */
 static size_t
-live_ids(int64_t **ids, size_t *cap)
+live_ids(int64_t **ids, int **lanes, size_t *cap)
 {
 	size_t n = 0, want = nqueue;
 
@@ -1427,23 +1443,28 @@ live_ids(int64_t **ids, size_t *cap)
 	if (*cap < want) {
 		*cap = want;
 		*ids = xrealloc(*ids, want * sizeof **ids);
+		*lanes = xrealloc(*lanes, want * sizeof **lanes);
 	}
 	for (int i = 0; i < opt.concurrency; i++)
 		if (slots[i].used) {
 			if (((*ids)[n] = delivery_id(slots[i].line)) >= 0)
-				n++;
-			n += chain_ids(slots[i].followers, *ids + n);
+				(*lanes)[n++] = lane_of(slots[i].line);
+			n += chain_ids(slots[i].followers, *ids + n, *lanes + n);
 		}
 	for (size_t i = 0; i < nqueue; i++) {
 		if (((*ids)[n] = delivery_id(queue[i].r)) >= 0)
-			n++;
-		n += chain_ids(queue[i].followers, *ids + n);
+			(*lanes)[n++] = lane_of(queue[i].r);
+		n += chain_ids(queue[i].followers, *ids + n, *lanes + n);
 	}
 	/* claimed, being read */
-	for (size_t i = 0; i < json_array_size(fetch_ids); i++)
-		(*ids)[n++] = json_integer_value(json_object_get(json_array_get(fetch_ids, i), "id"));
-	for (size_t i = 0; i < json_array_size(fetch_next); i++)
-		(*ids)[n++] = json_integer_value(json_object_get(json_array_get(fetch_next, i), "id"));
+	for (int k = 0; k < 2; k++) {
+		const json_t *arr = k == 0 ? fetch_ids : fetch_next;
+
+		for (size_t i = 0; i < json_array_size(arr); i++) {
+			(*ids)[n] = json_integer_value(json_object_get(json_array_get(arr, i), "id"));
+			(*lanes)[n++] = lane_of(json_array_get(arr, i));
+		}
+	}
 	return n;
 }
 
@@ -1451,6 +1472,7 @@ static void
 maybe_claim(int64_t now)
 {
 	static int64_t *live;
+	static int *live_lanes;
 	static size_t live_cap;
 	int free_slots = opt.concurrency - running - (int)nqueue - nwait - nfetch;
 	struct rb_claim_opts co;
@@ -1462,10 +1484,11 @@ maybe_claim(int64_t now)
 	co = (struct rb_claim_opts){ .handler = opt.handler, .owner = owners[cur_gen % NOWNERS].name,
 	    .batch = free_slots < opt.batch ? free_slots : opt.batch, .lease_ms = opt.lease_ms,
 	    .max_attempts = opt.co.max_attempts };
-	co.n_live = live_ids(&live, &live_cap);
+	co.n_live = live_ids(&live, &live_lanes, &live_cap);
 	co.chain = opt.chain;
 	co.line_text = opt.mode != MODE_SQL;	/* --sql hands the statement the parsed line */
 	co.live = live;
+	co.live_lanes = live_lanes;
 	co.apart = true;
 	/* look for more lanes unless the last look found too few and nothing
 	 * changed since; a claim with nothing running always looks (its

@@ -126,6 +126,9 @@ struct rb_claim_opts {
 	 * NULL: unknown.  Never leave one out (a superset is harmless). */
 	const int64_t	*live;
 	size_t		 n_live;
+	/* their lanes, element by element, or NULL: a held lane then gets no
+	 * more than fills it to 32 in flight (relaybus_claim_ids) */
+	const int	*live_lanes;
 	/* do not look for more lanes unless none is held (relaybus_claim's
 	 * p_search): the last look found too few, and nothing woke us since */
 	bool		 no_search;

@@ -346,16 +346,24 @@ $$;
 -- p_chain: how many deliveries of one key to take at once (1: the heads
 -- only); see relaybus_lane_candidates.  A chain's followers are in flight
 -- like the rest: a takeover charges them an attempt too.
+-- p_live_lanes: the lanes of p_live, element by element, when the caller
+-- knows them: a held lane then gets no more than fills it to 32 in flight
+-- (a lane row lists them, and a row that outgrows its page is no longer
+-- updated HOT).  NULL: no such cap (only 32 a lane per pass).
 --
--- relaybus_claim_ids returns what was claimed as (id, lane, epoch), in the
--- order the lanes gave them; relaybus_deliveries_by_id reads the rows.
--- rb-dispatch runs the second on a connection of its own, so that reading
--- the events (a random probe of their text key each) runs beside the next
--- claim; relaybus_claim does both.
+-- relaybus_claim_ids returns the claimed delivery rows with their lane's
+-- epoch, in the order to start them (by lane, a key's in sequence order),
+-- but not their events: rb-dispatch reads those on a connection of its own,
+-- beside the next claim (a random probe of the events' text key each, the
+-- largest part of a claim).  relaybus_claim does both.
+DROP FUNCTION IF EXISTS @S@.relaybus_claim_ids(text, text, integer, bigint, integer, bigint[], boolean, integer);
+DROP FUNCTION IF EXISTS @S@.relaybus_claim_ids(text, text, integer, bigint, integer, bigint[], boolean, integer, smallint[]);
+DROP FUNCTION IF EXISTS @S@.relaybus_deliveries_by_id(bigint[], bigint[]);
 CREATE OR REPLACE FUNCTION @S@.relaybus_claim_ids(
     p_handler text, p_owner text, p_batch integer, p_lease_ms bigint, p_max_attempts integer,
-    p_live bigint[], p_search boolean, p_chain integer)
-RETURNS TABLE (id bigint, lane smallint, epoch bigint)
+    p_live bigint[], p_search boolean, p_chain integer, p_live_lanes smallint[])
+RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigint, claims integer,
+               attempts integer, sequence bigint, created_at text)
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
     v_now      timestamptz := clock_timestamp();
@@ -383,6 +391,9 @@ DECLARE
     -- enough for HOT updates (8 lanes to a page at fillfactor 10, each
     -- under 1 kB) and are never TOASTed, and spreads a batch over lanes
     c_per_lane CONSTANT integer := 32;
+    -- and at most this many in flight on a lane in all (p_live_lanes)
+    c_lane_max CONSTANT integer := 32;
+    v_room     integer[] := array_fill(c_lane_max, ARRAY[256], ARRAY[0]);  -- by lane
     l          record;
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM @S@.relaybus_lanes x WHERE x.handler = p_handler AND x.lane = 0) THEN
@@ -409,12 +420,18 @@ BEGIN
                               WHERE dd.id = f.fid AND dd.status = 'pending' OFFSET 0) d
          WHERE x.handler = p_handler AND x.lane = ANY (v_held);
     END IF;
+    IF p_live_lanes IS NOT NULL THEN
+        FOR l IN SELECT u.ln, count(*) AS n FROM unnest(p_live_lanes) u(ln)
+                  WHERE u.ln >= 0 AND u.ln < 256 GROUP BY u.ln LOOP
+            v_room[l.ln] := greatest(c_lane_max - l.n, 0);
+        END LOOP;
+    END IF;
     IF cardinality(v_held) > 0 THEN
         SELECT coalesce(array_agg(t.c), '{}'), coalesce(array_agg(t.lane), '{}'), max(t.o)
           INTO v_picked, v_plane, v_last
           FROM (SELECT c, hl.lane, hl.o FROM unnest(v_held) WITH ORDINALITY hl(lane, o)
                 CROSS JOIN LATERAL @S@.relaybus_lane_candidates(p_handler, hl.lane, v_now, v_live,
-                    least(p_batch, c_per_lane), p_chain) c
+                    least(p_batch, c_per_lane, v_room[hl.lane]), p_chain) c
                 LIMIT p_batch) t;
         -- the lanes read to the end: all of them when the batch is short,
         -- else those before the lane it filled at (lanes are read in order)
@@ -487,10 +504,13 @@ BEGIN
     -- lane had more than its share (a lane that gave less has no more)
     IF cardinality(v_picked) < p_batch AND cardinality(v_held) > 0
        AND EXISTS (SELECT 1 FROM unnest(v_plane) u(ln) GROUP BY u.ln HAVING count(*) >= c_per_lane) THEN
+        FOR l IN SELECT u.ln, count(*) AS n FROM unnest(v_plane) u(ln) GROUP BY u.ln LOOP
+            v_room[l.ln] := greatest(v_room[l.ln] - l.n, 0);
+        END LOOP;
         SELECT array_agg(t.c), array_agg(t.lane) INTO v_ids, v_lanes
           FROM (SELECT c, hl.lane FROM unnest(v_held) hl(lane)
                 CROSS JOIN LATERAL @S@.relaybus_lane_candidates(p_handler, hl.lane, v_now, v_live || v_picked,
-                    least(p_batch - cardinality(v_picked), c_per_lane), p_chain) c
+                    least(p_batch - cardinality(v_picked), c_per_lane, v_room[hl.lane]), p_chain) c
                 LIMIT p_batch - cardinality(v_picked)) t;
         v_picked := v_picked || coalesce(v_ids, '{}');
         v_plane := v_plane || coalesce(v_lanes, '{}');
@@ -531,27 +551,13 @@ BEGIN
        AND NOT (x.lane = ANY (v_used)) AND x.lease_owner = p_owner
        AND NOT (x.in_flight && v_live);
     RETURN QUERY
-        SELECT p.pid, p.ln, v_epoch[p.ln] FROM unnest(v_picked, v_plane) p(pid, ln)
-         WHERE v_epoch[p.ln] >= 0;
+        SELECT d.id, d.event_id, d.handler, d.lane, v_epoch[d.lane], d.claims, d.attempts,
+               d.sequence, @S@.relaybus_ts(d.created_at)
+          FROM unnest(v_picked) p(pid)
+         CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_deliveries dd WHERE dd.id = p.pid OFFSET 0) d
+         WHERE v_epoch[d.lane] >= 0
+         ORDER BY d.lane, d.sequence NULLS LAST, d.available_at, d.id;
 END $$;
-
--- The claimed deliveries of p_ids (p_epochs: their lanes' epochs, element
--- by element), in the order they are to start: by lane, a key's in
--- sequence order.  A delivery that is gone is left out.  Lookups one id at
--- a time, LATERAL and fenced with OFFSET 0, index scans only: the plan must
--- not depend on statistics, which a young table does not have.
-CREATE OR REPLACE FUNCTION @S@.relaybus_deliveries_by_id(p_ids bigint[], p_epochs bigint[])
-RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigint, claims integer,
-               attempts integer, name text, key text, sequence bigint, payload jsonb, headers jsonb,
-               created_at text)
-LANGUAGE sql STABLE SET enable_seqscan = off AS $$
-    SELECT d.id, d.event_id, d.handler, d.lane, p.epoch, d.claims, d.attempts,
-           e.name, e.key, d.sequence, e.payload, e.headers, @S@.relaybus_ts(d.created_at)
-      FROM unnest(p_ids, p_epochs) p(pid, epoch)
-     CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_deliveries dd WHERE dd.id = p.pid OFFSET 0) d
-     CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_events ee WHERE ee.id = d.event_id OFFSET 0) e
-     ORDER BY d.lane, d.sequence NULLS LAST, d.available_at, d.id
-$$;
 
 -- Claim and read in one statement (rb-claim; what one types in psql).
 CREATE OR REPLACE FUNCTION @S@.relaybus_claim(
@@ -560,17 +566,15 @@ CREATE OR REPLACE FUNCTION @S@.relaybus_claim(
 RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigint, claims integer,
                attempts integer, name text, key text, sequence bigint, payload jsonb, headers jsonb,
                created_at text)
--- (two statements: the second must see what the first wrote, a takeover's
--- charged attempts; one query would read with the snapshot it began with)
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_ids    bigint[];
-    v_epochs bigint[];
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
 BEGIN
-    SELECT array_agg(c.id), array_agg(c.epoch) INTO v_ids, v_epochs
-      FROM @S@.relaybus_claim_ids(p_handler, p_owner, p_batch, p_lease_ms, p_max_attempts,
-                                  p_live, p_search, p_chain) c;
-    RETURN QUERY SELECT * FROM @S@.relaybus_deliveries_by_id(v_ids, v_epochs);
+    RETURN QUERY
+        SELECT c.id, c.event_id, c.handler, c.lane, c.epoch, c.claims, c.attempts,
+               e.name, e.key, c.sequence, e.payload, e.headers, c.created_at
+          FROM @S@.relaybus_claim_ids(p_handler, p_owner, p_batch, p_lease_ms, p_max_attempts,
+                                      p_live, p_search, p_chain, NULL) WITH ORDINALITY c
+         CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_events ee WHERE ee.id = c.event_id OFFSET 0) e
+         ORDER BY c.ordinality;
 END $$;
 
 -- The rare path: reschedule (kind 'retry'), bury ('bury') or release

@@ -52,6 +52,8 @@ struct pg_be {
 	int	 claim_tries;
 	char	 claim_params[5][256];	/* its parameters, kept for a retry */
 	struct rb_sbuf claim_live;	/* ... and the sixth: p_live ("{1,2}") */
+	struct rb_sbuf claim_live_lanes;	/* ... and the ninth (claim ids only): their lanes */
+	bool	 claim_lanes_known;
 	bool	 claim_live_known;
 	bool	 claim_quiet;		/* ... and the seventh: p_search false */
 	bool	 claim_text;		/* rb_claim_opts.line_text */
@@ -63,6 +65,7 @@ struct pg_be {
 	PGconn	*conn2;
 	unsigned prepared2;
 	bool	 fetch_pending, fetch_text;
+	json_t	*fetch_claimed;		/* what the fetch out reads the events of */
 };
 
 static void complete_async_free(struct pg_be *);
@@ -385,6 +388,8 @@ close_conn2(struct pg_be *be)
 	be->conn2 = NULL;
 	be->prepared2 = 0;
 	be->fetch_pending = false;
+	json_decref(be->fetch_claimed);
+	be->fetch_claimed = NULL;
 }
 
 /* publish: one row per event, in input order */
@@ -401,24 +406,24 @@ pg_open(struct rb_store *s, struct rb_error *err)
 	s->be = be;
 	be->history = -1;
 	rb_sb_init(&be->claim_live);
+	rb_sb_init(&be->claim_live_lanes);
 	be->q_publish = render(q_publish_tmpl, sc);
 	be->q_claim = render(
 	    "SELECT id, event_id, handler, lane, epoch, claims, attempts, name, key, sequence, "
 	    "payload::text, headers::text, created_at "
 	    "FROM @S@.relaybus_claim($1, $2, $3::integer, $4::bigint, $5::integer, $6::bigint[], $7::boolean, $8::integer)", sc);
-	be->q_claim_ids = render("SELECT id, lane, epoch "
-	    "FROM @S@.relaybus_claim_ids($1, $2, $3::integer, $4::bigint, $5::integer, $6::bigint[], $7::boolean, $8::integer)", sc);
-	/* relaybus_deliveries_by_id's query, prepared on the second connection
-	 * (a function's body would be planned again at every call); $2: the
-	 * epochs by lane (lane + 1).  The connection runs with enable_seqscan
-	 * off, as relaybus_claim does: young tables have no statistics. */
+	be->q_claim_ids = render("SELECT id, event_id, handler, lane, epoch, claims, attempts, sequence, created_at "
+	    "FROM @S@.relaybus_claim_ids($1, $2, $3::integer, $4::bigint, $5::integer, $6::bigint[], $7::boolean, $8::integer, "
+	    "$9::smallint[])", sc);
+	/* the events of what a claim took, on the second connection, by the
+	 * position of their event id in $1 (the connection runs with
+	 * enable_seqscan off, as the claim does: young tables have no
+	 * statistics) */
 	be->q_fetch = render(
-	    "SELECT d.id, d.event_id, d.handler, d.lane, ($2::bigint[])[d.lane + 1], d.claims, d.attempts, "
-	    "e.name, e.key, d.sequence, e.payload::text, e.headers::text, @S@.relaybus_ts(d.created_at) "
-	    "FROM unnest($1::bigint[]) p(pid) "
-	    "CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_deliveries dd WHERE dd.id = p.pid OFFSET 0) d "
-	    "CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_events ee WHERE ee.id = d.event_id OFFSET 0) e "
-	    "ORDER BY d.lane, d.sequence NULLS LAST, d.available_at, d.id", sc);
+	    "SELECT p.o, e.name, e.key, e.payload::text, e.headers::text "
+	    "FROM unnest($1::text[]) WITH ORDINALITY p(eid, o) "
+	    "CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_events ee WHERE ee.id = p.eid OFFSET 0) e "
+	    "ORDER BY p.o", sc);
 	be->q_extend = render(
 	    "UPDATE @S@.relaybus_lanes SET lease_expires_at = clock_timestamp() + $3::bigint * interval '1 millisecond' "
 	    "WHERE handler = $1 AND lease_owner = $2", sc);
@@ -492,6 +497,7 @@ pg_close(struct rb_store *s)
 	free(be->q_claim_ids);
 	free(be->q_fetch);
 	free(be->claim_live.s);
+	free(be->claim_live_lanes.s);
 	free(be->q_claim);
 	free(be->q_extend);
 	free(be->q_complete);
@@ -785,7 +791,7 @@ rb_pg_publish(PGconn *conn, const char *schema, const json_t *event, json_t **ac
 static json_t *
 json_or_null(const char *text)
 {
-	json_t *v = json_loads(text, JSON_DECODE_ANY, NULL);
+	json_t *v = text != NULL ? json_loads(text, JSON_DECODE_ANY, NULL) : NULL;
 
 	return v != NULL ? v : json_null();
 }
@@ -794,7 +800,7 @@ json_or_null(const char *text)
  * that handler and owner fit); the sixth, the ids still running, is NULL
  * when the caller does not know them. */
 static void
-claim_params(struct pg_be *be, const struct rb_claim_opts *o, const char *params[8])
+claim_params(struct pg_be *be, const struct rb_claim_opts *o, const char *params[9])
 {
 	char num[24];
 
@@ -817,6 +823,18 @@ claim_params(struct pg_be *be, const struct rb_claim_opts *o, const char *params
 		rb_sb_puts(&be->claim_live, "}");
 	}
 	params[5] = be->claim_live_known ? be->claim_live.s : NULL;
+	be->claim_live_lanes.len = 0;
+	be->claim_lanes_known = o->live != NULL && o->live_lanes != NULL;
+	if (be->claim_lanes_known) {
+		rb_sb_puts(&be->claim_live_lanes, "{");
+		for (size_t i = 0; i < o->n_live; i++) {
+			int k = snprintf(num, sizeof num, "%s%d", i > 0 ? "," : "", o->live_lanes[i]);
+
+			rb_sb_putn(&be->claim_live_lanes, num, (size_t)k);
+		}
+		rb_sb_puts(&be->claim_live_lanes, "}");
+	}
+	params[8] = be->claim_lanes_known ? be->claim_live_lanes.s : NULL;
 	be->claim_quiet = o->no_search;
 	be->claim_text = o->line_text;
 	params[6] = be->claim_quiet ? "false" : "true";
@@ -824,23 +842,98 @@ claim_params(struct pg_be *be, const struct rb_claim_opts *o, const char *params
 	params[7] = be->claim_chain;
 }
 
-/* Append the text of column c of row i as a JSON string, or null. */
+/* Append a JSON string, or null for NULL. */
 static void
-sb_col_string(struct rb_sbuf *b, const PGresult *res, int i, int c)
+sb_str(struct rb_sbuf *b, const char *v)
 {
-	if (PQgetisnull(res, i, c))
+	if (v == NULL)
 		rb_sb_putn(b, "null", 4);
 	else
-		rb_json_sb_string(b, PQgetvalue(res, i, c), (size_t)PQgetlength(res, i, c));
+		rb_json_sb_string(b, v, strlen(v));
 }
 
+/* One claimed delivery's columns, as text (NULL: SQL NULL). */
+struct dcols {
+	const char	*id, *event_id, *handler, *name, *key, *sequence, *payload, *headers, *created_at;
+	int		 lane, attempts;
+	int64_t		 epoch, claims;
+};
+
 /*
- * The deliveries of a claim's result, as JSON objects.  With text, each
- * carries its whole line under RB_LINE_TEXT_KEY instead of payload and
- * headers: made from the columns as they come (the jsonb text compacted),
- * never parsed; rb-dispatch spent a third of its time parsing payloads
- * only to print them again.
+ * A delivery as a JSON object.  With text, it carries its whole line under
+ * RB_LINE_TEXT_KEY instead of payload and headers: made from the columns as
+ * they come (the jsonb text compacted), never parsed; rb-dispatch spent a
+ * third of its time parsing payloads only to print them again.  b: scratch.
  */
+static json_t *
+delivery_of(const struct dcols *c, bool text, struct rb_sbuf *b)
+{
+	struct rb_lease l = { .lane = c->lane, .epoch = c->epoch, .claims = c->claims };
+	char token[64], num[32];
+	int attempt = c->attempts + 1;
+	json_t *d = json_object();
+
+	rb_lease_format(&l, token, sizeof token);
+	json_object_set_new(d, "event_id", json_string(c->event_id));
+	json_object_set_new(d, "handler", json_string(c->handler));
+	json_object_set_new(d, "name", json_string(c->name));
+	json_object_set_new(d, "key", c->key == NULL ? json_null() : json_string(c->key));
+	if (!text) {
+		json_object_set_new(d, "payload", json_or_null(c->payload));
+		json_object_set_new(d, "headers", json_or_null(c->headers));
+	}
+	json_object_set_new(d, "attempt", json_integer(attempt));
+	json_object_set_new(d, "lease", json_string(token));
+	json_object_set_new(d, "created_at", json_string(c->created_at));
+	json_object_set_new(d, "delivery_id", json_string(c->id));
+	json_object_set_new(d, "lane", json_integer(c->lane));
+	json_object_set_new(d, "sequence", c->sequence == NULL ? json_null() :
+	    json_integer(strtoll(c->sequence, NULL, 10)));
+	if (text) {
+		/* the same members in the same order as the objects have them */
+		b->len = 0;
+		rb_sb_puts(b, "{\"event_id\":");
+		sb_str(b, c->event_id);
+		rb_sb_puts(b, ",\"handler\":");
+		sb_str(b, c->handler);
+		rb_sb_puts(b, ",\"name\":");
+		sb_str(b, c->name);
+		rb_sb_puts(b, ",\"key\":");
+		sb_str(b, c->key);
+		for (int k = 0; k < 2; k++) {
+			const char *v = k == 0 ? c->payload : c->headers;
+
+			rb_sb_puts(b, k == 0 ? ",\"payload\":" : ",\"headers\":");
+			if (v == NULL)
+				rb_sb_puts(b, "null");
+			else
+				rb_json_sb_compact(b, v, strlen(v));
+		}
+		snprintf(num, sizeof num, ",\"attempt\":%d", attempt);
+		rb_sb_puts(b, num);
+		rb_sb_puts(b, ",\"lease\":\"");
+		rb_sb_puts(b, token);
+		rb_sb_puts(b, "\",\"created_at\":");
+		sb_str(b, c->created_at);
+		rb_sb_puts(b, ",\"delivery_id\":");
+		sb_str(b, c->id);
+		snprintf(num, sizeof num, ",\"lane\":%d", c->lane);
+		rb_sb_puts(b, num);
+		rb_sb_puts(b, ",\"sequence\":");
+		rb_sb_puts(b, c->sequence == NULL ? "null" : c->sequence);
+		rb_sb_puts(b, "}\n");
+		json_object_set_new(d, RB_LINE_TEXT_KEY, json_stringn_nocheck(b->s, b->len));
+	}
+	return d;
+}
+
+static const char *
+col(const PGresult *res, int i, int c)
+{
+	return PQgetisnull(res, i, c) ? NULL : PQgetvalue(res, i, c);
+}
+
+/* The deliveries of a claim's result (relaybus_claim's columns). */
 static json_t *
 claim_rows(PGresult *res, bool text)
 {
@@ -849,69 +942,15 @@ claim_rows(PGresult *res, bool text)
 
 	rb_sb_init(&b);
 	for (int i = 0; i < PQntuples(res); i++) {
-		struct rb_lease l;
-		char token[64], num[32];
-		int attempt = atoi(PQgetvalue(res, i, 6)) + 1;
-		json_t *d;
+		struct dcols c = {
+			.id = col(res, i, 0), .event_id = col(res, i, 1), .handler = col(res, i, 2),
+			.lane = atoi(PQgetvalue(res, i, 3)), .epoch = strtoll(PQgetvalue(res, i, 4), NULL, 10),
+			.claims = strtoll(PQgetvalue(res, i, 5), NULL, 10), .attempts = atoi(PQgetvalue(res, i, 6)),
+			.name = col(res, i, 7), .key = col(res, i, 8), .sequence = col(res, i, 9),
+			.payload = col(res, i, 10), .headers = col(res, i, 11), .created_at = col(res, i, 12),
+		};
 
-		l.lane = atoi(PQgetvalue(res, i, 3));
-		l.epoch = strtoll(PQgetvalue(res, i, 4), NULL, 10);
-		l.claims = strtoll(PQgetvalue(res, i, 5), NULL, 10);
-		rb_lease_format(&l, token, sizeof token);
-		d = json_object();
-		json_object_set_new(d, "event_id", json_string(PQgetvalue(res, i, 1)));
-		json_object_set_new(d, "handler", json_string(PQgetvalue(res, i, 2)));
-		json_object_set_new(d, "name", json_string(PQgetvalue(res, i, 7)));
-		json_object_set_new(d, "key", PQgetisnull(res, i, 8) ? json_null() :
-		    json_string(PQgetvalue(res, i, 8)));
-		if (!text) {
-			json_object_set_new(d, "payload", json_or_null(PQgetvalue(res, i, 10)));
-			json_object_set_new(d, "headers", json_or_null(PQgetvalue(res, i, 11)));
-		}
-		json_object_set_new(d, "attempt", json_integer(attempt));
-		json_object_set_new(d, "lease", json_string(token));
-		json_object_set_new(d, "created_at", json_string(PQgetvalue(res, i, 12)));
-		json_object_set_new(d, "delivery_id", json_string(PQgetvalue(res, i, 0)));
-		json_object_set_new(d, "lane", json_integer(l.lane));
-		json_object_set_new(d, "sequence", PQgetisnull(res, i, 9) ? json_null() :
-		    json_integer(strtoll(PQgetvalue(res, i, 9), NULL, 10)));
-		if (text) {
-			/* the same members in the same order as the objects have them */
-			b.len = 0;
-			rb_sb_puts(&b, "{\"event_id\":");
-			sb_col_string(&b, res, i, 1);
-			rb_sb_puts(&b, ",\"handler\":");
-			sb_col_string(&b, res, i, 2);
-			rb_sb_puts(&b, ",\"name\":");
-			sb_col_string(&b, res, i, 7);
-			rb_sb_puts(&b, ",\"key\":");
-			sb_col_string(&b, res, i, 8);
-			for (int c = 10; c <= 11; c++) {
-				rb_sb_puts(&b, c == 10 ? ",\"payload\":" : ",\"headers\":");
-				if (PQgetisnull(res, i, c))
-					rb_sb_puts(&b, "null");
-				else
-					rb_json_sb_compact(&b, PQgetvalue(res, i, c), (size_t)PQgetlength(res, i, c));
-			}
-			snprintf(num, sizeof num, ",\"attempt\":%d", attempt);
-			rb_sb_puts(&b, num);
-			rb_sb_puts(&b, ",\"lease\":\"");
-			rb_sb_puts(&b, token);
-			rb_sb_puts(&b, "\",\"created_at\":");
-			sb_col_string(&b, res, i, 12);
-			rb_sb_puts(&b, ",\"delivery_id\":");
-			sb_col_string(&b, res, i, 0);
-			snprintf(num, sizeof num, ",\"lane\":%d", l.lane);
-			rb_sb_puts(&b, num);
-			rb_sb_puts(&b, ",\"sequence\":");
-			if (PQgetisnull(res, i, 9))
-				rb_sb_puts(&b, "null");
-			else
-				rb_sb_puts(&b, PQgetvalue(res, i, 9));
-			rb_sb_puts(&b, "}\n");
-			json_object_set_new(d, RB_LINE_TEXT_KEY, json_stringn_nocheck(b.s, b.len));
-		}
-		json_array_append_new(arr, d);
+		json_array_append_new(arr, delivery_of(&c, text, &b));
 	}
 	free(b.s);
 	return arr;
@@ -921,7 +960,7 @@ static int
 pg_claim(struct rb_store *s, const struct rb_claim_opts *o, json_t **out, struct rb_error *err)
 {
 	struct pg_be *be = be_of(s);
-	const char *params[8];
+	const char *params[9];
 	PGresult *res;
 
 	claim_params(be, o, params);
@@ -945,14 +984,14 @@ static int
 pg_claim_send(struct rb_store *s, const struct rb_claim_opts *o, struct rb_error *err)
 {
 	struct pg_be *be = be_of(s);
-	const char *params[8];
+	const char *params[9];
 
 	if (be->claim_pending || be->complete_pending)
 		return rb_seterr(err, RB_EXIT_SOFTWARE, "claim: a statement is in progress already");
 	claim_params(be, o, params);
 	be->claim_tries = 1;
 	be->claim_apart = o->apart;
-	if (!send_q(be, be->conn, o->apart ? be->q_claim_ids : be->q_claim, 8, params))
+	if (!send_q(be, be->conn, o->apart ? be->q_claim_ids : be->q_claim, o->apart ? 9 : 8, params))
 		return send_failed(s, "claim", err);
 	be->claim_pending = true;
 	return 0;
@@ -990,7 +1029,7 @@ pg_claim_recv(struct rb_store *s, bool wait, json_t **out, struct rb_error *err)
 		}
 		/* a deadlock or serialization failure: the claim runs again, as run() does */
 		if (retryable(res) && be->claim_tries < 5) {
-			const char *params[8];
+			const char *params[9];
 
 			PQclear(res);
 			for (int i = 0; i < 5; i++)
@@ -998,8 +1037,10 @@ pg_claim_recv(struct rb_store *s, bool wait, json_t **out, struct rb_error *err)
 			params[5] = be->claim_live_known ? be->claim_live.s : NULL;
 			params[6] = be->claim_quiet ? "false" : "true";
 			params[7] = be->claim_chain;
+			params[8] = be->claim_lanes_known ? be->claim_live_lanes.s : NULL;
 			be->claim_tries++;
-			if (!send_q(be, be->conn, be->claim_apart ? be->q_claim_ids : be->q_claim, 8, params))
+			if (!send_q(be, be->conn, be->claim_apart ? be->q_claim_ids : be->q_claim,
+			    be->claim_apart ? 9 : 8, params))
 				return send_failed(s, "claim", err);
 			be->claim_pending = true;
 			continue;
@@ -1012,17 +1053,27 @@ pg_claim_recv(struct rb_store *s, bool wait, json_t **out, struct rb_error *err)
 
 /* ---- reading what a claim took, on the second connection ------------------ */
 
-/* What relaybus_claim_ids returned: [{"id", "lane", "epoch"}, ...]. */
+/* What relaybus_claim_ids returned: the delivery rows, without events. */
 static json_t *
 claimed_ids(PGresult *res)
 {
 	json_t *arr = json_array();
 
-	for (int i = 0; i < PQntuples(res); i++)
-		json_array_append_new(arr, json_pack("{s:I, s:i, s:I}",
+	for (int i = 0; i < PQntuples(res); i++) {
+		json_t *c = json_pack("{s:I, s:s, s:s, s:i, s:I, s:I, s:i, s:s}",
 		    "id", (json_int_t)strtoll(PQgetvalue(res, i, 0), NULL, 10),
-		    "lane", atoi(PQgetvalue(res, i, 1)),
-		    "epoch", (json_int_t)strtoll(PQgetvalue(res, i, 2), NULL, 10)));
+		    "event_id", PQgetvalue(res, i, 1), "handler", PQgetvalue(res, i, 2),
+		    "lane", atoi(PQgetvalue(res, i, 3)),
+		    "epoch", (json_int_t)strtoll(PQgetvalue(res, i, 4), NULL, 10),
+		    "claims", (json_int_t)strtoll(PQgetvalue(res, i, 5), NULL, 10),
+		    "attempts", atoi(PQgetvalue(res, i, 6)), "created_at", PQgetvalue(res, i, 8));
+
+		if (c == NULL)	/* not UTF-8: cannot happen with a UTF8 database */
+			continue;
+		if (!PQgetisnull(res, i, 7))
+			json_object_set_new(c, "sequence", json_string(PQgetvalue(res, i, 7)));
+		json_array_append_new(arr, c);
+	}
 	return arr;
 }
 
@@ -1032,6 +1083,8 @@ fetch_failed(struct rb_store *s, PGresult *res, struct rb_error *err)
 	struct pg_be *be = be_of(s);
 
 	be->fetch_pending = false;
+	json_decref(be->fetch_claimed);
+	be->fetch_claimed = NULL;
 	pg_fail_on(s, be->conn2, res, "fetch", err);
 	/* a connection that failed a read-only statement is not to be trusted */
 	if (be->conn2 != NULL && PQstatus(be->conn2) != CONNECTION_OK)
@@ -1043,10 +1096,8 @@ static int
 pg_fetch_send(struct rb_store *s, const json_t *claimed, bool text, struct rb_error *err)
 {
 	struct pg_be *be = be_of(s);
-	struct rb_sbuf ids, epochs;
-	const char *params[2];
-	char num[48];
-	json_int_t by_lane[256] = { 0 };
+	struct rb_sbuf ids;
+	const char *params[1];
 	int ok;
 
 	if (be->fetch_pending)
@@ -1070,34 +1121,18 @@ pg_fetch_send(struct rb_store *s, const json_t *claimed, bool text, struct rb_er
 		PQclear(res);
 	}
 	rb_sb_init(&ids);
-	rb_sb_init(&epochs);
 	rb_sb_puts(&ids, "{");
-	rb_sb_puts(&epochs, "{");
-	for (size_t i = 0; i < json_array_size(claimed); i++) {
-		const json_t *c = json_array_get(claimed, i);
-		json_int_t lane = json_integer_value(json_object_get(c, "lane"));
-
-		snprintf(num, sizeof num, "%s%" JSON_INTEGER_FORMAT, i > 0 ? "," : "",
-		    json_integer_value(json_object_get(c, "id")));
-		rb_sb_puts(&ids, num);
-		if (lane >= 0 && lane < 256)
-			by_lane[lane] = json_integer_value(json_object_get(c, "epoch"));
-	}
-	for (int i = 0; i < 256; i++) {
-		snprintf(num, sizeof num, "%s%" JSON_INTEGER_FORMAT, i > 0 ? "," : "", by_lane[i]);
-		rb_sb_puts(&epochs, num);
-	}
+	for (size_t i = 0; i < json_array_size(claimed); i++)
+		sb_array_text(&ids, json_string_value(json_object_get(json_array_get(claimed, i), "event_id")));
 	rb_sb_puts(&ids, "}");
-	rb_sb_puts(&epochs, "}");
 	params[0] = ids.s;
-	params[1] = epochs.s;
-	ok = send_q(be, be->conn2, be->q_fetch, 2, params);
+	ok = send_q(be, be->conn2, be->q_fetch, 1, params);
 	free(ids.s);
-	free(epochs.s);
 	if (!ok)
 		return fetch_failed(s, NULL, err);
 	be->fetch_pending = true;
 	be->fetch_text = text;
+	be->fetch_claimed = json_incref((json_t *)claimed);
 	return 0;
 }
 
@@ -1127,7 +1162,40 @@ pg_fetch_recv(struct rb_store *s, bool wait, json_t **out, struct rb_error *err)
 		PQclear(res);
 		return -1;
 	}
-	*out = claim_rows(res, be->fetch_text);
+	{
+		/* each claimed row with its event, in the claim's order (an event
+		 * that is gone leaves its delivery out) */
+		json_t *arr = json_array();
+		struct rb_sbuf b;
+
+		rb_sb_init(&b);
+		for (int i = 0; i < PQntuples(res); i++) {
+			const json_t *r = json_array_get(be->fetch_claimed, (size_t)strtol(PQgetvalue(res, i, 0), NULL, 10) - 1);
+			char id[32];
+			struct dcols c;
+
+			if (r == NULL)
+				continue;
+			snprintf(id, sizeof id, "%" JSON_INTEGER_FORMAT, json_integer_value(json_object_get(r, "id")));
+			c = (struct dcols){
+				.id = id, .event_id = json_string_value(json_object_get(r, "event_id")),
+				.handler = json_string_value(json_object_get(r, "handler")),
+				.lane = (int)json_integer_value(json_object_get(r, "lane")),
+				.epoch = json_integer_value(json_object_get(r, "epoch")),
+				.claims = json_integer_value(json_object_get(r, "claims")),
+				.attempts = (int)json_integer_value(json_object_get(r, "attempts")),
+				.sequence = json_string_value(json_object_get(r, "sequence")),
+				.created_at = json_string_value(json_object_get(r, "created_at")),
+				.name = col(res, i, 1), .key = col(res, i, 2),
+				.payload = col(res, i, 3), .headers = col(res, i, 4),
+			};
+			json_array_append_new(arr, delivery_of(&c, be->fetch_text, &b));
+		}
+		free(b.s);
+		*out = arr;
+	}
+	json_decref(be->fetch_claimed);
+	be->fetch_claimed = NULL;
 	PQclear(res);
 	return (int)json_array_size(*out);
 }

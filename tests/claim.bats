@@ -268,21 +268,34 @@ claim8() {  # owner batch live search chain
   [ "$(echo "$output" | jq -r .event_id)" = c1 ]
 }
 
-@test "claimed apart: relaybus_claim_ids gives (id, lane, epoch); relaybus_deliveries_by_id reads them, not what is gone" {
+@test "claimed apart: relaybus_claim_ids gives the rows and their epoch, in order, without the events" {
   for i in 3 1 2; do printf '{"id":"a%d","name":"keyed.x","key":"A","payload":%d}\n' "$i" "$i"; done | rb-publish -q
-  run -0 q "SELECT string_agg(c.id || ' ' || c.lane || ' ' || c.epoch, ',')
-              FROM relaybus_claim_ids('k', 'A', 10, 60000, 5, '{}', true, 8) c"
-  [ "$(echo "$output" | tr ',' '\n' | wc -l)" = 3 ]
-  # the lane and its epoch as recorded by the claim
-  [ "$(echo "$output" | tr ',' '\n' | cut -d' ' -f2-3 | sort -u)" = \
-    "$(q "SELECT lane || ' ' || epoch FROM relaybus_lanes WHERE handler = 'k' AND lease_owner = 'A'")" ]
-  ids="{$(echo "$output" | tr ',' '\n' | cut -d' ' -f1 | paste -sd,)}"
-  eps="{$(echo "$output" | tr ',' '\n' | cut -d' ' -f3 | paste -sd,)}"
-  q "DELETE FROM relaybus_deliveries WHERE event_id = 'a1'"
-  # in the order to run them (the key's sequence), without the one that is gone
-  [ "$(q "SELECT string_agg(event_id || ':' || epoch || ':' || attempts, ' ')
-          FROM relaybus_deliveries_by_id('$ids', '$eps')")" = \
-    "a3:$(echo "$eps" | tr -d '{}' | cut -d, -f1):0 a2:$(echo "$eps" | tr -d '{}' | cut -d, -f1):0" ]
+  q "UPDATE relaybus_deliveries SET attempts = 2 WHERE event_id = 'a1'"
+  # in the order to run them (the key's sequence)
+  run -0 q "SELECT string_agg(c.event_id || ':' || c.sequence || ':' || c.attempts || ':' || c.lane || ':' || c.epoch, ' ')
+              FROM relaybus_claim_ids('k', 'A', 10, 60000, 5, '{}', true, 8, NULL) c"
+  # with the lane's epoch as the claim recorded it
+  e=$(q "SELECT lane || ':' || epoch FROM relaybus_lanes WHERE handler = 'k' AND lease_owner = 'A'")
+  [ "$output" = "a3:1:0:$e a1:2:2:$e a2:3:0:$e" ]
+}
+
+@test "a held lane gets no more than fills it to 32 in flight, when the caller gives the lanes of what it runs" {
+  # 100 unkeyed deliveries, all in lane 7
+  q "SELECT 'e' || g FROM generate_series(1, 40000) g WHERE relaybus_lane('e' || g) = 7 LIMIT 100" |
+    while read -r id; do printf '{"id":"%s","name":"job.x","payload":1}\n' "$id"; done | rb-publish -q
+  [ "$(q "SELECT count(*) FROM relaybus_deliveries WHERE handler = 'h1' AND lane = 7")" = 100 ]
+  ids() { q "SELECT coalesce(string_agg(id::text, ','), '') FROM relaybus_claim_ids('h1', 'A', $1, 60000, 5, $2, true, 1, $3)"; }
+  count() { [ -z "$1" ] && echo 0 || echo "$1" | tr ',' '\n' | wc -l; }
+  first=$(ids 20 "'{}'" NULL)
+  [ "$(count "$first")" = 20 ]
+  lanes="{$(echo "$first" | tr ',' '\n' | sed 's/.*/7/' | paste -sd,)}"
+  # 20 of lane 7 still run: 12 more fill it to 32, then nothing
+  second=$(ids 50 "'{$first}'" "'$lanes'")
+  [ "$(count "$second")" = 12 ]
+  lanes="{$(echo "$first,$second" | tr ',' '\n' | sed 's/.*/7/' | paste -sd,)}"
+  [ "$(count "$(ids 50 "'{$first,$second}'" "'$lanes'")")" = 0 ]
+  # not told the lanes (NULL): up to 32 a claim, as before
+  [ "$(count "$(ids 50 "'{$first,$second}'" NULL)")" = 32 ]
 }
 
 @test "a held lane that ran dry is handed back even when the batch fills from another" {

@@ -193,7 +193,7 @@ order_violations() {  # file [strict]
   # the second connection is the one whose statement reads the claimed rows
   while kill -0 "$PIDS" 2>/dev/null && [ "$cut" -lt 3 ]; do
     n=$(q "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-           WHERE query LIKE 'SELECT d.id, d.event_id%' AND pid <> pg_backend_pid()")
+           WHERE query LIKE 'SELECT p.o, e.name%' AND pid <> pg_backend_pid()")
     cut=$((cut + n))
     sleep 0.2
   done
