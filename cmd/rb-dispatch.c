@@ -43,8 +43,9 @@ extern char **environ;
 
 static const char usage_str[] =
 "usage: rb-dispatch --handler H (--exec CMD | --pipe CMD | --sql SQL) [--concurrency N]\n"
-"                   [--batch N] [--chain N] [--procs N] [--lease DUR] [--timeout DUR]\n"
-"                   [--grace DUR] [--max-attempts N] [--backoff BASE[,MAX[,FACTOR]]]\n"
+"                   [--batch N] [--chain N] [--procs N] [--connections N] [--lease DUR]\n"
+"                   [--timeout DUR] [--grace DUR] [--max-attempts N]\n"
+"                   [--backoff BASE[,MAX[,FACTOR]]]\n"
 "                   [--poll DUR] [--window DUR] [--stats-every DUR] [--owner NAME] [--drain]\n"
 "                   [--db URL] [--schema NAME]\n"
 "\n"
@@ -63,6 +64,9 @@ static const char usage_str[] =
 "                         the other, each once the previous one is completed\n"
 "                         (default 32 with --pipe, else 8)\n"
 "      --procs N          --pipe co-processes (default 1)\n"
+"      --connections N    2: read the events of what a claim took on a second database\n"
+"                         connection while the next claim runs (default); 1: one\n"
+"                         connection, less CPU in all\n"
 "  -l, --lease DUR        lane lease, renewed every third of it (default 30s)\n"
 "  -t, --timeout DUR      kill (--exec) or fail (--pipe) an attempt after DUR (default 5m)\n"
 "      --grace DUR        on SIGTERM/SIGINT, let running handlers finish for DUR (default 30s)\n"
@@ -87,7 +91,7 @@ static const char usage_str[] =
 "applied (database down), 77 permission denied, 78 bad URL or schema not set up.\n";
 
 enum { OPT_EXEC = RB_OPT_FIRST_PROGRAM, OPT_PIPE, OPT_SQL, OPT_PROCS, OPT_GRACE, OPT_BACKOFF,
-	OPT_POLL, OPT_WINDOW, OPT_STATS, OPT_OWNER, OPT_DRAIN, OPT_CHAIN };
+	OPT_POLL, OPT_WINDOW, OPT_STATS, OPT_OWNER, OPT_DRAIN, OPT_CHAIN, OPT_CONNS };
 
 enum mode { MODE_NONE, MODE_EXEC, MODE_PIPE, MODE_SQL };
 
@@ -100,6 +104,7 @@ static struct options {
 	int			 batch;
 	int			 chain;
 	int			 procs;
+	int			 conns;		/* 2: claims read apart (rb_store_fetch_send) */
 	int64_t			 lease_ms;
 	int64_t			 timeout_ms;
 	int64_t			 grace_ms;
@@ -109,7 +114,7 @@ static struct options {
 	const char		*owner;
 	bool			 drain;
 	struct rb_complete_opts	 co;
-} opt = { .concurrency = 0, .batch = 0, .chain = 0, .procs = 1,
+} opt = { .concurrency = 0, .batch = 0, .chain = 0, .procs = 1, .conns = 2,
 	  .lease_ms = RB_DEFAULT_LEASE_MS, .timeout_ms = 5 * 60 * 1000, .grace_ms = 30000,
 	  .poll_ms = 1000, .window_ms = 2,
 	  .co = { .max_attempts = RB_DEFAULT_MAX_ATTEMPTS,
@@ -204,6 +209,7 @@ static void	complete_collect(bool wait);
 static void	fetch_collect(bool wait);
 static void	fetch_send(json_t *ids, unsigned gen);
 static void	start_chains(json_t *got, unsigned gen);
+static void	start_claimed(json_t *got, unsigned gen);
 static void	fetch_drop(json_t **ids, unsigned gen);
 static void	db_settle(void);
 static void	start_delivery(json_t *line, unsigned gen, json_t *followers);
@@ -249,6 +255,7 @@ parse_args(int argc, char **argv)
 		{ "concurrency", required_argument, NULL, 'c' },
 		{ "batch", required_argument, NULL, 'b' },
 		{ "chain", required_argument, NULL, OPT_CHAIN },
+		{ "connections", required_argument, NULL, OPT_CONNS },
 		{ "procs", required_argument, NULL, OPT_PROCS },
 		{ "lease", required_argument, NULL, 'l' },
 		{ "timeout", required_argument, NULL, 't' },
@@ -288,6 +295,9 @@ parse_args(int argc, char **argv)
 			break;
 		case OPT_CHAIN:
 			opt.chain = rb_cli_int(usage_str, "--chain", optarg, 1, 1000);
+			break;
+		case OPT_CONNS:
+			opt.conns = rb_cli_int(usage_str, "--connections", optarg, 1, 2);
 			break;
 		case OPT_PROCS:
 			opt.procs = rb_cli_int(usage_str, "--procs", optarg, 1, 1000);
@@ -1307,12 +1317,31 @@ claim_collect(bool wait)
 		json_decref(got);
 		return;
 	}
+	if (opt.conns == 1) {
+		start_claimed(got, claim_gen);
+		json_decref(got);
+		for (int i = 0; opt.mode == MODE_PIPE && i < opt.procs; i++)
+			proc_write(&procs[i]);
+		return;
+	}
 	nfetch += n;
 	if (fetching) {
 		fetch_next = got;	/* claim_due waits for it to go */
 		fetch_next_gen = claim_gen;
 	} else
 		fetch_send(got, claim_gen);
+}
+
+/* Start the deliveries a claim brought, or when stopping hand them back
+ * unrun (no attempt charged). */
+static void
+start_claimed(json_t *got, unsigned gen)
+{
+	if (stop_level > 0) {
+		for (size_t i = 0; i < json_array_size(got); i++)
+			queue_result(result_release(json_array_get(got, i)), gen, NULL);
+	} else
+		start_chains(got, gen);
 }
 
 /* Forget claimed deliveries that will not be read (their owner's count
@@ -1370,12 +1399,7 @@ fetch_collect(bool wait)
 		owner_done(fetch_gen);
 	json_decref(fetch_ids);
 	fetch_ids = NULL;
-	if (stop_level > 0) {
-		/* stopping: hand them back unrun, no attempt charged */
-		for (int i = 0; i < n; i++)
-			queue_result(result_release(json_array_get(got, (size_t)i)), fetch_gen, NULL);
-	} else
-		start_chains(got, fetch_gen);
+	start_claimed(got, fetch_gen);
 	json_decref(got);
 	if (fetch_next != NULL && !db_down) {
 		json_t *next = fetch_next;
@@ -1489,7 +1513,7 @@ maybe_claim(int64_t now)
 	co.line_text = opt.mode != MODE_SQL;	/* --sql hands the statement the parsed line */
 	co.live = live;
 	co.live_lanes = live_lanes;
-	co.apart = true;
+	co.apart = opt.conns == 2;
 	/* look for more lanes unless the last look found too few and nothing
 	 * changed since; a claim with nothing running always looks (its
 	 * answer decides --drain and idleness) */

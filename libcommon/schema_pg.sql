@@ -559,10 +559,12 @@ BEGIN
          ORDER BY d.lane, d.sequence NULLS LAST, d.available_at, d.id;
 END $$;
 
--- Claim and read in one statement (rb-claim; what one types in psql).
+-- Claim and read in one statement (rb-claim, rb-dispatch --connections 1;
+-- what one types in psql).
+DROP FUNCTION IF EXISTS @S@.relaybus_claim(text, text, integer, bigint, integer, bigint[], boolean, integer);
 CREATE OR REPLACE FUNCTION @S@.relaybus_claim(
     p_handler text, p_owner text, p_batch integer, p_lease_ms bigint, p_max_attempts integer,
-    p_live bigint[], p_search boolean, p_chain integer)
+    p_live bigint[], p_search boolean, p_chain integer, p_live_lanes smallint[] DEFAULT NULL)
 RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigint, claims integer,
                attempts integer, name text, key text, sequence bigint, payload jsonb, headers jsonb,
                created_at text)
@@ -572,7 +574,7 @@ BEGIN
         SELECT c.id, c.event_id, c.handler, c.lane, c.epoch, c.claims, c.attempts,
                e.name, e.key, c.sequence, e.payload, e.headers, c.created_at
           FROM @S@.relaybus_claim_ids(p_handler, p_owner, p_batch, p_lease_ms, p_max_attempts,
-                                      p_live, p_search, p_chain, NULL) WITH ORDINALITY c
+                                      p_live, p_search, p_chain, p_live_lanes) WITH ORDINALITY c
          CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_events ee WHERE ee.id = c.event_id OFFSET 0) e
          ORDER BY c.ordinality;
 END $$;

@@ -411,7 +411,8 @@ pg_open(struct rb_store *s, struct rb_error *err)
 	be->q_claim = render(
 	    "SELECT id, event_id, handler, lane, epoch, claims, attempts, name, key, sequence, "
 	    "payload::text, headers::text, created_at "
-	    "FROM @S@.relaybus_claim($1, $2, $3::integer, $4::bigint, $5::integer, $6::bigint[], $7::boolean, $8::integer)", sc);
+	    "FROM @S@.relaybus_claim($1, $2, $3::integer, $4::bigint, $5::integer, $6::bigint[], $7::boolean, $8::integer, "
+	    "$9::smallint[])", sc);
 	be->q_claim_ids = render("SELECT id, event_id, handler, lane, epoch, claims, attempts, sequence, created_at "
 	    "FROM @S@.relaybus_claim_ids($1, $2, $3::integer, $4::bigint, $5::integer, $6::bigint[], $7::boolean, $8::integer, "
 	    "$9::smallint[])", sc);
@@ -964,7 +965,7 @@ pg_claim(struct rb_store *s, const struct rb_claim_opts *o, json_t **out, struct
 	PGresult *res;
 
 	claim_params(be, o, params);
-	res = run(s, be->q_claim, 8, params, PGRES_TUPLES_OK, "claim", true, err);
+	res = run(s, be->q_claim, 9, params, PGRES_TUPLES_OK, "claim", true, err);
 	if (res == NULL)
 		return -1;
 	*out = claim_rows(res, o->line_text);
@@ -991,7 +992,7 @@ pg_claim_send(struct rb_store *s, const struct rb_claim_opts *o, struct rb_error
 	claim_params(be, o, params);
 	be->claim_tries = 1;
 	be->claim_apart = o->apart;
-	if (!send_q(be, be->conn, o->apart ? be->q_claim_ids : be->q_claim, o->apart ? 9 : 8, params))
+	if (!send_q(be, be->conn, o->apart ? be->q_claim_ids : be->q_claim, 9, params))
 		return send_failed(s, "claim", err);
 	be->claim_pending = true;
 	return 0;
@@ -1039,8 +1040,7 @@ pg_claim_recv(struct rb_store *s, bool wait, json_t **out, struct rb_error *err)
 			params[7] = be->claim_chain;
 			params[8] = be->claim_lanes_known ? be->claim_live_lanes.s : NULL;
 			be->claim_tries++;
-			if (!send_q(be, be->conn, be->claim_apart ? be->q_claim_ids : be->q_claim,
-			    be->claim_apart ? 9 : 8, params))
+			if (!send_q(be, be->conn, be->claim_apart ? be->q_claim_ids : be->q_claim, 9, params))
 				return send_failed(s, "claim", err);
 			be->claim_pending = true;
 			continue;

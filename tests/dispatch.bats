@@ -206,6 +206,29 @@ order_violations() {  # file [strict]
   [ "$(order_violations "$out")" = 0 ]
 }
 
+@test "--connections 1: one database connection, whose claim reads the events too; the default holds two" {
+  need_pg
+  local out=$BATS_TEST_TMPDIR/c1.out url
+  publish 300 c conns1 10
+  run -0 rb-dispatch -H conns1 --pipe "rb-test-pipe $out" --drain --connections 1
+  [ "$(pending conns1)" = 0 ]
+  [ "$(cut -d' ' -f1 "$out" | sort -u | wc -l)" = 300 ]
+  [ "$(wc -l <"$out")" = 300 ]
+  [ "$(order_violations "$out")" = 0 ]
+  # how many connections a running one holds, by an application name of its own
+  case $RELAYBUS_URL in *\?*) url="$RELAYBUS_URL&application_name=rbconns" ;; *) url="$RELAYBUS_URL?application_name=rbconns" ;; esac
+  for n in 1 2; do
+    rb-dispatch --db "$url" -H conns1 --pipe cat --connections "$n" 3>&- & PIDS=$!
+    publish 1 "n$n" conns1
+    wait_for 10 '[ "$(pending conns1)" = 0 ]'
+    [ "$(q "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'rbconns'")" = "$n" ]
+    kill -TERM "$PIDS"
+    wait "$PIDS"
+  done
+  run -64 --separate-stderr rb-dispatch -H conns1 --pipe cat --connections 3
+  [[ "$stderr" == *"--connections"* ]]
+}
+
 @test "SIGTERM: running handlers finish, lanes are handed back, a second dispatcher goes on at once" {
   need_pg
   local out=$BATS_TEST_TMPDIR/t.out
