@@ -140,10 +140,13 @@ struct rb_claim_opts {
 	 * member RB_LINE_TEXT_KEY instead of "payload" and "headers" (which
 	 * are then not parsed at all) */
 	bool		 line_text;
-	/* claim only: rb_store_claim_send's answer is what was taken,
-	 * [{"id", "lane", "epoch"}, ...], for rb_store_fetch_send */
+	/* claim only: rb_store_claim_send's answer is what was taken, without
+	 * the events, as arrays (RB_CLAIMED_*), for rb_store_fetch_send */
 	bool		 apart;
 };
+/* the members of a delivery claimed apart */
+enum { RB_CLAIMED_ID, RB_CLAIMED_LANE, RB_CLAIMED_EPOCH, RB_CLAIMED_CLAIMS, RB_CLAIMED_ATTEMPTS,
+	RB_CLAIMED_EVENT_ID, RB_CLAIMED_HANDLER, RB_CLAIMED_CREATED_AT, RB_CLAIMED_SEQUENCE, RB_CLAIMED_SIZE };
 #define RB_LINE_TEXT_KEY	"_line"
 
 

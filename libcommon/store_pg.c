@@ -124,12 +124,35 @@ sb_array_text(struct rb_sbuf *b, const char *v)
 		return;
 	}
 	rb_sb_puts(b, "\"");
-	for (; *v != '\0'; v++) {
-		if (*v == '"' || *v == '\\')
-			rb_sb_putn(b, "\\", 1);
-		rb_sb_putn(b, v, 1);
+	for (;;) {
+		size_t run = strcspn(v, "\"\\");
+
+		rb_sb_putn(b, v, run);
+		v += run;
+		if (*v == '\0')
+			break;
+		rb_sb_putn(b, "\\", 1);
+		rb_sb_putn(b, v++, 1);
 	}
 	rb_sb_puts(b, "\"");
+}
+
+/* Append "," (unless first) and v in decimal: a claim lists hundreds. */
+static void
+sb_list_int(struct rb_sbuf *b, bool first, int64_t v)
+{
+	char num[24], *p = num + sizeof num;
+	uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+
+	do {
+		*--p = (char)('0' + u % 10);
+		u /= 10;
+	} while (u != 0);
+	if (v < 0)
+		*--p = '-';
+	if (!first)
+		*--p = ',';
+	rb_sb_putn(b, p, (size_t)(num + sizeof num - p));
 }
 
 static void
@@ -803,8 +826,6 @@ json_or_null(const char *text)
 static void
 claim_params(struct pg_be *be, const struct rb_claim_opts *o, const char *params[9])
 {
-	char num[24];
-
 	snprintf(be->claim_params[0], sizeof be->claim_params[0], "%s", o->handler);
 	snprintf(be->claim_params[1], sizeof be->claim_params[1], "%s", o->owner);
 	snprintf(be->claim_params[2], sizeof be->claim_params[2], "%d", o->batch);
@@ -816,11 +837,8 @@ claim_params(struct pg_be *be, const struct rb_claim_opts *o, const char *params
 	be->claim_live_known = o->live != NULL;
 	if (o->live != NULL) {
 		rb_sb_puts(&be->claim_live, "{");
-		for (size_t i = 0; i < o->n_live; i++) {
-			int k = snprintf(num, sizeof num, "%s%" PRId64, i > 0 ? "," : "", o->live[i]);
-
-			rb_sb_putn(&be->claim_live, num, (size_t)k);
-		}
+		for (size_t i = 0; i < o->n_live; i++)
+			sb_list_int(&be->claim_live, i == 0, o->live[i]);
 		rb_sb_puts(&be->claim_live, "}");
 	}
 	params[5] = be->claim_live_known ? be->claim_live.s : NULL;
@@ -828,11 +846,8 @@ claim_params(struct pg_be *be, const struct rb_claim_opts *o, const char *params
 	be->claim_lanes_known = o->live != NULL && o->live_lanes != NULL;
 	if (be->claim_lanes_known) {
 		rb_sb_puts(&be->claim_live_lanes, "{");
-		for (size_t i = 0; i < o->n_live; i++) {
-			int k = snprintf(num, sizeof num, "%s%d", i > 0 ? "," : "", o->live_lanes[i]);
-
-			rb_sb_putn(&be->claim_live_lanes, num, (size_t)k);
-		}
+		for (size_t i = 0; i < o->n_live; i++)
+			sb_list_int(&be->claim_live_lanes, i == 0, o->live_lanes[i]);
 		rb_sb_puts(&be->claim_live_lanes, "}");
 	}
 	params[8] = be->claim_lanes_known ? be->claim_live_lanes.s : NULL;
@@ -875,9 +890,12 @@ delivery_of(const struct dcols *c, bool text, struct rb_sbuf *b)
 	json_t *d = json_object();
 
 	rb_lease_format(&l, token, sizeof token);
+	/* with text, only the members a caller works with (the rest are in the
+	 * line): each one costs an allocation or three */
 	json_object_set_new(d, "event_id", json_string(c->event_id));
 	json_object_set_new(d, "handler", json_string(c->handler));
-	json_object_set_new(d, "name", json_string(c->name));
+	if (!text)
+		json_object_set_new(d, "name", json_string(c->name));
 	json_object_set_new(d, "key", c->key == NULL ? json_null() : json_string(c->key));
 	if (!text) {
 		json_object_set_new(d, "payload", json_or_null(c->payload));
@@ -885,11 +903,13 @@ delivery_of(const struct dcols *c, bool text, struct rb_sbuf *b)
 	}
 	json_object_set_new(d, "attempt", json_integer(attempt));
 	json_object_set_new(d, "lease", json_string(token));
-	json_object_set_new(d, "created_at", json_string(c->created_at));
+	if (!text)
+		json_object_set_new(d, "created_at", json_string(c->created_at));
 	json_object_set_new(d, "delivery_id", json_string(c->id));
 	json_object_set_new(d, "lane", json_integer(c->lane));
-	json_object_set_new(d, "sequence", c->sequence == NULL ? json_null() :
-	    json_integer(strtoll(c->sequence, NULL, 10)));
+	if (!text)
+		json_object_set_new(d, "sequence", c->sequence == NULL ? json_null() :
+		    json_integer(strtoll(c->sequence, NULL, 10)));
 	if (text) {
 		/* the same members in the same order as the objects have them */
 		b->len = 0;
@@ -1053,25 +1073,29 @@ pg_claim_recv(struct rb_store *s, bool wait, json_t **out, struct rb_error *err)
 
 /* ---- reading what a claim took, on the second connection ------------------ */
 
-/* What relaybus_claim_ids returned: the delivery rows, without events. */
+/* What relaybus_claim_ids returned, the delivery rows without events, each
+ * as an array (RB_CLAIMED_*): objects cost several times as much. */
 static json_t *
 claimed_ids(PGresult *res)
 {
 	json_t *arr = json_array();
 
 	for (int i = 0; i < PQntuples(res); i++) {
-		json_t *c = json_pack("{s:I, s:s, s:s, s:i, s:I, s:I, s:i, s:s}",
-		    "id", (json_int_t)strtoll(PQgetvalue(res, i, 0), NULL, 10),
-		    "event_id", PQgetvalue(res, i, 1), "handler", PQgetvalue(res, i, 2),
-		    "lane", atoi(PQgetvalue(res, i, 3)),
-		    "epoch", (json_int_t)strtoll(PQgetvalue(res, i, 4), NULL, 10),
-		    "claims", (json_int_t)strtoll(PQgetvalue(res, i, 5), NULL, 10),
-		    "attempts", atoi(PQgetvalue(res, i, 6)), "created_at", PQgetvalue(res, i, 8));
+		json_t *c = json_array();
 
-		if (c == NULL)	/* not UTF-8: cannot happen with a UTF8 database */
+		json_array_append_new(c, json_integer(strtoll(PQgetvalue(res, i, 0), NULL, 10)));
+		json_array_append_new(c, json_integer(atoi(PQgetvalue(res, i, 3))));
+		json_array_append_new(c, json_integer(strtoll(PQgetvalue(res, i, 4), NULL, 10)));
+		json_array_append_new(c, json_integer(strtoll(PQgetvalue(res, i, 5), NULL, 10)));
+		json_array_append_new(c, json_integer(atoi(PQgetvalue(res, i, 6))));
+		json_array_append_new(c, json_string(PQgetvalue(res, i, 1)));
+		json_array_append_new(c, json_string(PQgetvalue(res, i, 2)));
+		json_array_append_new(c, json_string(PQgetvalue(res, i, 8)));
+		json_array_append_new(c, PQgetisnull(res, i, 7) ? json_null() : json_string(PQgetvalue(res, i, 7)));
+		if (json_array_size(c) != RB_CLAIMED_SIZE) {
+			json_decref(c);	/* not UTF-8: cannot happen with a UTF8 database */
 			continue;
-		if (!PQgetisnull(res, i, 7))
-			json_object_set_new(c, "sequence", json_string(PQgetvalue(res, i, 7)));
+		}
 		json_array_append_new(arr, c);
 	}
 	return arr;
@@ -1123,7 +1147,7 @@ pg_fetch_send(struct rb_store *s, const json_t *claimed, bool text, struct rb_er
 	rb_sb_init(&ids);
 	rb_sb_puts(&ids, "{");
 	for (size_t i = 0; i < json_array_size(claimed); i++)
-		sb_array_text(&ids, json_string_value(json_object_get(json_array_get(claimed, i), "event_id")));
+		sb_array_text(&ids, json_string_value(json_array_get(json_array_get(claimed, i), RB_CLAIMED_EVENT_ID)));
 	rb_sb_puts(&ids, "}");
 	params[0] = ids.s;
 	ok = send_q(be, be->conn2, be->q_fetch, 1, params);
@@ -1176,16 +1200,16 @@ pg_fetch_recv(struct rb_store *s, bool wait, json_t **out, struct rb_error *err)
 
 			if (r == NULL)
 				continue;
-			snprintf(id, sizeof id, "%" JSON_INTEGER_FORMAT, json_integer_value(json_object_get(r, "id")));
+			snprintf(id, sizeof id, "%" JSON_INTEGER_FORMAT, json_integer_value(json_array_get(r, RB_CLAIMED_ID)));
 			c = (struct dcols){
-				.id = id, .event_id = json_string_value(json_object_get(r, "event_id")),
-				.handler = json_string_value(json_object_get(r, "handler")),
-				.lane = (int)json_integer_value(json_object_get(r, "lane")),
-				.epoch = json_integer_value(json_object_get(r, "epoch")),
-				.claims = json_integer_value(json_object_get(r, "claims")),
-				.attempts = (int)json_integer_value(json_object_get(r, "attempts")),
-				.sequence = json_string_value(json_object_get(r, "sequence")),
-				.created_at = json_string_value(json_object_get(r, "created_at")),
+				.id = id, .event_id = json_string_value(json_array_get(r, RB_CLAIMED_EVENT_ID)),
+				.handler = json_string_value(json_array_get(r, RB_CLAIMED_HANDLER)),
+				.lane = (int)json_integer_value(json_array_get(r, RB_CLAIMED_LANE)),
+				.epoch = json_integer_value(json_array_get(r, RB_CLAIMED_EPOCH)),
+				.claims = json_integer_value(json_array_get(r, RB_CLAIMED_CLAIMS)),
+				.attempts = (int)json_integer_value(json_array_get(r, RB_CLAIMED_ATTEMPTS)),
+				.sequence = json_string_value(json_array_get(r, RB_CLAIMED_SEQUENCE)),
+				.created_at = json_string_value(json_array_get(r, RB_CLAIMED_CREATED_AT)),
 				.name = col(res, i, 1), .key = col(res, i, 2),
 				.payload = col(res, i, 3), .headers = col(res, i, 4),
 			};
