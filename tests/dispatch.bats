@@ -218,9 +218,9 @@ order_violations() {  # file [strict]
   # how many connections a running one holds, by an application name of its own
   case $RELAYBUS_URL in *\?*) url="$RELAYBUS_URL&application_name=rbconns" ;; *) url="$RELAYBUS_URL?application_name=rbconns" ;; esac
   for n in 1 2; do
-    rb-dispatch --db "$url" -H conns1 --pipe cat --connections "$n" 3>&- & PIDS=$!
+    rb-dispatch -vv --db "$url" -H conns1 --pipe cat --connections "$n" 2>"$BATS_TEST_TMPDIR/c$n.err" 3>&- & PIDS=$!
     publish 1 "n$n" conns1
-    wait_for 10 '[ "$(pending conns1)" = 0 ]'
+    wait_for 10 '[ "$(pending conns1)" = 0 ]' || { cat "$BATS_TEST_TMPDIR/c$n.err" >&2; false; }
     [ "$(q "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'rbconns'")" = "$n" ]
     kill -TERM "$PIDS"
     wait "$PIDS"
