@@ -1581,8 +1581,10 @@ maybe_claim(int64_t now)
 	co.n_live = live_ids(&live, &live_lanes, &live_cap);
 	co.chain = opt.chain;
 	co.line_text = opt.mode != MODE_SQL;	/* --sql hands the statement the parsed line */
-	co.live = live;
-	co.live_lanes = live_lanes;
+	/* (never NULL: NULL would mean "unknown", and the claim would take
+	 * whatever a lane lists as in flight for running) */
+	co.live = live != NULL ? live : (const int64_t[]){ 0 };
+	co.live_lanes = live_lanes != NULL ? live_lanes : (const int[]){ 0 };
 	co.apart = opt.conns == 2;
 	/* look for more lanes unless the last look found too few and nothing
 	 * changed since; a claim with nothing running always looks (its

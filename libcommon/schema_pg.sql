@@ -568,15 +568,30 @@ CREATE OR REPLACE FUNCTION @S@.relaybus_claim(
 RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigint, claims integer,
                attempts integer, name text, key text, sequence bigint, payload jsonb, headers jsonb,
                created_at text)
+-- (two statements: the events are read with a snapshot taken after the
+-- claim; one statement would read them with the snapshot it began with,
+-- older than the claim's own, and leave out a delivery whose event was
+-- committed in between: claimed, in flight, and never returned)
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
+DECLARE
+    v_id bigint[]; v_ev text[]; v_h text[]; v_lane smallint[]; v_epoch bigint[];
+    v_claims integer[]; v_att integer[]; v_seq bigint[]; v_ts text[];
 BEGIN
+    SELECT array_agg(c.id ORDER BY c.o), array_agg(c.event_id ORDER BY c.o), array_agg(c.handler ORDER BY c.o),
+           array_agg(c.lane ORDER BY c.o), array_agg(c.epoch ORDER BY c.o), array_agg(c.claims ORDER BY c.o),
+           array_agg(c.attempts ORDER BY c.o), array_agg(c.sequence ORDER BY c.o),
+           array_agg(c.created_at ORDER BY c.o)
+      INTO v_id, v_ev, v_h, v_lane, v_epoch, v_claims, v_att, v_seq, v_ts
+      FROM @S@.relaybus_claim_ids(p_handler, p_owner, p_batch, p_lease_ms, p_max_attempts,
+                                  p_live, p_search, p_chain, p_live_lanes) WITH ORDINALITY c(id, event_id, handler,
+                                  lane, epoch, claims, attempts, sequence, created_at, o);
     RETURN QUERY
         SELECT c.id, c.event_id, c.handler, c.lane, c.epoch, c.claims, c.attempts,
                e.name, e.key, c.sequence, e.payload, e.headers, c.created_at
-          FROM @S@.relaybus_claim_ids(p_handler, p_owner, p_batch, p_lease_ms, p_max_attempts,
-                                      p_live, p_search, p_chain, p_live_lanes) WITH ORDINALITY c
+          FROM unnest(v_id, v_ev, v_h, v_lane, v_epoch, v_claims, v_att, v_seq, v_ts)
+               WITH ORDINALITY c(id, event_id, handler, lane, epoch, claims, attempts, sequence, created_at, o)
          CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_events ee WHERE ee.id = c.event_id OFFSET 0) e
-         ORDER BY c.ordinality;
+         ORDER BY c.o;
 END $$;
 
 -- The rare path: reschedule (kind 'retry'), bury ('bury') or release

@@ -220,7 +220,9 @@ order_violations() {  # file [strict]
   for n in 1 2; do
     rb-dispatch -vv --db "$url" -H conns1 --pipe cat --connections "$n" 2>"$BATS_TEST_TMPDIR/c$n.err" 3>&- & PIDS=$!
     publish 1 "n$n" conns1
-    wait_for 10 '[ "$(pending conns1)" = 0 ]' || { cat "$BATS_TEST_TMPDIR/c$n.err" >&2; false; }
+    wait_for 10 '[ "$(pending conns1)" = 0 ]' || { cat "$BATS_TEST_TMPDIR/c$n.err" >&2;
+      q "SELECT 'lane', lane, lease_owner, lease_expires_at, in_flight FROM relaybus_lanes WHERE handler = 'conns1' AND lease_owner IS NOT NULL" >&2
+      q "SELECT 'delivery', id, lane, status, available_at, now(), key FROM relaybus_deliveries WHERE handler = 'conns1'" >&2; false; }
     [ "$(q "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'rbconns'")" = "$n" ]
     kill -TERM "$PIDS"
     wait "$PIDS"
