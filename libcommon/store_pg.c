@@ -1023,6 +1023,30 @@ pg_claim_send(struct rb_store *s, const struct rb_claim_opts *o, struct rb_error
 	return 0;
 }
 
+/*
+ * The answer to the statement out on c: RB_CLAIM_PENDING when it has not
+ * arrived yet (only without wait), -1 when the connection broke before it
+ * did, else 0 with *res (NULL: none) and c ready for the next statement.
+ * An answer read in full before the connection broke is still taken: a
+ * claim that committed has its deliveries.
+ */
+static int
+take_result(PGconn *c, bool wait, PGresult **res)
+{
+	PGresult *more;
+
+	if (!wait) {
+		int alive = PQconsumeInput(c);
+
+		if (PQisBusy(c))
+			return !alive || PQstatus(c) == CONNECTION_BAD ? -1 : RB_CLAIM_PENDING;
+	}
+	*res = PQgetResult(c);
+	while ((more = PQgetResult(c)) != NULL)
+		PQclear(more);
+	return 0;
+}
+
 static int
 pg_claim_recv(struct rb_store *s, bool wait, json_t **out, struct rb_error *err)
 {
@@ -1031,22 +1055,13 @@ pg_claim_recv(struct rb_store *s, bool wait, json_t **out, struct rb_error *err)
 	if (!be->claim_pending)
 		return rb_seterr(err, RB_EXIT_SOFTWARE, "claim: no claim in progress");
 	for (;;) {
-		PGresult *res, *more;
+		PGresult *res;
+		int rc = take_result(be->conn, wait, &res);
 
-		if (!wait) {
-			/* an answer read in full before the connection broke is
-			 * still taken: the claim committed, its deliveries are ours */
-			int alive = PQconsumeInput(be->conn);
-
-			if (PQisBusy(be->conn)) {
-				if (!alive || PQstatus(be->conn) == CONNECTION_BAD)
-					return send_failed(s, "claim", err);
-				return RB_CLAIM_PENDING;
-			}
-		}
-		res = PQgetResult(be->conn);
-		while ((more = PQgetResult(be->conn)) != NULL)
-			PQclear(more);
+		if (rc == RB_CLAIM_PENDING)
+			return rc;
+		if (rc < 0)
+			return send_failed(s, "claim", err);
 		be->claim_pending = false;
 		if (res != NULL && PQresultStatus(res) == PGRES_TUPLES_OK) {
 			*out = be->claim_apart ? claimed_ids(res) : claim_rows(res, be->claim_text);
@@ -1169,22 +1184,15 @@ static int
 pg_fetch_recv(struct rb_store *s, bool wait, json_t **out, struct rb_error *err)
 {
 	struct pg_be *be = be_of(s);
-	PGresult *res, *more;
+	PGresult *res;
+	int rc;
 
 	if (!be->fetch_pending)
 		return rb_seterr(err, RB_EXIT_SOFTWARE, "fetch: no fetch in progress");
-	if (!wait) {
-		int alive = PQconsumeInput(be->conn2);
-
-		if (PQisBusy(be->conn2)) {
-			if (!alive || PQstatus(be->conn2) == CONNECTION_BAD)
-				return fetch_failed(s, NULL, err);
-			return RB_CLAIM_PENDING;
-		}
-	}
-	res = PQgetResult(be->conn2);
-	while ((more = PQgetResult(be->conn2)) != NULL)
-		PQclear(more);
+	if ((rc = take_result(be->conn2, wait, &res)) == RB_CLAIM_PENDING)
+		return rc;
+	if (rc < 0)
+		return fetch_failed(s, NULL, err);
 	be->fetch_pending = false;
 	if (res == NULL || PQresultStatus(res) != PGRES_TUPLES_OK) {
 		fetch_failed(s, res, err);
@@ -1482,22 +1490,15 @@ pg_complete_recv(struct rb_store *s, bool wait, json_t **out, struct rb_error *e
 	if (!be->complete_pending)
 		return rb_seterr(err, RB_EXIT_SOFTWARE, "complete: no completion in progress");
 	for (;;) {
-		PGresult *res, *more;
+		PGresult *res;
+		int got = take_result(be->conn, wait, &res);
 
-		if (!wait) {
-			int alive = PQconsumeInput(be->conn);
-
-			if (PQisBusy(be->conn)) {
-				if (!alive || PQstatus(be->conn) == CONNECTION_BAD) {
-					complete_async_free(be);
-					return send_failed(s, "complete", err);
-				}
-				return RB_CLAIM_PENDING;
-			}
+		if (got == RB_CLAIM_PENDING)
+			return got;
+		if (got < 0) {
+			complete_async_free(be);
+			return send_failed(s, "complete", err);
 		}
-		res = PQgetResult(be->conn);
-		while ((more = PQgetResult(be->conn)) != NULL)
-			PQclear(more);
 		be->complete_pending = false;
 		if (res != NULL && PQresultStatus(res) == PGRES_TUPLES_OK) {
 			size_t n = json_array_size(be->complete_results);
