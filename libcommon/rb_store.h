@@ -192,10 +192,15 @@ int	rb_store_fetch_socket(const struct rb_store *);
  * --sql: one statement, sent now, its outcomes collected later.  While it
  * is out the store takes no other call but rb_store_notified and
  * rb_store_socket.  recv returns 0 with outcomes (as rb_store_complete's),
- * -1, or RB_CLAIM_PENDING.
+ * -1, or RB_CLAIM_PENDING.  apart: on a third connection of the store's
+ * (opened on first use, closed with the first), so that it runs beside a
+ * claim, and the store takes every other call meanwhile but another
+ * completion; rb_store_complete_socket is then the socket to poll for its
+ * answer (else -1).
  */
-int	rb_store_complete_send(struct rb_store *, const json_t *results, struct rb_error *err);
+int	rb_store_complete_send(struct rb_store *, const json_t *results, bool apart, struct rb_error *err);
 int	rb_store_complete_recv(struct rb_store *, bool wait, json_t **outcomes, struct rb_error *err);
+int	rb_store_complete_socket(const struct rb_store *);
 /** Whether a result completes its delivery (ok, not released, not dead). */
 bool	rb_result_completes(const json_t *result);
 

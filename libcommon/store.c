@@ -259,6 +259,12 @@ rb_store_fetch_socket(const struct rb_store *s)
 }
 
 int
+rb_store_complete_socket(const struct rb_store *s)
+{
+	return s->ops->complete_socket != NULL ? s->ops->complete_socket(s) : -1;
+}
+
+int
 rb_store_extend(struct rb_store *s, const char *handler, const char *owner, int64_t lease_ms,
     struct rb_error *err)
 {
@@ -276,10 +282,10 @@ rb_store_complete(struct rb_store *s, const struct rb_complete_opts *o, const js
 }
 
 int
-rb_store_complete_send(struct rb_store *s, const json_t *results, struct rb_error *err)
+rb_store_complete_send(struct rb_store *s, const json_t *results, bool apart, struct rb_error *err)
 {
 	NEED_OP(s, complete_send, err);
-	return s->ops->complete_send(s, results, err);
+	return s->ops->complete_send(s, results, apart, err);
 }
 
 int

@@ -66,6 +66,10 @@ struct pg_be {
 	unsigned prepared2;
 	bool	 fetch_pending, fetch_text;
 	json_t	*fetch_claimed;		/* what the fetch out reads the events of */
+	/* the third, for completions sent apart (rb_store_complete_send) */
+	PGconn	*conn3;
+	unsigned prepared3;
+	bool	 complete_apart;	/* the completion out is on conn3 */
 };
 
 static void complete_async_free(struct pg_be *);
@@ -267,7 +271,7 @@ prepared(struct pg_be *be, PGconn *c, const char *sql, int n)
 	    "relaybus_claim_ids", "relaybus_fetch" };
 	const char *const qs[] = { be->q_claim, be->q_complete, be->q_complete_hist, be->q_claim_ids,
 	    be->q_fetch };
-	unsigned *mask = c == be->conn2 ? &be->prepared2 : &be->prepared;
+	unsigned *mask = c == be->conn2 ? &be->prepared2 : c == be->conn3 ? &be->prepared3 : &be->prepared;
 	int which = -1;
 	PGresult *res;
 	bool ok;
@@ -289,12 +293,12 @@ prepared(struct pg_be *be, PGconn *c, const char *sql, int n)
 }
 
 static PGresult *
-exec_q(struct pg_be *be, const char *sql, int n, const char *const *params)
+exec_on(struct pg_be *be, PGconn *c, const char *sql, int n, const char *const *params)
 {
-	const char *name = prepared(be, be->conn, sql, n);
+	const char *name = prepared(be, c, sql, n);
 
-	return name != NULL ? PQexecPrepared(be->conn, name, n, params, NULL, NULL, 0)
-	    : PQexecParams(be->conn, sql, n, NULL, params, NULL, NULL, 0);
+	return name != NULL ? PQexecPrepared(c, name, n, params, NULL, NULL, 0)
+	    : PQexecParams(c, sql, n, NULL, params, NULL, NULL, 0);
 }
 
 static int
@@ -306,26 +310,35 @@ send_q(struct pg_be *be, PGconn *c, const char *sql, int n, const char *const *p
 	    : PQsendQueryParams(c, sql, n, NULL, params, NULL, NULL, 0);
 }
 
-/* Run a parameterized statement (text params); retries a deadlock or a
- * serialization failure a few times when it runs in its own transaction. */
+/* Run a parameterized statement (text params) on connection c; retries a
+ * deadlock or a serialization failure a few times when it runs in its own
+ * transaction. */
 static PGresult *
-run(struct rb_store *s, const char *sql, int n, const char *const *params, ExecStatusType want,
-    const char *what, bool retry, struct rb_error *err)
+run_on(struct rb_store *s, PGconn *c, const char *sql, int n, const char *const *params,
+    ExecStatusType want, const char *what, bool retry, struct rb_error *err)
 {
 	struct pg_be *be = be_of(s);
 	PGresult *res = NULL;
 
 	for (int attempt = 0; attempt < (retry ? 5 : 1); attempt++) {
 		PQclear(res);
-		res = exec_q(be, sql, n, params);
+		res = exec_on(be, c, sql, n, params);
 		if (res != NULL && PQresultStatus(res) == want)
 			return res;
 		if (!retryable(res))
 			break;
 	}
-	pg_fail(s, res, what, err);
+	pg_fail_on(s, c, res, what, err);
 	PQclear(res);
 	return NULL;
+}
+
+/* run_on the main connection */
+static PGresult *
+run(struct rb_store *s, const char *sql, int n, const char *const *params, ExecStatusType want,
+    const char *what, bool retry, struct rb_error *err)
+{
+	return run_on(s, be_of(s)->conn, sql, n, params, want, what, retry, err);
 }
 
 /* Run a command; returns the number of rows it affected, or -1. */
@@ -401,8 +414,20 @@ pg_connect(struct rb_store *s, struct rb_error *err)
 	return connect_to(s, &be_of(s)->conn, err);
 }
 
-/* The second connection goes with the first: closed with it, and with it
- * whatever was out on it. */
+/* The second and third connections go with the first: closed with it,
+ * and with them whatever was out on them. */
+static void
+close_conn3(struct pg_be *be)
+{
+	if (be->conn3 != NULL)
+		PQfinish(be->conn3);
+	be->conn3 = NULL;
+	be->prepared3 = 0;
+	if (be->complete_apart)
+		complete_async_free(be);
+	be->complete_apart = false;
+}
+
 static void
 close_conn2(struct pg_be *be)
 {
@@ -521,6 +546,7 @@ pg_close(struct rb_store *s)
 	if (be->conn != NULL)
 		PQfinish(be->conn);
 	close_conn2(be);
+	close_conn3(be);
 	complete_async_free(be);
 	free(be->q_publish);
 	free(be->q_claim_ids);
@@ -561,6 +587,7 @@ pg_reconnect(struct rb_store *s, struct rb_error *err)
 		PQfinish(be->conn);
 	be->conn = NULL;
 	close_conn2(be);
+	close_conn3(be);
 	be->history = -1;
 	be->claim_pending = false;
 	complete_async_free(be);
@@ -1012,7 +1039,7 @@ pg_claim_send(struct rb_store *s, const struct rb_claim_opts *o, struct rb_error
 	struct pg_be *be = be_of(s);
 	const char *params[9];
 
-	if (be->claim_pending || be->complete_pending)
+	if (be->claim_pending || (be->complete_pending && !be->complete_apart))
 		return rb_seterr(err, RB_EXIT_SOFTWARE, "claim: a statement is in progress already");
 	claim_params(be, o, params);
 	be->claim_tries = 1;
@@ -1093,6 +1120,35 @@ pg_claim_recv(struct rb_store *s, bool wait, json_t **out, struct rb_error *err)
 
 /* ---- reading what a claim took, on the second connection ------------------ */
 
+/* Open a side connection (conn2, conn3) unless it is open and sound, and
+ * run setup (NULL: nothing) on it; closed with close_fn when that fails. */
+static int
+open_side(struct rb_store *s, PGconn **c, void (*close_fn)(struct pg_be *), const char *setup,
+    const char *what, struct rb_error *err)
+{
+	struct pg_be *be = be_of(s);
+	PGresult *res;
+
+	if (*c != NULL && PQstatus(*c) == CONNECTION_OK)
+		return 0;
+	close_fn(be);
+	if (connect_to(s, c, err) < 0) {
+		close_fn(be);
+		return -1;
+	}
+	if (setup == NULL)
+		return 0;
+	res = PQexec(*c, setup);
+	if (res == NULL || PQresultStatus(res) != PGRES_COMMAND_OK) {
+		pg_fail_on(s, *c, res, what, err);
+		PQclear(res);
+		close_fn(be);
+		return -1;
+	}
+	PQclear(res);
+	return 0;
+}
+
 /* What relaybus_claim_ids returned, the delivery rows without events, each
  * as an array (RB_CLAIMED_*): objects cost several times as much. */
 static json_t *
@@ -1146,24 +1202,10 @@ pg_fetch_send(struct rb_store *s, const json_t *claimed, bool text, struct rb_er
 
 	if (be->fetch_pending)
 		return rb_seterr(err, RB_EXIT_SOFTWARE, "fetch: a fetch is in progress already");
-	if (be->conn2 != NULL && PQstatus(be->conn2) != CONNECTION_OK)
-		close_conn2(be);
-	if (be->conn2 == NULL) {
-		PGresult *res;
-
-		if (connect_to(s, &be->conn2, err) < 0) {
-			close_conn2(be);
-			return -1;
-		}
-		res = PQexec(be->conn2, "SET enable_seqscan = off");
-		if (res == NULL || PQresultStatus(res) != PGRES_COMMAND_OK) {
-			fetch_failed(s, res, err);
-			PQclear(res);
-			close_conn2(be);
-			return -1;
-		}
-		PQclear(res);
-	}
+	/* (with enable_seqscan off, as the claim runs: young tables have no
+	 * statistics) */
+	if (open_side(s, &be->conn2, close_conn2, "SET enable_seqscan = off", "fetch", err) < 0)
+		return -1;
 	rb_sb_init(&ids);
 	rb_sb_puts(&ids, "{");
 	for (size_t i = 0; i < json_array_size(claimed); i++)
@@ -1259,13 +1301,13 @@ pg_extend(struct rb_store *s, const char *handler, const char *owner, int64_t le
 /* ---- complete ------------------------------------------------------------ */
 
 static int
-history_enabled(struct rb_store *s, struct rb_error *err)
+history_enabled(struct rb_store *s, PGconn *c, struct rb_error *err)
 {
 	struct pg_be *be = be_of(s);
 
 	if (be->history < 0) {
 		char *q = render("SELECT to_regclass('@S@.relaybus_completions') IS NOT NULL", s->schema);
-		PGresult *res = run(s, q, 0, NULL, PGRES_TUPLES_OK, "complete", false, err);
+		PGresult *res = run_on(s, c, q, 0, NULL, PGRES_TUPLES_OK, "complete", false, err);
 
 		free(q);
 		if (res == NULL)
@@ -1351,12 +1393,12 @@ set_outcome(json_t *outcomes, size_t i, const json_t *r, const char *outcome)
 
 /* Does a delivery (event_id, handler) still exist? 1 yes, 0 no, -1 error */
 static int
-delivery_exists(struct rb_store *s, const json_t *r, struct rb_error *err)
+delivery_exists(struct rb_store *s, PGconn *c, const json_t *r, struct rb_error *err)
 {
 	char *q = render("SELECT 1 FROM @S@.relaybus_deliveries WHERE event_id = $1 AND handler = $2", s->schema);
 	const char *params[2] = { json_string_value(json_object_get(r, "event_id")),
 	    json_string_value(json_object_get(r, "handler")) };
-	PGresult *res = run(s, q, 2, params, PGRES_TUPLES_OK, "complete", false, err);
+	PGresult *res = run_on(s, c, q, 2, params, PGRES_TUPLES_OK, "complete", false, err);
 	int n;
 
 	free(q);
@@ -1374,7 +1416,7 @@ delivery_exists(struct rb_store *s, const json_t *r, struct rb_error *err)
  * results), or NULL for 0..n-1.
  */
 static int
-complete_outcomes(struct rb_store *s, const json_t *results, const size_t *idx, size_t n,
+complete_outcomes(struct rb_store *s, PGconn *c, const json_t *results, const size_t *idx, size_t n,
     PGresult *res, json_t *outcomes, struct rb_error *err)
 {
 	bool *done = xcalloc(n > 0 ? n : 1, sizeof *done);
@@ -1391,7 +1433,7 @@ complete_outcomes(struct rb_store *s, const json_t *results, const size_t *idx, 
 
 		set_outcome(outcomes, at, r, done[k] ? "completed" : "lost");
 		if (!done[k]) {
-			int ex = delivery_exists(s, r, err);
+			int ex = delivery_exists(s, c, r, err);
 
 			if (ex < 0) {
 				free(done);
@@ -1412,7 +1454,7 @@ complete_ok(struct rb_store *s, const json_t *results, const size_t *idx, size_t
 {
 	struct fence_arrays a;
 	PGresult *res;
-	int rc, hist = history_enabled(s, err);
+	int rc, hist = history_enabled(s, be_of(s)->conn, err);
 
 	if (hist < 0)
 		return -1;
@@ -1427,7 +1469,7 @@ complete_ok(struct rb_store *s, const json_t *results, const size_t *idx, size_t
 	fa_free(&a);
 	if (res == NULL)
 		return -1;
-	rc = complete_outcomes(s, results, idx, n, res, outcomes, err);
+	rc = complete_outcomes(s, be_of(s)->conn, results, idx, n, res, outcomes, err);
 	PQclear(res);
 	return rc;
 }
@@ -1447,25 +1489,57 @@ complete_async_free(struct pg_be *be)
 	be->complete_pending = false;
 }
 
+/* The connection the completion out is on. */
+static PGconn *
+complete_conn(const struct pg_be *be)
+{
+	return be->complete_apart ? be->conn3 : be->conn;
+}
+
 static int
 complete_async_query(struct pg_be *be)
 {
 	const struct fence_arrays *a = be->complete_fa;
 	const char *params[6] = { a->ev.s, a->h.s, a->lane.s, a->epoch.s, a->claims.s, a->id.s };
 
-	return send_q(be, be->conn, be->complete_hist ? be->q_complete_hist : be->q_complete, 6, params);
+	return send_q(be, complete_conn(be), be->complete_hist ? be->q_complete_hist : be->q_complete, 6,
+	    params);
+}
+
+/* The completion out failed (res: its error, or NULL: the connection
+ * broke).  Apart, the third connection is closed when it broke, and the
+ * claim on the first one is not touched. */
+static int
+complete_failed(struct rb_store *s, PGresult *res, struct rb_error *err)
+{
+	struct pg_be *be = be_of(s);
+	bool apart = be->complete_apart;
+
+	complete_async_free(be);
+	if (!apart)
+		return res != NULL ? pg_fail(s, res, "complete", err) : send_failed(s, "complete", err);
+	pg_fail_on(s, be->conn3, res, "complete", err);
+	if (be->conn3 != NULL && PQstatus(be->conn3) != CONNECTION_OK)
+		close_conn3(be);
+	return -1;
 }
 
 static int
-pg_complete_send(struct rb_store *s, const json_t *results, struct rb_error *err)
+pg_complete_send(struct rb_store *s, const json_t *results, bool apart, struct rb_error *err)
 {
 	struct pg_be *be = be_of(s);
 	int hist;
 
-	if (be->claim_pending || be->complete_pending)
+	if (be->complete_pending || (!apart && be->claim_pending))
 		return rb_seterr(err, RB_EXIT_SOFTWARE, "complete: a statement is in progress already");
-	if ((hist = history_enabled(s, err)) < 0)
+	if (apart && open_side(s, &be->conn3, close_conn3, NULL, "complete", err) < 0)
 		return -1;
+	be->complete_apart = apart;
+	if ((hist = history_enabled(s, complete_conn(be), err)) < 0) {
+		if (apart && PQstatus(be->conn3) != CONNECTION_OK)
+			close_conn3(be);
+		return -1;
+	}
 	be->complete_fa = xcalloc(1, sizeof *be->complete_fa);
 	fa_init(be->complete_fa);
 	for (size_t i = 0; i < json_array_size(results); i++)
@@ -1474,10 +1548,8 @@ pg_complete_send(struct rb_store *s, const json_t *results, struct rb_error *err
 	be->complete_results = json_incref((json_t *)results);
 	be->complete_hist = hist;
 	be->complete_tries = 1;
-	if (!complete_async_query(be)) {
-		complete_async_free(be);
-		return send_failed(s, "complete", err);
-	}
+	if (!complete_async_query(be))
+		return complete_failed(s, NULL, err);
 	be->complete_pending = true;
 	return 0;
 }
@@ -1491,14 +1563,12 @@ pg_complete_recv(struct rb_store *s, bool wait, json_t **out, struct rb_error *e
 		return rb_seterr(err, RB_EXIT_SOFTWARE, "complete: no completion in progress");
 	for (;;) {
 		PGresult *res;
-		int got = take_result(be->conn, wait, &res);
+		int got = take_result(complete_conn(be), wait, &res);
 
 		if (got == RB_CLAIM_PENDING)
 			return got;
-		if (got < 0) {
-			complete_async_free(be);
-			return send_failed(s, "complete", err);
-		}
+		if (got < 0)
+			return complete_failed(s, NULL, err);
 		be->complete_pending = false;
 		if (res != NULL && PQresultStatus(res) == PGRES_TUPLES_OK) {
 			size_t n = json_array_size(be->complete_results);
@@ -1507,7 +1577,7 @@ pg_complete_recv(struct rb_store *s, bool wait, json_t **out, struct rb_error *e
 
 			for (size_t i = 0; i < n; i++)
 				json_array_append_new(outcomes, json_object());
-			rc = complete_outcomes(s, be->complete_results, NULL, n, res, outcomes, err);
+			rc = complete_outcomes(s, complete_conn(be), be->complete_results, NULL, n, res, outcomes, err);
 			PQclear(res);
 			complete_async_free(be);
 			if (rc < 0) {
@@ -1521,18 +1591,24 @@ pg_complete_recv(struct rb_store *s, bool wait, json_t **out, struct rb_error *e
 		if (retryable(res) && be->complete_tries < 5) {
 			PQclear(res);
 			be->complete_tries++;
-			if (!complete_async_query(be)) {
-				complete_async_free(be);
-				return send_failed(s, "complete", err);
-			}
+			if (!complete_async_query(be))
+				return complete_failed(s, NULL, err);
 			be->complete_pending = true;
 			continue;
 		}
-		pg_fail(s, res, "complete", err);
+		complete_failed(s, res, err);
 		PQclear(res);
-		complete_async_free(be);
 		return -1;
 	}
+}
+
+static int
+pg_complete_socket(const struct rb_store *s)
+{
+	struct pg_be *be = be_of(s);
+
+	return be != NULL && be->complete_pending && be->complete_apart && be->conn3 != NULL ?
+	    PQsocket(be->conn3) : -1;
 }
 
 /* Complete one result with the caller's SQL in the same transaction. */
@@ -1547,7 +1623,7 @@ complete_sql(struct rb_store *s, const struct rb_complete_opts *o, const json_t 
 	const char *lp[3] = { handler, lane, epoch };
 	PGresult *res;
 	char *text;
-	int hist = history_enabled(s, err);
+	int hist = history_enabled(s, be_of(s)->conn, err);
 
 	if (hist < 0)
 		return -1;
@@ -1885,6 +1961,7 @@ const struct rb_store_ops rb_store_pg_ops = {
 	.fetch_send = pg_fetch_send,
 	.fetch_recv = pg_fetch_recv,
 	.fetch_socket = pg_fetch_socket,
+	.complete_socket = pg_complete_socket,
 	.notified = pg_notified,
 };
 

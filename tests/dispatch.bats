@@ -72,22 +72,22 @@ order_violations() {  # file [strict]
   [[ "$output" == *"--stats-every DUR"* ]]
 }
 
-@test "defaults: 800 in flight, claims of 200, chains of 32 with --pipe; 10, 100, 8 with --exec" {
+@test "defaults: 3200 in flight, claims of 800, chains of 32 with --pipe; 10, 100, 8 with --exec" {
   need_pg
   run -0 --separate-stderr rb-dispatch -v -H dc --pipe cat --drain
-  [[ "$stderr" == *"(concurrency 800, batch 200, chain 32)"* ]]
+  [[ "$stderr" == *"(concurrency 3200, batch 800, chain 32)"* ]]
   run -0 --separate-stderr rb-dispatch -v -H dc --exec true --drain
   [[ "$stderr" == *"(concurrency 10, batch 100, chain 8)"* ]]
   run -0 --separate-stderr rb-dispatch -v -H dc --pipe cat --concurrency 7 --batch 3 --chain 2 --drain
   [[ "$stderr" == *"(concurrency 7, batch 3, chain 2)"* ]]
-  # and 800 really go out at once, in claims of 200: one co-process holds them
+  # and 3200 really go out at once, in claims of 800: one co-process holds them
   # all before answering
-  publish 1000 dc dc
+  publish 4000 dc dc
   run -0 --separate-stderr timeout 60 rb-dispatch -vv -H dc --drain \
-    --pipe "sh -c 'head -n 800 >$BATS_TEST_TMPDIR/first; cat $BATS_TEST_TMPDIR/first; cat'"
-  [ "$(wc -l <"$BATS_TEST_TMPDIR/first")" = 800 ]
-  [[ "$stderr" == *"claimed 200 (asked 200)"* ]]
-  [[ "$stderr" != *"(asked 201)"* && "$stderr" != *"claimed 201"* ]]
+    --pipe "sh -c 'head -n 3200 >$BATS_TEST_TMPDIR/first; cat $BATS_TEST_TMPDIR/first; cat'"
+  [ "$(wc -l <"$BATS_TEST_TMPDIR/first")" = 3200 ]
+  [[ "$stderr" == *"claimed 800 (asked 800)"* ]]
+  [[ "$stderr" != *"(asked 801)"* && "$stderr" != *"claimed 801"* ]]
   [ "$(pending dc)" = 0 ]
 }
 
@@ -206,7 +206,29 @@ order_violations() {  # file [strict]
   [ "$(order_violations "$out")" = 0 ]
 }
 
-@test "--connections 1: one database connection, whose claim reads the events too; the default holds two" {
+@test "--connections 3: the connection that completes is cut, again and again: it reconnects, nothing lost or run twice" {
+  need_pg
+  local out=$BATS_TEST_TMPDIR/k.out cut=0 n
+  publish 3000 k compcut 20
+  rb-dispatch -H compcut --pipe "rb-test-pipe $out" --drain -c 20 -b 10 --connections 3 \
+    2>"$BATS_TEST_TMPDIR/k.err" 3>&- & PIDS=$!
+  # the third connection is the one whose statement deletes what completed
+  while kill -0 "$PIDS" 2>/dev/null && [ "$cut" -lt 3 ]; do
+    n=$(q "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+           WHERE query LIKE 'WITH r AS (SELECT * FROM unnest(%' AND pid <> pg_backend_pid()")
+    cut=$((cut + n))
+    sleep 0.2
+  done
+  wait "$PIDS"
+  [ "$cut" -ge 3 ]
+  [ "$(grep -c reconnected "$BATS_TEST_TMPDIR/k.err")" -ge 3 ]
+  [ "$(pending compcut)" = 0 ]
+  [ "$(cut -d' ' -f1 "$out" | sort -u | wc -l)" = 3000 ]
+  [ "$(wc -l <"$out")" = 3000 ]
+  [ "$(order_violations "$out")" = 0 ]
+}
+
+@test "--connections 1: one database connection, whose claim reads the events too; 2 and 3 hold as many" {
   need_pg
   local out=$BATS_TEST_TMPDIR/c1.out url
   publish 300 c conns1 10
@@ -217,7 +239,7 @@ order_violations() {  # file [strict]
   [ "$(order_violations "$out")" = 0 ]
   # how many connections a running one holds, by an application name of its own
   case $RELAYBUS_URL in *\?*) url="$RELAYBUS_URL&application_name=rbconns" ;; *) url="$RELAYBUS_URL?application_name=rbconns" ;; esac
-  for n in 1 2; do
+  for n in 1 2 3; do
     rb-dispatch -vv --db "$url" -H conns1 --pipe cat --connections "$n" 2>"$BATS_TEST_TMPDIR/c$n.err" 3>&- & PIDS=$!
     publish 1 "n$n" conns1
     wait_for 10 '[ "$(pending conns1)" = 0 ]' || { cat "$BATS_TEST_TMPDIR/c$n.err" >&2;
@@ -227,7 +249,7 @@ order_violations() {  # file [strict]
     kill -TERM "$PIDS"
     wait "$PIDS"
   done
-  run -64 --separate-stderr rb-dispatch -H conns1 --pipe cat --connections 3
+  run -64 --separate-stderr rb-dispatch -H conns1 --pipe cat --connections 4
   [[ "$stderr" == *"--connections"* ]]
 }
 
