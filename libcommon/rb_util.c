@@ -223,10 +223,40 @@ rb_lane_of(const char *key, const char *event_id)
 	return (int)(rb_fnv1a32(s, strlen(s)) % RB_LANES);
 }
 
+size_t
+rb_fmt_int(char *buf, int64_t v)
+{
+	char num[24], *p = num + sizeof num;
+	uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+	size_t n;
+
+	do {
+		*--p = (char)('0' + u % 10);
+		u /= 10;
+	} while (u != 0);
+	if (v < 0)
+		*--p = '-';
+	n = (size_t)(num + sizeof num - p);
+	memcpy(buf, p, n);
+	return n;
+}
+
 void
 rb_lease_format(const struct rb_lease *l, char *buf, size_t len)
 {
-	snprintf(buf, len, "%d:%" PRId64 ":%" PRId64, l->lane, l->epoch, l->claims);
+	char tmp[3 * 24];
+	size_t n = rb_fmt_int(tmp, l->lane);
+
+	tmp[n++] = ':';
+	n += rb_fmt_int(tmp + n, l->epoch);
+	tmp[n++] = ':';
+	n += rb_fmt_int(tmp + n, l->claims);
+	if (len == 0)
+		return;
+	if (n >= len)
+		n = len - 1;
+	memcpy(buf, tmp, n);
+	buf[n] = '\0';
 }
 
 /* Parse an unsigned decimal in s up to a stop char; no sign, no spaces. */

@@ -59,6 +59,9 @@ struct rb_lease {
 };
 /** Format "lane:epoch:claims" into buf (at least 48 bytes). */
 void	rb_lease_format(const struct rb_lease *, char *buf, size_t len);
+/** v in decimal at buf (room for 21 bytes, no NUL); returns the length.
+ * snprintf costs several times as much, on paths run per delivery. */
+size_t	rb_fmt_int(char *buf, int64_t v);
 /** Parse "lane:epoch:claims"; -1 on anything malformed or out of range. */
 int	rb_lease_parse(const char *, struct rb_lease *);
 

@@ -145,29 +145,19 @@ sb_array_text(struct rb_sbuf *b, const char *v)
 static void
 sb_list_int(struct rb_sbuf *b, bool first, int64_t v)
 {
-	char num[24], *p = num + sizeof num;
-	uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+	char num[24];
+	size_t n = 0;
 
-	do {
-		*--p = (char)('0' + u % 10);
-		u /= 10;
-	} while (u != 0);
-	if (v < 0)
-		*--p = '-';
 	if (!first)
-		*--p = ',';
-	rb_sb_putn(b, p, (size_t)(num + sizeof num - p));
+		num[n++] = ',';
+	n += rb_fmt_int(num + n, v);
+	rb_sb_putn(b, num, n);
 }
 
 static void
 sb_array_int(struct rb_sbuf *b, int64_t v)
 {
-	char num[32];
-
-	if (b->len > 1)
-		rb_sb_puts(b, ",");
-	snprintf(num, sizeof num, "%" PRId64, v);
-	rb_sb_puts(b, num);
+	sb_list_int(b, b->len <= 1, v);
 }
 
 /* A SQL string literal (standard_conforming_strings) for --print-sql. */
@@ -962,16 +952,16 @@ delivery_of(const struct dcols *c, bool text, struct rb_sbuf *b)
 			else
 				rb_json_sb_compact(b, v, strlen(v));
 		}
-		snprintf(num, sizeof num, ",\"attempt\":%d", attempt);
-		rb_sb_puts(b, num);
+		rb_sb_puts(b, ",\"attempt\":");
+		rb_sb_putn(b, num, rb_fmt_int(num, attempt));
 		rb_sb_puts(b, ",\"lease\":\"");
 		rb_sb_puts(b, token);
 		rb_sb_puts(b, "\",\"created_at\":");
 		sb_str(b, c->created_at);
 		rb_sb_puts(b, ",\"delivery_id\":");
 		sb_str(b, c->id);
-		snprintf(num, sizeof num, ",\"lane\":%d", c->lane);
-		rb_sb_puts(b, num);
+		rb_sb_puts(b, ",\"lane\":");
+		rb_sb_putn(b, num, rb_fmt_int(num, c->lane));
 		rb_sb_puts(b, ",\"sequence\":");
 		rb_sb_puts(b, c->sequence == NULL ? "null" : c->sequence);
 		rb_sb_puts(b, "}\n");
@@ -1255,7 +1245,7 @@ pg_fetch_recv(struct rb_store *s, bool wait, json_t **out, struct rb_error *err)
 
 			if (r == NULL)
 				continue;
-			snprintf(id, sizeof id, "%" JSON_INTEGER_FORMAT, json_integer_value(json_array_get(r, RB_CLAIMED_ID)));
+			id[rb_fmt_int(id, json_integer_value(json_array_get(r, RB_CLAIMED_ID)))] = '\0';
 			c = (struct dcols){
 				.id = id, .event_id = json_string_value(json_array_get(r, RB_CLAIMED_EVENT_ID)),
 				.handler = json_string_value(json_array_get(r, RB_CLAIMED_HANDLER)),

@@ -2,7 +2,9 @@
 /* Unit tests: durations, numbers, URL redaction, FNV-1a, lanes, lease tokens. */
 #include "config.h"
 
+#include <inttypes.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "rb_store.h"
@@ -93,6 +95,20 @@ test_lease(void)
 
 	rb_lease_format(&l, buf, sizeof buf);
 	is_str(buf, "218:7:3", "format lane:epoch:claims");
+	l = (struct rb_lease){ .lane = 255, .epoch = INT64_MAX, .claims = 2147483647 };
+	rb_lease_format(&l, buf, sizeof buf);
+	is_str(buf, "255:9223372036854775807:2147483647", "format maxima");
+	rb_lease_format(&l, buf, 8);
+	is_str(buf, "255:922", "format truncated to the buffer, terminated");
+	const int64_t nums[] = { 0, 7, -7, 10, 1234567890123, INT64_MAX, INT64_MIN };
+	for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
+		char want[32];
+
+		snprintf(want, sizeof want, "%" PRId64, nums[i]);
+		buf[rb_fmt_int(buf, nums[i])] = '\0';
+		is_str(buf, want, "rb_fmt_int %s", want);
+	}
+	l = (struct rb_lease){ .lane = 218, .epoch = 7, .claims = 3 };
 	ok(rb_lease_parse("218:7:3", &p) == 0 && p.lane == 218 && p.epoch == 7 && p.claims == 3,
 	    "parse round trip");
 	ok(rb_lease_parse("0:0:0", &p) == 0, "zeros parse");
