@@ -232,6 +232,7 @@ static void	chain_next(json_t *followers, unsigned gen, bool go);
 static void	proc_write(struct coproc *c);
 static int64_t	min_deadline(int64_t a, int64_t b);
 static bool	idle_seen;		/* the last claim found nothing, and nothing completed since */
+static bool	progress_since_claim;	/* a completion went through after the claim out was sent */
 static int64_t	next_poll, next_extend, next_stats;
 static int	stop_level;		/* 0 running, 1 stopping (grace), 2 aborted */
 static int64_t	grace_deadline;
@@ -707,6 +708,7 @@ apply_outcomes(size_t n, json_t *arr, json_t *outcomes)
 		/* deletions may have unblocked the next delivery of a key */
 		more_work = true;
 		idle_seen = false;
+		progress_since_claim = true;
 	}
 }
 
@@ -1384,8 +1386,13 @@ claim_collect(bool wait)
 	rb_debug("claimed %d (asked %d%s)", n, claim_asked, claim_searched ? "" : ", held lanes only");
 	if (claim_searched)
 		lanes_dry = n < claim_asked;
-	more_work = n > 0;
-	idle_seen = n == 0;
+	/* (a completion that went through while the claim was out, beside it
+	 * on a third connection, may have unblocked a key the claim passed
+	 * over: its "nothing" is then no reason to wait for the next poll.
+	 * And only a claim that looked at every lane can say there is nothing
+	 * due, for --drain.) */
+	more_work = n > 0 || progress_since_claim;
+	idle_seen = n == 0 && !progress_since_claim && claim_searched;
 	st.claimed += n;
 	owners[claim_gen % NOWNERS].count += n;
 	if (n > 0 && next_extend == 0)
@@ -1607,6 +1614,7 @@ maybe_claim(int64_t now)
 		return;
 	}
 	claiming = true;
+	progress_since_claim = false;
 	claim_gen = cur_gen;
 	claim_asked = co.batch;
 }
