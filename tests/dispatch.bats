@@ -185,46 +185,57 @@ order_violations() {  # file [strict]
   [ "$(order_violations "$out" 0)" = 0 ]
 }
 
-@test "the connection that reads what was claimed is cut, again and again: it reconnects, nothing lost or run twice" {
-  need_pg
-  local out=$BATS_TEST_TMPDIR/f.out cut=0 n
-  publish 3000 f fetchcut 20
-  rb-dispatch -H fetchcut --pipe "rb-test-pipe $out" --drain -c 20 -b 10 2>"$BATS_TEST_TMPDIR/f.err" 3>&- & PIDS=$!
-  # the second connection is the one whose statement reads the claimed rows
+# Drain 3,000 with -c 20 -b 10 (and args) while the backend that runs the
+# statement starting with prefix is cut three times: the dispatcher
+# reconnects each time, and every delivery ran once, in key order.
+drain_cutting() {  # handler statement-prefix [rb-dispatch args]
+  local h=$1 like=$2 out=$BATS_TEST_TMPDIR/$1.out cut=0 n
+  shift 2
+  publish 3000 "$h" "$h" 20
+  rb-dispatch -H "$h" --pipe "rb-test-pipe $out" --drain -c 20 -b 10 "$@" 2>"$BATS_TEST_TMPDIR/$h.err" 3>&- & PIDS=$!
   while kill -0 "$PIDS" 2>/dev/null && [ "$cut" -lt 3 ]; do
     n=$(q "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-           WHERE query LIKE 'SELECT p.o, e.name%' AND pid <> pg_backend_pid()")
+           WHERE query LIKE '$like%' AND pid <> pg_backend_pid()")
     cut=$((cut + n))
     sleep 0.2
   done
   wait "$PIDS"
   [ "$cut" -ge 3 ]
-  [ "$(grep -c reconnected "$BATS_TEST_TMPDIR/f.err")" -ge 3 ]
-  [ "$(pending fetchcut)" = 0 ]
+  [ "$(grep -c reconnected "$BATS_TEST_TMPDIR/$h.err")" -ge 3 ]
+  [ "$(pending "$h")" = 0 ]
   [ "$(cut -d' ' -f1 "$out" | sort -u | wc -l)" = 3000 ]
   [ "$(wc -l <"$out")" = 3000 ]
   [ "$(order_violations "$out")" = 0 ]
 }
 
+@test "the connection that reads what was claimed is cut, again and again: it reconnects, nothing lost or run twice" {
+  need_pg
+  # the second connection is the one whose statement reads the claimed rows
+  drain_cutting fetchcut 'SELECT p.o, e.name'
+}
+
 @test "--connections 3: the connection that completes is cut, again and again: it reconnects, nothing lost or run twice" {
   need_pg
-  local out=$BATS_TEST_TMPDIR/k.out cut=0 n
-  publish 3000 k compcut 20
-  rb-dispatch -H compcut --pipe "rb-test-pipe $out" --drain -c 20 -b 10 --connections 3 \
-    2>"$BATS_TEST_TMPDIR/k.err" 3>&- & PIDS=$!
   # the third connection is the one whose statement deletes what completed
-  while kill -0 "$PIDS" 2>/dev/null && [ "$cut" -lt 3 ]; do
-    n=$(q "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-           WHERE query LIKE 'WITH r AS (SELECT * FROM unnest(%' AND pid <> pg_backend_pid()")
-    cut=$((cut + n))
-    sleep 0.2
+  drain_cutting compcut 'WITH r AS (SELECT * FROM unnest(' --connections 3
+}
+
+@test "--connections 3 --drain: a completion that commits beside a claim finding nothing does not end the drain early" {
+  need_pg
+  local out=$BATS_TEST_TMPDIR/o.out i left
+  # one key's 320 deliveries run one after another, each one's completion
+  # beside the next claim: a claim that passed over the key while the
+  # completion that unblocked it committed made --drain exit with most of
+  # them left, about one run in ten
+  for i in $(seq 1 30); do
+    awk -v r="$i" 'BEGIN { for (k = 1; k <= 320; k++)
+      printf "{\"id\":\"o%d-%d\",\"name\":\"t\",\"key\":\"one%d\",\"payload\":{\"i\":%d},\"handlers\":[\"onekey\"]}\n", r, k, r, k }' |
+      rb-publish -q
+    run -0 rb-dispatch -H onekey --pipe "rb-test-pipe $out" --drain --connections 3
+    left=$(pending onekey)
+    [ "$left" = 0 ] || { echo "run $i: --drain exited with $left left" >&2; false; }
   done
-  wait "$PIDS"
-  [ "$cut" -ge 3 ]
-  [ "$(grep -c reconnected "$BATS_TEST_TMPDIR/k.err")" -ge 3 ]
-  [ "$(pending compcut)" = 0 ]
-  [ "$(cut -d' ' -f1 "$out" | sort -u | wc -l)" = 3000 ]
-  [ "$(wc -l <"$out")" = 3000 ]
+  [ "$(wc -l <"$out")" = 9600 ]
   [ "$(order_violations "$out")" = 0 ]
 }
 
