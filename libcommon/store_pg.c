@@ -1167,6 +1167,19 @@ claimed_ids(PGresult *res)
 	return arr;
 }
 
+/* A statement on a side connection (c: conn2, conn3) failed (res: its
+ * error, or NULL): an error as run()'s, and the connection closed if it
+ * broke. */
+static int
+side_failed(struct rb_store *s, PGconn *c, void (*close_fn)(struct pg_be *), PGresult *res,
+    const char *what, struct rb_error *err)
+{
+	pg_fail_on(s, c, res, what, err);
+	if (c != NULL && PQstatus(c) != CONNECTION_OK)
+		close_fn(be_of(s));
+	return -1;
+}
+
 static int
 fetch_failed(struct rb_store *s, PGresult *res, struct rb_error *err)
 {
@@ -1175,11 +1188,7 @@ fetch_failed(struct rb_store *s, PGresult *res, struct rb_error *err)
 	be->fetch_pending = false;
 	json_decref(be->fetch_claimed);
 	be->fetch_claimed = NULL;
-	pg_fail_on(s, be->conn2, res, "fetch", err);
-	/* a connection that failed a read-only statement is not to be trusted */
-	if (be->conn2 != NULL && PQstatus(be->conn2) != CONNECTION_OK)
-		close_conn2(be);
-	return -1;
+	return side_failed(s, be->conn2, close_conn2, res, "fetch", err);
 }
 
 static int
@@ -1508,10 +1517,7 @@ complete_failed(struct rb_store *s, PGresult *res, struct rb_error *err)
 	complete_async_free(be);
 	if (!apart)
 		return res != NULL ? pg_fail(s, res, "complete", err) : send_failed(s, "complete", err);
-	pg_fail_on(s, be->conn3, res, "complete", err);
-	if (be->conn3 != NULL && PQstatus(be->conn3) != CONNECTION_OK)
-		close_conn3(be);
-	return -1;
+	return side_failed(s, be->conn3, close_conn3, res, "complete", err);
 }
 
 static int
