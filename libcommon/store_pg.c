@@ -22,6 +22,7 @@
 
 #include "rb_exit.h"
 #include "rb_jsonl.h"
+#include "rb_log.h"
 #include "rb_pg.h"
 #include "rb_store.h"
 #include "rb_util.h"
@@ -369,6 +370,21 @@ rollback_quietly(struct rb_store *s)
 
 /* ---- connection ---------------------------------------------------------- */
 
+/* What the server says outside an answer (a NOTICE, a WARNING, the FATAL
+ * of a terminated backend) goes through our log, so that -q means quiet:
+ * libpq would print it to stderr itself. */
+static void
+notice_to_log(void *arg, const char *msg)
+{
+	int len = (int)strcspn(msg, "\n");
+
+	(void)arg;
+	if (strncmp(msg, "WARNING", 7) == 0)
+		rb_warn("server: %.*s", len, msg);
+	else
+		rb_info("server: %.*s", len, msg);
+}
+
 static int
 connect_to(struct rb_store *s, PGconn **conn, struct rb_error *err)
 {
@@ -386,6 +402,7 @@ connect_to(struct rb_store *s, PGconn **conn, struct rb_error *err)
 	*conn = PQconnectdbParams(keys, vals, 1);
 	if (*conn == NULL)
 		return rb_seterr(err, RB_EXIT_OSERR, "out of memory");
+	PQsetNoticeProcessor(*conn, notice_to_log, NULL);
 	if (PQstatus(*conn) != CONNECTION_OK) {
 		char msg[400];
 
@@ -461,8 +478,7 @@ pg_open(struct rb_store *s, struct rb_error *err)
 	be->q_fetch = render(
 	    "SELECT p.o, e.name, e.key, e.payload::text, e.headers::text "
 	    "FROM unnest($1::text[]) WITH ORDINALITY p(eid, o) "
-	    "CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_events ee WHERE ee.id = p.eid OFFSET 0) e "
-	    "ORDER BY p.o", sc);
+	    "CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_events ee WHERE ee.id = p.eid OFFSET 0) e", sc);
 	be->q_extend = render(
 	    "UPDATE @S@.relaybus_lanes SET lease_expires_at = clock_timestamp() + $3::bigint * interval '1 millisecond' "
 	    "WHERE handler = $1 AND lease_owner = $2", sc);
@@ -1242,17 +1258,20 @@ pg_fetch_recv(struct rb_store *s, bool wait, json_t **out, struct rb_error *err)
 	}
 	{
 		/* each claimed row with its event, in the claim's order (an event
-		 * that is gone leaves its delivery out) */
-		json_t *arr = json_array();
+		 * that is gone leaves its delivery out): the rows come in any
+		 * order, each with its place */
+		size_t nc = json_array_size(be->fetch_claimed);
+		json_t *arr = json_array(), **at = xcalloc(nc > 0 ? nc : 1, sizeof *at);
 		struct rb_sbuf b;
 
 		rb_sb_init(&b);
 		for (int i = 0; i < PQntuples(res); i++) {
-			const json_t *r = json_array_get(be->fetch_claimed, (size_t)strtol(PQgetvalue(res, i, 0), NULL, 10) - 1);
+			long o = strtol(PQgetvalue(res, i, 0), NULL, 10);
+			const json_t *r = o >= 1 && (size_t)o <= nc ? json_array_get(be->fetch_claimed, (size_t)o - 1) : NULL;
 			char id[32];
 			struct dcols c;
 
-			if (r == NULL)
+			if (r == NULL || at[o - 1] != NULL)
 				continue;
 			id[rb_fmt_int(id, json_integer_value(json_array_get(r, RB_CLAIMED_ID)))] = '\0';
 			c = (struct dcols){
@@ -1267,8 +1286,12 @@ pg_fetch_recv(struct rb_store *s, bool wait, json_t **out, struct rb_error *err)
 				.name = col(res, i, 1), .key = col(res, i, 2),
 				.payload = col(res, i, 3), .headers = col(res, i, 4),
 			};
-			json_array_append_new(arr, delivery_of(&c, be->fetch_text, &b));
+			at[o - 1] = delivery_of(&c, be->fetch_text, &b);
 		}
+		for (size_t k = 0; k < nc; k++)
+			if (at[k] != NULL)
+				json_array_append_new(arr, at[k]);
+		free(at);
 		free(b.s);
 		*out = arr;
 	}
@@ -1385,9 +1408,15 @@ fa_free(struct fence_arrays *a)
 static void
 set_outcome(json_t *outcomes, size_t i, const json_t *r, const char *outcome)
 {
-	json_array_set_new(outcomes, i, json_pack("{s:O, s:O, s:s}",
-	    "event_id", json_object_get(r, "event_id"), "handler", json_object_get(r, "handler"),
-	    "outcome", outcome));
+	/* (built by hand: json_pack parses its format each time, and this
+	 * runs once a delivery) */
+	json_t *o = json_object();
+	json_t *ev = json_object_get(r, "event_id"), *h = json_object_get(r, "handler");
+
+	json_object_set_new(o, "event_id", ev != NULL ? json_incref(ev) : json_null());
+	json_object_set_new(o, "handler", h != NULL ? json_incref(h) : json_null());
+	json_object_set_new(o, "outcome", json_string(outcome));
+	json_array_set_new(outcomes, i, o);
 }
 
 /* Does a delivery (event_id, handler) still exist? 1 yes, 0 no, -1 error */

@@ -239,6 +239,25 @@ drain_cutting() {  # handler statement-prefix [rb-dispatch args]
   [ "$(order_violations "$out")" = 0 ]
 }
 
+@test "the server's words outside an answer (the FATAL of a cut connection) go through the log: shown with -v, never raw" {
+  need_pg
+  local url n
+  case $RELAYBUS_URL in *\?*) url="$RELAYBUS_URL&application_name=rbidle" ;; *) url="$RELAYBUS_URL?application_name=rbidle" ;; esac
+  for v in "" -v; do
+    rb-dispatch $v --db "$url" -H idlecut --pipe cat 2>"$BATS_TEST_TMPDIR/i$v.err" 3>&- & PIDS=$!
+    wait_for 10 '[ "$(q "SELECT count(*) FROM pg_stat_activity WHERE application_name = '"'rbidle'"' AND state = '"'idle'"'")" -ge 1 ]'
+    # idle and listening: the cut arrives with no statement out
+    n=$(q "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = 'rbidle'")
+    [ "$n" -ge 1 ]
+    wait_for 10 'grep -q reconnected "$BATS_TEST_TMPDIR/i$v.err"'
+    kill -TERM "$PIDS"
+    wait "$PIDS"
+    ! grep -q '^FATAL' "$BATS_TEST_TMPDIR/i$v.err"
+  done
+  grep -q '^rb-dispatch: .*server: FATAL: .*terminating connection' "$BATS_TEST_TMPDIR/i-v.err"
+  ! grep -q 'server: FATAL' "$BATS_TEST_TMPDIR/i.err"
+}
+
 @test "--connections 1: one database connection, whose claim reads the events too; 2 and 3 hold as many" {
   need_pg
   local out=$BATS_TEST_TMPDIR/c1.out url
