@@ -192,13 +192,17 @@ order_violations() {  # file [strict]
 # only seen at its next statement, and a drain that ends first never
 # reconnects.)
 drain_cutting() {  # handler statement-prefix n [rb-dispatch args]
-  local h=$1 like=$2 total=$3 out=$BATS_TEST_TMPDIR/$1.out cut=0 n
+  local h=$1 like=$2 total=$3 out=$BATS_TEST_TMPDIR/$1.out cut=0 n url
   shift 3
+  # only this dispatcher's connections: the other test files run beside
+  # this one, against the same server (rb-complete sends the same statement)
+  case $RELAYBUS_URL in *\?*) url="$RELAYBUS_URL&application_name=rb$h" ;; *) url="$RELAYBUS_URL?application_name=rb$h" ;; esac
   publish "$total" "$h" "$h" 20
-  rb-dispatch -H "$h" --pipe "rb-test-pipe $out" --drain -c 20 -b 10 "$@" 2>"$BATS_TEST_TMPDIR/$h.err" 3>&- & PIDS=$!
+  rb-dispatch --db "$url" -H "$h" --pipe "rb-test-pipe $out" --drain -c 20 -b 10 "$@" \
+    2>"$BATS_TEST_TMPDIR/$h.err" 3>&- & PIDS=$!
   while kill -0 "$PIDS" 2>/dev/null && [ "$cut" -lt 3 ]; do
     n=$(q "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-           WHERE query LIKE '$like%' AND pid <> pg_backend_pid()")
+           WHERE application_name = 'rb$h' AND query LIKE '$like%' AND pid <> pg_backend_pid()")
     cut=$((cut + n))
     sleep 0.2
   done
