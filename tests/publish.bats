@@ -255,12 +255,14 @@ EOF2
 }
 
 @test "connection lost mid-stream: exit 75 naming the last committed line; a rerun is idempotent" {
-  input=$BATS_TEST_TMPDIR/in.jsonl
+  local input=$BATS_TEST_TMPDIR/in.jsonl url
   for i in 1 2 3 4; do echo "{\"id\":\"s$i\",\"name\":\"order.created\",\"payload\":$i}"; done >"$input"
+  # (a name of its own: other test files publish beside this one)
+  case $RELAYBUS_URL in *\?*) url="$RELAYBUS_URL&application_name=rbpubcut" ;; *) url="$RELAYBUS_URL?application_name=rbpubcut" ;; esac
   run --separate-stderr bash -c "
     { sed -n 1,2p '$input'; sleep 0.5
-      psql '$_test_pg_url' -XAtqc \"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'rb-publish'\" >/dev/null
-      sed -n 3,4p '$input'; } | rb-publish --batch 2"
+      psql '$_test_pg_url' -XAtqc \"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'rbpubcut'\" >/dev/null
+      sed -n 3,4p '$input'; } | rb-publish --db '$url' --batch 2"
   [ "$status" -eq 75 ]
   [[ "$stderr" == *"stdin:3: "*"committed through line 2"* ]]
   [ "$(q "SELECT string_agg(id, ',' ORDER BY id) FROM relaybus_events")" = "s1,s2" ]
