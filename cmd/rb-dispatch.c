@@ -122,6 +122,18 @@ static struct options {
 	  .co = { .max_attempts = RB_DEFAULT_MAX_ATTEMPTS,
 		  .backoff = { .base_ms = 1000, .max_ms = 300000, .factor = 2.0 } } };
 
+/* The deliveries of one key behind the one that runs: v[at], v[at + 1], ... v[n - 1]. */
+struct chain {
+	struct rb_dl	**v;
+	size_t		 n, at;
+};
+
+/* Claimed deliveries (an array of n, the array and them owned). */
+struct dlv {
+	struct rb_dl	**v;
+	size_t		 n;
+};
+
 /*
  * A delivery in flight.  Exec: its child, and the line still to write to
  * the child's stdin.  Pipe: the co-process it was handed to.
@@ -130,7 +142,7 @@ struct slot {
 	bool	 used;
 	bool	 timed_out;	/* exec: killed at --timeout */
 	bool	 aborted;	/* exec: killed at shutdown: release */
-	json_t	*line;		/* the claimed delivery */
+	struct rb_dl *d;	/* the claimed delivery */
 	unsigned gen;		/* lease owner generation that claimed it */
 	int64_t	 deadline;	/* --timeout; 0: none (any more) */
 	pid_t	 pid;
@@ -138,7 +150,7 @@ struct slot {
 	char	*wbuf;
 	size_t	 wlen, woff;
 	int	 proc;
-	json_t	*followers;	/* the rest of its key's chain (an array), or NULL */
+	struct chain *followers;	/* the rest of its key's chain, or NULL */
 	uint32_t hash;		/* --pipe: of its event_id and lease (slot_index) */
 };
 
@@ -167,9 +179,10 @@ struct owner {
 
 /* A result waiting for the next group completion. */
 struct pending {
-	json_t	*r;
+	struct rb_dl *d;
+	json_t	*r;		/* the result to apply; NULL: d succeeded (no --sql) */
 	unsigned gen;
-	json_t	*followers;	/* the rest of its key's chain, or NULL */
+	struct chain *followers;	/* the rest of its key's chain, or NULL */
 };
 
 static struct rb_store	*store;
@@ -205,30 +218,30 @@ static bool	more_work;		/* the last claim found work: claim again when slots fre
 static bool	claiming;		/* a claim is out: the handlers are served meanwhile */
 static bool	completing;		/* a completion is out (flush_results) ... */
 static size_t	ncompleting;		/* ... of the first this many queued results ... */
-static json_t	*completing_arr;	/* ... sent as this array */
+static struct rb_dl **completing_v;	/* ... sent as this array (theirs) */
 static unsigned	claim_gen;		/* the owner generation it was sent for */
 /* A claim answers with ids; the delivery lines are read on the store's
  * second connection (rb_store_fetch_send) while the next claim runs. */
 static bool	fetching;		/* a fetch is out ... */
-static json_t	*fetch_ids;		/* ... of these claimed (arrays, RB_CLAIMED_*) ... */
+static struct dlv fetch_cur;		/* ... of these claimed ... */
 static unsigned	fetch_gen;		/* ... for this owner generation */
-static json_t	*fetch_next;		/* a claim's answer waiting for the fetch out */
+static struct dlv fetch_next;		/* a claim's answer waiting for the fetch out */
 static unsigned	fetch_next_gen;
-static int	nfetch;			/* ids in fetch_ids and fetch_next */
+static int	nfetch;			/* deliveries in fetch_cur and fetch_next */
 static int	claim_asked;
 static bool	claim_searched;		/* ... and whether it looked for more lanes */
 static bool	lanes_dry;		/* a look for more lanes found too few: do not look again until woken or polling */
 static void	claim_collect(bool wait);
 static void	complete_collect(bool wait);
 static void	fetch_collect(bool wait);
-static void	fetch_send(json_t *ids, unsigned gen);
-static void	start_chains(json_t *got, unsigned gen);
+static void	fetch_send(struct dlv got, unsigned gen);
+static void	start_chains(struct dlv got, unsigned gen);
 static void	slot_unindex(struct slot *s);
-static void	start_claimed(json_t *got, unsigned gen);
-static void	fetch_drop(json_t **ids, unsigned gen);
+static void	start_claimed(struct dlv got, unsigned gen);
+static void	fetch_drop(struct dlv *got, unsigned gen);
 static void	db_settle(void);
-static void	start_delivery(json_t *line, unsigned gen, json_t *followers);
-static void	chain_next(json_t *followers, unsigned gen, bool go);
+static void	start_delivery(struct rb_dl *d, unsigned gen, struct chain *followers);
+static void	chain_next(struct chain *followers, unsigned gen, bool go);
 static void	proc_write(struct coproc *c);
 static int64_t	min_deadline(int64_t a, int64_t b);
 static bool	idle_seen;		/* the last claim found nothing, and nothing completed since */
@@ -514,12 +527,12 @@ db_error(const struct rb_error *err, const char *what)
 		db_down = true;
 		claiming = false;	/* its answer, if any, is lost with the connection */
 		completing = false;	/* its results stay queued and are applied again */
-		json_decref(completing_arr);
-		completing_arr = NULL;
+		free(completing_v);
+		completing_v = NULL;
 		/* claimed, never read: the new owner claims them again once the
 		 * old one's lanes are handed back */
 		fetching = false;
-		fetch_drop(&fetch_ids, fetch_gen);
+		fetch_drop(&fetch_cur, fetch_gen);
 		fetch_drop(&fetch_next, fetch_next_gen);
 		reconnect_at = rb_mono_ms() + (reconnect_backoff > 200 ? 200 : reconnect_backoff);
 		return;
@@ -551,9 +564,28 @@ try_reconnect(int64_t now)
 
 /* ---- results ------------------------------------------------------------------- */
 
-/* Queue a result (steals r and followers) for the next group completion. */
+/* Free a chain and the deliveries still in it. */
 static void
-queue_result(json_t *r, unsigned gen, json_t *followers)
+chain_free(struct chain *c)
+{
+	if (c == NULL)
+		return;
+	for (size_t i = c->at; i < c->n; i++)
+		rb_dl_free(c->v[i]);
+	free(c->v);
+	free(c);
+}
+
+static size_t
+chain_len(const struct chain *c)
+{
+	return c != NULL ? c->n - c->at : 0;
+}
+
+/* Queue the result of d (d, r and followers stolen; r NULL: d succeeded)
+ * for the next group completion. */
+static void
+queue_result(struct rb_dl *d, json_t *r, unsigned gen, struct chain *followers)
 {
 	if (nqueue == capqueue) {
 		capqueue = capqueue == 0 ? 64 : capqueue * 2;
@@ -561,68 +593,60 @@ queue_result(json_t *r, unsigned gen, json_t *followers)
 	}
 	if (nqueue == 0)
 		queue_since = rb_mono_ms();
+	queue[nqueue].d = d;
 	queue[nqueue].r = r;
 	queue[nqueue].gen = gen;
 	queue[nqueue].followers = followers;
 	nqueue++;
 }
 
-/* A result for a delivery: a shallow copy of its line (without the text we
- * hand the handler), plus fields. */
 static json_t *
-result_of(const json_t *line)
+result_fail(const struct rb_dl *d, const char *error)
 {
-	json_t *r = json_copy((json_t *)line);
-
-	json_object_del(r, RB_LINE_TEXT_KEY);
-	return r;
-}
-
-static json_t *
-result_fail(const json_t *line, const char *error)
-{
-	json_t *r = result_of(line);
+	json_t *r = rb_dl_result(d);
 
 	json_object_set_new(r, "ok", json_false());
 	json_object_set_new(r, "error", json_string(error));
 	return r;
 }
 
+/* A success as an object: --sql hands it to the statement. */
 static json_t *
-result_ok(const json_t *line)
+result_ok(const struct rb_dl *d)
 {
-	json_t *r = result_of(line);
+	json_t *r = rb_dl_result(d);
 
 	json_object_set_new(r, "ok", json_true());
 	return r;
 }
 
 static json_t *
-result_release(const json_t *line)
+result_release(const struct rb_dl *d)
 {
-	json_t *r = result_of(line);
+	json_t *r = rb_dl_result(d);
 
 	json_object_set_new(r, "release", json_true());
 	return r;
 }
 
-/* The slot's delivery is done: queue the result (stolen) and free the slot. */
+/* The slot's delivery is done: queue its result (stolen; NULL: it
+ * succeeded) and free the slot. */
 static void
 finish_slot(struct slot *s, json_t *r)
 {
-	const char *ev = json_string_value(json_object_get(s->line, "event_id"));
+	struct rb_dl *d = s->d;
 
-	if (json_is_false(json_object_get(r, "ok")))
-		rb_info("%s: attempt %" JSON_INTEGER_FORMAT " failed: %s", ev,
-		    json_integer_value(json_object_get(s->line, "attempt")),
+	if (r != NULL && json_is_false(json_object_get(r, "ok")))
+		rb_info("%s: attempt %d failed: %s", d->event_id, d->attempt,
 		    json_string_value(json_object_get(r, "error")));
-	json_t *followers = s->followers;
+	struct chain *followers = s->followers;
 	unsigned gen = s->gen;
 	/* the rest of its chain goes on once it succeeded; with --sql only
 	 * once that committed (the handler is the completion), see flush_results */
-	bool go = followers != NULL && opt.mode != MODE_SQL && rb_result_completes(r) && stop_level == 0;
+	bool go = followers != NULL && opt.mode != MODE_SQL && (r == NULL || rb_result_completes(r)) &&
+	    stop_level == 0;
 
-	queue_result(r, gen, go ? NULL : followers);
+	queue_result(d, r, gen, go ? NULL : followers);
 	if (opt.mode == MODE_PIPE && s->proc >= 0) {
 		procs[s->proc].inflight--;
 		slot_unindex(s);
@@ -630,7 +654,6 @@ finish_slot(struct slot *s, json_t *r)
 	if (s->in_fd >= 0)
 		close(s->in_fd);
 	free(s->wbuf);
-	json_decref(s->line);
 	memset(s, 0, sizeof *s);
 	s->in_fd = -1;
 	s->proc = -1;
@@ -638,6 +661,43 @@ finish_slot(struct slot *s, json_t *r)
 	running--;
 	if (go)
 		chain_next(followers, gen, true);
+}
+
+/*
+ * The first n queued results were applied (go[i]: the i-th completed, its
+ * chain goes on): the queue moves on, the chains behind them go on or are
+ * handed back.
+ */
+static void
+queue_applied(size_t n, const bool *go, bool progress)
+{
+	size_t i;
+	struct { struct chain *followers; unsigned gen; } *next;	/* the chains behind them */
+
+	next = xcalloc(n > 0 ? n : 1, sizeof *next);
+	for (i = 0; i < n; i++) {
+		owner_done(queue[i].gen);
+		rb_dl_free(queue[i].d);
+		json_decref(queue[i].r);
+		next[i].followers = queue[i].followers;
+		next[i].gen = queue[i].gen;
+	}
+	memmove(queue, queue + n, (nqueue - n) * sizeof *queue);
+	nqueue -= n;
+	if (nqueue > 0)
+		queue_since = rb_mono_ms();
+	for (i = 0; i < n; i++)
+		if (next[i].followers != NULL)
+			chain_next(next[i].followers, next[i].gen, go[i] && stop_level == 0);
+	free(next);
+	for (int k = 0; opt.mode == MODE_PIPE && k < opt.procs; k++)
+		proc_write(&procs[k]);
+	if (progress) {
+		/* deletions may have unblocked the next delivery of a key */
+		more_work = true;
+		idle_seen = false;
+		progress_since_claim = true;
+	}
 }
 
 /*
@@ -651,9 +711,8 @@ apply_outcomes(size_t n, json_t *arr, json_t *outcomes)
 	size_t i;
 	json_t *o;
 	bool progress = false;
-	struct { json_t *followers; unsigned gen; bool go; } *next;	/* the chains behind them */
+	bool *go = xcalloc(n > 0 ? n : 1, sizeof *go);
 
-	next = xcalloc(n > 0 ? n : 1, sizeof *next);
 	json_array_foreach(outcomes, i, o) {
 		const char *oc = json_string_value(json_object_get(o, "outcome"));
 		const char *ev = json_string_value(json_object_get(o, "event_id"));
@@ -664,7 +723,7 @@ apply_outcomes(size_t n, json_t *arr, json_t *outcomes)
 			st.completed++;
 			progress = true;
 			if (i < n)
-				next[i].go = true;	/* its chain goes on */
+				go[i] = true;	/* its chain goes on */
 		} else if (strcmp(oc, "rescheduled") == 0) {
 			st.rescheduled++;
 			progress = true;
@@ -688,33 +747,41 @@ apply_outcomes(size_t n, json_t *arr, json_t *outcomes)
 	}
 	json_decref(outcomes);
 	json_decref(arr);
-	for (i = 0; i < n; i++) {
-		owner_done(queue[i].gen);
-		json_decref(queue[i].r);
-		next[i].followers = queue[i].followers;
-		next[i].gen = queue[i].gen;
+	queue_applied(n, go, progress);
+	free(go);
+}
+
+/* The same for the first n queued results completed in one statement
+ * (rb_store_complete_send): outcome[i] is RB_DL_*. */
+static void
+apply_completed(size_t n, const unsigned char *outcome)
+{
+	bool progress = false;
+	bool *go = xcalloc(n > 0 ? n : 1, sizeof *go);
+
+	for (size_t i = 0; i < n; i++) {
+		const char *ev = queue[i].d->event_id;
+
+		if (outcome[i] == RB_DL_COMPLETED) {
+			st.completed++;
+			progress = go[i] = true;
+			rb_debug("%s: completed", ev);
+			continue;
+		}
+		st.lost++;
+		if (outcome[i] == RB_DL_MISSING)
+			rb_debug("%s: already gone (completed before a reconnect)", ev);
+		else
+			rb_info("%s: lease lost, not applied (it runs again elsewhere)", ev);
+		rb_debug("%s: lost", ev);
 	}
-	memmove(queue, queue + n, (nqueue - n) * sizeof *queue);
-	nqueue -= n;
-	if (nqueue > 0)
-		queue_since = rb_mono_ms();
-	for (i = 0; i < n; i++)
-		if (next[i].followers != NULL)
-			chain_next(next[i].followers, next[i].gen, next[i].go && stop_level == 0);
-	free(next);
-	for (int k = 0; opt.mode == MODE_PIPE && k < opt.procs; k++)
-		proc_write(&procs[k]);
-	if (progress) {
-		/* deletions may have unblocked the next delivery of a key */
-		more_work = true;
-		idle_seen = false;
-		progress_since_claim = true;
-	}
+	queue_applied(n, go, progress);
+	free(go);
 }
 
 /*
  * Apply the queued results, at most 1000 per statement.  When they all
- * complete (no --sql) the statement goes out in the background, after the
+ * succeeded (no --sql) the statement goes out in the background, after the
  * claim that is out if any, and complete_collect takes its answer: the
  * loop goes on serving the handlers meanwhile.  Anything else is applied
  * at once.  false on a database error.
@@ -729,23 +796,27 @@ flush_results(void)
 		bool all_ok = opt.mode != MODE_SQL;
 
 		for (i = 0; i < n && all_ok; i++)
-			all_ok = rb_result_completes(queue[i].r);
+			all_ok = queue[i].r == NULL;
 		if (all_ok && claiming && opt.conns < 3)
 			return true;	/* sent once the claim's answer is in */
-		arr = json_array();
-		for (i = 0; i < n; i++)
-			json_array_append(arr, queue[i].r);
 		if (all_ok) {
-			if (rb_store_complete_send(store, arr, opt.conns == 3, &err) < 0) {
-				json_decref(arr);
+			struct rb_dl **v = xmalloc(n * sizeof *v);
+
+			for (i = 0; i < n; i++)
+				v[i] = queue[i].d;
+			if (rb_store_complete_send(store, v, n, opt.conns == 3, &err) < 0) {
+				free(v);
 				db_error(&err, "complete");
 				return false;
 			}
 			completing = true;
 			ncompleting = n;
-			completing_arr = arr;
+			completing_v = v;
 			return true;
 		}
+		arr = json_array();
+		for (i = 0; i < n; i++)
+			json_array_append_new(arr, queue[i].r != NULL ? json_incref(queue[i].r) : result_ok(queue[i].d));
 		claim_collect(true);
 		if (db_down || rb_store_complete(store, &opt.co, arr, &outcomes, &err) < 0) {
 			json_decref(arr);
@@ -763,24 +834,28 @@ static void
 complete_collect(bool wait)
 {
 	struct rb_error err = { 0 };
-	json_t *outcomes = NULL, *arr;
+	unsigned char *outcome;
 	int rc;
 
 	if (!completing)
 		return;
-	rc = rb_store_complete_recv(store, wait, &outcomes, &err);
-	if (rc == RB_CLAIM_PENDING)
+	outcome = xmalloc(ncompleting > 0 ? ncompleting : 1);
+	rc = rb_store_complete_recv(store, wait, outcome, &err);
+	if (rc == RB_CLAIM_PENDING) {
+		free(outcome);
 		return;
+	}
 	completing = false;
-	arr = completing_arr;
-	completing_arr = NULL;
+	free(completing_v);
+	completing_v = NULL;
 	if (rc < 0) {
 		/* the results stay queued: applied again after the reconnect */
-		json_decref(arr);
+		free(outcome);
 		db_error(&err, "complete");
 		return;
 	}
-	apply_outcomes(ncompleting, arr, outcomes);
+	apply_completed(ncompleting, outcome);
+	free(outcome);
 }
 
 /* Nothing out on the connection: the next statement may go. */
@@ -793,20 +868,19 @@ db_settle(void)
 
 /* ---- handlers ---------------------------------------------------------------------- */
 
+/* The delivery's line, to hand the handler (a copy: *len bytes, newline-ended). */
 static char *
-line_text(const json_t *line, size_t *len)
+line_text(const struct rb_dl *d, size_t *len)
 {
-	const json_t *t = json_object_get(line, RB_LINE_TEXT_KEY);
 	struct rb_sbuf b;
 
 	rb_sb_init(&b);
-	if (t != NULL) {	/* made from the claim's columns (rb_claim_opts.line_text) */
-		rb_sb_putn(&b, json_string_value(t), json_string_length(t));
-		*len = b.len;
-		return b.s;
+	if (d->text != NULL)	/* made from the claim's columns (rb_claim_opts.line_text) */
+		rb_sb_putn(&b, d->text, d->tlen);
+	else {
+		rb_json_sb_dump(&b, d->line);
+		rb_sb_putn(&b, "\n", 1);
 	}
-	rb_json_sb_dump(&b, line);
-	rb_sb_putn(&b, "\n", 1);
 	*len = b.len;
 	return b.s;
 }
@@ -850,13 +924,13 @@ exec_start(struct slot *s)
 			close(p[0]);
 			close(p[1]);
 		}
-		finish_slot(s, result_fail(s->line, msg));
+		finish_slot(s, result_fail(s->d, msg));
 		return;
 	}
 	close(p[0]);
 	s->in_fd = p[1];
 	set_nonblock(s->in_fd);
-	s->wbuf = line_text(s->line, &s->wlen);
+	s->wbuf = line_text(s->d, &s->wlen);
 	s->woff = 0;
 	exec_write(s);
 }
@@ -867,16 +941,16 @@ exec_exited(struct slot *s, int status)
 	char msg[200];
 
 	if (s->aborted) {
-		finish_slot(s, result_release(s->line));
+		finish_slot(s, result_release(s->d));
 		return;
 	}
 	if (s->timed_out) {
 		snprintf(msg, sizeof msg, "timed out after %" PRId64 "ms", opt.timeout_ms);
-		finish_slot(s, result_fail(s->line, msg));
+		finish_slot(s, result_fail(s->d, msg));
 		return;
 	}
 	if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
-		finish_slot(s, result_ok(s->line));
+		finish_slot(s, NULL);
 		return;
 	}
 	if (WIFEXITED(status) && WEXITSTATUS(status) == RB_EXIT_TEMPFAIL)
@@ -885,7 +959,7 @@ exec_exited(struct slot *s, int status)
 		snprintf(msg, sizeof msg, "exit %d", WEXITSTATUS(status));
 	else
 		snprintf(msg, sizeof msg, "killed by signal %d", WTERMSIG(status));
-	finish_slot(s, result_fail(s->line, msg));
+	finish_slot(s, result_fail(s->d, msg));
 }
 
 static void
@@ -943,10 +1017,11 @@ proc_write(struct coproc *c)
 }
 
 static void
-proc_send(struct coproc *c, const json_t *line)
+proc_send(struct coproc *c, const struct rb_dl *d)
 {
-	size_t len;
-	char *text = line_text(line, &len);
+	size_t len = d->tlen;
+	char *dump = d->text == NULL ? line_text(d, &len) : NULL;
+	const char *text = dump != NULL ? dump : d->text;
 
 	if (c->woff > 0 && c->woff == c->wlen)
 		c->wlen = c->woff = 0;
@@ -963,33 +1038,32 @@ proc_send(struct coproc *c, const json_t *line)
 	}
 	memcpy(c->wbuf + c->wlen, text, len);
 	c->wlen += len;
-	free(text);
+	free(dump);
 	/* written by the caller once the whole claim is queued: one write,
 	 * not one per line (each would wake the co-process) */
 }
 
 /* The slot of a pipe result: same event_id and lease. */
 static uint32_t
-slot_hash(const char *ev, const char *lease)
+slot_hash(const char *ev, size_t evlen, const char *lease, size_t leaselen)
 {
 	uint32_t h = 2166136261u;
 
-	for (const unsigned char *p = (const unsigned char *)ev; *p != '\0'; p++)
-		h = (h ^ *p) * 16777619u;
+	for (size_t i = 0; i < evlen; i++)
+		h = (h ^ (unsigned char)ev[i]) * 16777619u;
 	h = (h ^ 0xffu) * 16777619u;
-	for (const unsigned char *p = (const unsigned char *)lease; *p != '\0'; p++)
-		h = (h ^ *p) * 16777619u;
+	for (size_t i = 0; i < leaselen; i++)
+		h = (h ^ (unsigned char)lease[i]) * 16777619u;
 	return h;
 }
 
-/* Index slot s (its line in place). */
+/* Index slot s (its delivery in place). */
 static void
 slot_index(struct slot *s)
 {
 	size_t p;
 
-	s->hash = slot_hash(json_string_value(json_object_get(s->line, "event_id")),
-	    json_string_value(json_object_get(s->line, "lease")));
+	s->hash = slot_hash(s->d->event_id, strlen(s->d->event_id), s->d->lease, strlen(s->d->lease));
 	for (p = s->hash & sidx_mask; sidx[p] != 0; p = (p + 1) & sidx_mask)
 		;
 	sidx[p] = (int)(s - slots) + 1;
@@ -1023,31 +1097,38 @@ slot_unindex(struct slot *s)
 	sidx[p] = 0;
 }
 
-static struct slot *
-find_slot(const char *ev, const char *lease)
+static bool
+same(const char *s, const char *t, size_t tlen)
 {
-	uint32_t h = slot_hash(ev, lease);
+	return strncmp(s, t, tlen) == 0 && s[tlen] == '\0';
+}
+
+static struct slot *
+find_slot(const char *ev, size_t evlen, const char *lease, size_t leaselen)
+{
+	uint32_t h = slot_hash(ev, evlen, lease, leaselen);
 
 	for (size_t p = h & sidx_mask; sidx[p] != 0; p = (p + 1) & sidx_mask) {
 		struct slot *s = &slots[sidx[p] - 1];
 
-		if (s->hash == h && strcmp(json_string_value(json_object_get(s->line, "event_id")), ev) == 0 &&
-		    strcmp(json_string_value(json_object_get(s->line, "lease")), lease) == 0)
+		if (s->hash == h && same(s->d->event_id, ev, evlen) && same(s->d->lease, lease, leaselen))
 			return s;
 	}
 	return NULL;
 }
 
+/* The members of a result line that the dispatcher reads. */
+static const char *const result_want[] = { "event_id", "lease", "ok", "error", "retry_ms", "dead" };
+enum { RW_EVENT_ID, RW_LEASE, RW_OK, RW_ERROR, RW_RETRY_MS, RW_DEAD, RW_N };
+
 /*
  * The members of a result line that matter, as an object: picked from the
- * text when rb_json_scan vouches for it (a co-process echoes the whole
- * delivery line: parsing all of it was a third of our CPU), else parsed in
- * full.  NULL (why says why) when the line is not a JSON object.
+ * text when rb_json_scan vouches for it, else parsed in full.  NULL (why
+ * says why) when the line is not a JSON object.
  */
 static json_t *
 result_fields(const char *text, size_t len, char *why, size_t whylen)
 {
-	static const char *const want[] = { "event_id", "lease", "ok", "error", "retry_ms", "dead" };
 	struct rb_json_member m[32];
 	int n = rb_json_scan(text, len, m, 32);
 	json_t *in;
@@ -1056,10 +1137,10 @@ result_fields(const char *text, size_t len, char *why, size_t whylen)
 		return rb_jsonl_parse(text, len, &in, why, whylen) < 0 ? NULL : in;
 	in = json_object();
 	for (int i = 0; i < n; i++)
-		for (size_t w = 0; w < sizeof want / sizeof want[0]; w++) {
+		for (size_t w = 0; w < RW_N; w++) {
 			json_t *v;
 
-			if (m[i].klen != strlen(want[w]) || memcmp(m[i].key, want[w], m[i].klen) != 0)
+			if (m[i].klen != strlen(result_want[w]) || memcmp(m[i].key, result_want[w], m[i].klen) != 0)
 				continue;
 			if (m[i].type == 't' || m[i].type == 'f' || m[i].type == '0')
 				v = m[i].type == 't' ? json_true() : m[i].type == 'f' ? json_false() : json_null();
@@ -1068,9 +1149,45 @@ result_fields(const char *text, size_t len, char *why, size_t whylen)
 			else
 				v = json_loadb(m[i].val, m[i].vlen, JSON_DECODE_ANY, NULL);
 			if (v != NULL)
-				json_object_set_new(in, want[w], v);
+				json_object_set_new(in, result_want[w], v);
 		}
 	return in;
+}
+
+/*
+ * A plain success, told from the text alone (a co-process echoes the
+ * whole delivery line: parsing it, or even building an object of the
+ * members that matter, was most of our CPU): event_id and lease plain
+ * strings, "ok" true or missing, no "error", "retry_ms" or "dead".  Its
+ * slot, or NULL when the line needs a closer look (result_fields).
+ */
+static struct slot *
+plain_success(const char *text, size_t len)
+{
+	struct rb_json_member m[32];
+	const struct rb_json_member *at[RW_N] = { 0 };
+	int n = rb_json_scan(text, len, m, 32);
+
+	if (n < 0 || n > 32)
+		return NULL;
+	for (int i = 0; i < n; i++) {
+		/* (every member is looked at: the wanted ones are spread over a
+		 * line of a dozen) */
+		if (m[i].klen < 2 || m[i].klen > 8)
+			continue;
+		for (size_t w = 0; w < RW_N; w++)
+			if (m[i].klen == strlen(result_want[w]) && memcmp(m[i].key, result_want[w], m[i].klen) == 0) {
+				at[w] = &m[i];
+				break;
+			}
+	}
+	if (at[RW_EVENT_ID] == NULL || at[RW_EVENT_ID]->type != '"' || at[RW_EVENT_ID]->escaped ||
+	    at[RW_LEASE] == NULL || at[RW_LEASE]->type != '"' || at[RW_LEASE]->escaped ||
+	    (at[RW_OK] != NULL && at[RW_OK]->type != 't') ||
+	    at[RW_ERROR] != NULL || at[RW_RETRY_MS] != NULL || at[RW_DEAD] != NULL)
+		return NULL;
+	return find_slot(at[RW_EVENT_ID]->val + 1, at[RW_EVENT_ID]->vlen - 2,
+	    at[RW_LEASE]->val + 1, at[RW_LEASE]->vlen - 2);
 }
 
 static void
@@ -1082,6 +1199,11 @@ proc_result(int i, const char *text, size_t len)
 	char why[256];
 	struct rb_error err = { 0 };
 
+	if ((s = plain_success(text, len)) != NULL) {
+		procs[i].backoff_ms = 0;	/* it works: a later crash restarts it at once */
+		finish_slot(s, NULL);
+		return;
+	}
 	if ((in = result_fields(text, len, why, sizeof why)) == NULL) {
 		rb_warn("co-process %d: line %ld: %s: ignored", i, rb_jsonl_lineno(procs[i].rd), why);
 		return;
@@ -1093,14 +1215,15 @@ proc_result(int i, const char *text, size_t len)
 		    rb_jsonl_lineno(procs[i].rd));
 		goto out;
 	}
-	s = find_slot(json_string_value(ev), json_string_value(lease));
+	s = find_slot(json_string_value(ev), json_string_length(ev), json_string_value(lease),
+	    json_string_length(lease));
 	if (s == NULL) {
 		rb_info("co-process %d: result for %s (lease %s) not in flight (timed out?): ignored",
 		    i, json_string_value(ev), json_string_value(lease));
 		goto out;
 	}
-	/* the result is our delivery line plus the handler's verdict */
-	r = result_of(s->line);
+	/* the result is our delivery plus the handler's verdict */
+	r = rb_dl_result(s->d);
 	if ((v = json_object_get(in, "ok")) != NULL)
 		json_object_set(r, "ok", (json_t *)v);
 	if ((v = json_object_get(in, "error")) != NULL)
@@ -1113,9 +1236,10 @@ proc_result(int i, const char *text, size_t len)
 		rb_warn("co-process %d: line %ld: %s: counted as a failure", i,
 		    rb_jsonl_lineno(procs[i].rd), err.msg);
 		json_decref(r);
-		r = result_fail(s->line, err.msg);
+		r = result_fail(s->d, err.msg);
 	} else if (!json_is_false(json_object_get(r, "ok")) && !json_is_true(json_object_get(r, "dead"))) {
-		json_object_set_new(r, "ok", json_true());
+		json_decref(r);		/* a success */
+		r = NULL;
 	} else if (!json_is_string(json_object_get(r, "error"))) {
 		json_object_set_new(r, "error", json_string("handler failed"));
 	}
@@ -1180,8 +1304,8 @@ proc_exited(int i, int status)
 		snprintf(msg, sizeof msg, "handler process killed by signal %d", WTERMSIG(status));
 	for (int k = 0; k < opt.concurrency; k++)
 		if (slots[k].used && slots[k].proc == i)
-			finish_slot(&slots[k], stop_level > 0 ? result_release(slots[k].line) :
-			    result_fail(slots[k].line, msg));
+			finish_slot(&slots[k], stop_level > 0 ? result_release(slots[k].d) :
+			    result_fail(slots[k].d, msg));
 	c->inflight = 0;
 	if (stop_level > 0)
 		return;
@@ -1222,21 +1346,20 @@ reap(void)
  * chain, started when this one is completed.
  */
 static void
-start_delivery(json_t *line, unsigned gen, json_t *followers)
+start_delivery(struct rb_dl *d, unsigned gen, struct chain *followers)
 {
 	struct slot *s = NULL;
 	int best = -1;
 
 	if (opt.mode == MODE_SQL) {
-		queue_result(result_ok(line), gen, followers);
-		json_decref(line);
+		queue_result(d, result_ok(d), gen, followers);
 		return;
 	}
 	if (nfree_slot == 0)	/* cannot happen: we claim at most the free slots */
 		rb_die(RB_EXIT_SOFTWARE, "no free slot");
 	s = &slots[free_slot[--nfree_slot]];
 	s->used = true;
-	s->line = line;
+	s->d = d;
 	s->followers = followers;
 	s->gen = gen;
 	s->pid = 0;
@@ -1254,13 +1377,13 @@ start_delivery(json_t *line, unsigned gen, json_t *followers)
 		    (best < 0 || procs[i].inflight < procs[best].inflight))
 			best = i;
 	if (best < 0) {
-		finish_slot(s, result_release(line));
+		finish_slot(s, result_release(d));
 		return;
 	}
 	s->proc = best;
 	procs[best].inflight++;
 	slot_index(s);
-	proc_send(&procs[best], line);
+	proc_send(&procs[best], d);
 }
 
 static bool
@@ -1282,7 +1405,7 @@ claim_due(int64_t now)
 	int low = opt.batch < opt.concurrency ? opt.batch : opt.concurrency;
 
 	low = low / 4 > 1 ? low / 4 : 1;
-	if (db_down || claiming || (completing && opt.conns < 3) || fetch_next != NULL || stop_level > 0 ||
+	if (db_down || claiming || (completing && opt.conns < 3) || fetch_next.v != NULL || stop_level > 0 ||
 	    fatal_code != 0 ||
 	    free_slots <= 0 ||
 	    (opt.mode == MODE_PIPE && !proc_alive()))
@@ -1299,65 +1422,69 @@ claim_due(int64_t now)
  * previous one's completion committed).
  */
 static void
-start_chains(json_t *got, unsigned gen)
+start_chains(struct dlv got, unsigned gen)
 {
-	size_t n = json_array_size(got);
+	size_t n = got.n;
 	int *head = xcalloc(n > 0 ? n : 1, sizeof *head);
-	json_t **chain = xcalloc(n > 0 ? n : 1, sizeof *chain);
+	struct chain **chain = xcalloc(n > 0 ? n : 1, sizeof *chain);
 
 	for (size_t i = 0; i < n; i++) {
-		const json_t *d = json_array_get(got, i);
-		const char *key = json_string_value(json_object_get(d, "key"));
-		json_int_t lane = json_integer_value(json_object_get(d, "lane"));
+		const struct rb_dl *d = got.v[i];
 
 		head[i] = -1;
-		for (size_t j = i; key != NULL && opt.chain > 1 && j-- > 0;) {
-			const json_t *e = json_array_get(got, j);
-			const char *k2 = json_string_value(json_object_get(e, "key"));
+		for (size_t j = i; d->key != NULL && opt.chain > 1 && j-- > 0;) {
+			const struct rb_dl *e = got.v[j];
 
-			if (json_integer_value(json_object_get(e, "lane")) != lane)
+			if (e->lane != d->lane)
 				break;
-			if (k2 != NULL && strcmp(k2, key) == 0) {
+			if (e->key != NULL && strcmp(e->key, d->key) == 0) {
 				head[i] = head[j] >= 0 ? head[j] : (int)j;
 				break;
 			}
 		}
 		if (head[i] >= 0) {
-			if (chain[head[i]] == NULL)
-				chain[head[i]] = json_array();
-			json_array_append(chain[head[i]], (json_t *)d);
+			struct chain *c = chain[head[i]];
+
+			if (c == NULL) {
+				c = chain[head[i]] = xcalloc(1, sizeof *c);
+				c->v = xcalloc((size_t)opt.chain, sizeof *c->v);
+			}
+			if (c->n == (size_t)opt.chain)	/* (cannot happen: a claim takes at most --chain of a key) */
+				c->v = xrealloc(c->v, (c->n + 1) * sizeof *c->v);
+			c->v[c->n++] = got.v[i];
 			nwait++;
 		}
 	}
 	for (size_t i = 0; i < n; i++)
 		if (head[i] < 0)
-			start_delivery(json_incref(json_array_get(got, i)), gen, chain[i]);
+			start_delivery(got.v[i], gen, chain[i]);
 	free(head);
 	free(chain);
+	free(got.v);
 }
 
 /* A chain's turn: start its next delivery (go), or hand them all back. */
 static void
-chain_next(json_t *followers, unsigned gen, bool go)
+chain_next(struct chain *followers, unsigned gen, bool go)
 {
-	size_t n = json_array_size(followers);
+	size_t n = chain_len(followers);
 
 	if (go && n > 0) {
-		json_t *rest = NULL;
+		struct rb_dl *d = followers->v[followers->at++];
 
-		if (n > 1) {
-			rest = json_array();
-			for (size_t i = 1; i < n; i++)
-				json_array_append(rest, json_array_get(followers, i));
-		}
 		nwait--;
-		start_delivery(json_incref(json_array_get(followers, 0)), gen, rest);
-	} else {
-		for (size_t i = 0; i < n; i++)
-			queue_result(result_release(json_array_get(followers, i)), gen, NULL);
-		nwait -= (int)n;
+		if (n == 1) {
+			chain_free(followers);
+			followers = NULL;
+		}
+		start_delivery(d, gen, followers);
+		return;
 	}
-	json_decref(followers);
+	for (size_t i = followers->at; i < followers->n; i++)
+		queue_result(followers->v[i], result_release(followers->v[i]), gen, NULL);
+	nwait -= (int)n;
+	followers->at = followers->n;
+	chain_free(followers);
 }
 
 /*
@@ -1370,12 +1497,12 @@ static void
 claim_collect(bool wait)
 {
 	struct rb_error err = { 0 };
-	json_t *got = NULL;
+	struct dlv got = { 0 };
 	int n;
 
 	if (!claiming)
 		return;
-	n = rb_store_claim_recv(store, wait, &got, &err);
+	n = rb_store_claim_recv(store, wait, &got.v, &err);
 	if (n == RB_CLAIM_PENDING)
 		return;
 	claiming = false;
@@ -1383,6 +1510,7 @@ claim_collect(bool wait)
 		db_error(&err, "claim");
 		return;
 	}
+	got.n = (size_t)n;
 	rb_debug("claimed %d (asked %d%s)", n, claim_asked, claim_searched ? "" : ", held lanes only");
 	if (claim_searched)
 		lanes_dry = n < claim_asked;
@@ -1398,12 +1526,11 @@ claim_collect(bool wait)
 	if (n > 0 && next_extend == 0)
 		next_extend = rb_mono_ms() + opt.lease_ms / 3;
 	if (n == 0) {
-		json_decref(got);
+		free(got.v);
 		return;
 	}
 	if (opt.conns == 1) {
 		start_claimed(got, claim_gen);
-		json_decref(got);
 		for (int i = 0; opt.mode == MODE_PIPE && i < opt.procs; i++)
 			proc_write(&procs[i]);
 		return;
@@ -1416,14 +1543,15 @@ claim_collect(bool wait)
 		fetch_send(got, claim_gen);
 }
 
-/* Start the deliveries a claim brought, or when stopping hand them back
- * unrun (no attempt charged). */
+/* Start the deliveries a claim brought (stolen), or when stopping hand
+ * them back unrun (no attempt charged). */
 static void
-start_claimed(json_t *got, unsigned gen)
+start_claimed(struct dlv got, unsigned gen)
 {
 	if (stop_level > 0) {
-		for (size_t i = 0; i < json_array_size(got); i++)
-			queue_result(result_release(json_array_get(got, i)), gen, NULL);
+		for (size_t i = 0; i < got.n; i++)
+			queue_result(got.v[i], result_release(got.v[i]), gen, NULL);
+		free(got.v);
 	} else
 		start_chains(got, gen);
 }
@@ -1431,104 +1559,76 @@ start_claimed(json_t *got, unsigned gen)
 /* Forget claimed deliveries that will not be read (their owner's count
  * goes down: an owner with none left is retired, its lanes handed back). */
 static void
-fetch_drop(json_t **ids, unsigned gen)
+fetch_drop(struct dlv *got, unsigned gen)
 {
-	size_t n = json_array_size(*ids);
-
-	nfetch -= (int)n;
-	for (size_t i = 0; i < n; i++)
+	nfetch -= (int)got->n;
+	for (size_t i = 0; i < got->n; i++) {
 		owner_done(gen);
-	json_decref(*ids);
-	*ids = NULL;
+		rb_dl_free(got->v[i]);
+	}
+	free(got->v);
+	got->v = NULL;
+	got->n = 0;
 }
 
-/* Read what a claim took (steals ids). */
+/* Read what a claim took (got stolen). */
 static void
-fetch_send(json_t *ids, unsigned gen)
+fetch_send(struct dlv got, unsigned gen)
 {
 	struct rb_error err = { 0 };
 
-	fetch_ids = ids;
+	fetch_cur = got;
 	fetch_gen = gen;
-	if (rb_store_fetch_send(store, ids, opt.mode != MODE_SQL, &err) < 0) {
-		fetch_drop(&fetch_ids, fetch_gen);
+	if (rb_store_fetch_send(store, fetch_cur.v, fetch_cur.n, opt.mode != MODE_SQL, &err) < 0) {
+		fetch_drop(&fetch_cur, fetch_gen);
 		db_error(&err, "fetch");
 		return;
 	}
 	fetching = true;
 }
 
-/* Take the delivery lines of the fetch that is out, and start them. */
+/* Take the events of the fetch that is out, and start its deliveries. */
 static void
 fetch_collect(bool wait)
 {
 	struct rb_error err = { 0 };
-	json_t *got = NULL;
+	struct dlv got;
+	size_t k = 0;
 	int n;
 
 	if (!fetching)
 		return;
-	n = rb_store_fetch_recv(store, wait, &got, &err);
+	n = rb_store_fetch_recv(store, wait, &err);
 	if (n == RB_CLAIM_PENDING)
 		return;
 	fetching = false;
 	if (n < 0) {
-		fetch_drop(&fetch_ids, fetch_gen);
+		fetch_drop(&fetch_cur, fetch_gen);
 		db_error(&err, "fetch");
 		return;
 	}
-	/* (those that are gone are not started: their count goes) */
-	nfetch -= (int)json_array_size(fetch_ids);
-	for (size_t i = (size_t)n; i < json_array_size(fetch_ids); i++)
-		owner_done(fetch_gen);
-	json_decref(fetch_ids);
-	fetch_ids = NULL;
+	/* (those whose event is gone are not started: their count goes) */
+	got = fetch_cur;
+	nfetch -= (int)got.n;
+	for (size_t i = 0; i < got.n; i++) {
+		if (got.v[i]->fetched)
+			got.v[k++] = got.v[i];
+		else {
+			owner_done(fetch_gen);
+			rb_dl_free(got.v[i]);
+		}
+	}
+	got.n = k;
+	fetch_cur = (struct dlv){ 0 };
 	start_claimed(got, fetch_gen);
-	json_decref(got);
-	if (fetch_next != NULL && !db_down) {
-		json_t *next = fetch_next;
+	if (fetch_next.v != NULL && !db_down) {
+		struct dlv next = fetch_next;
 
-		fetch_next = NULL;
+		fetch_next = (struct dlv){ 0 };
 		fetch_send(next, fetch_next_gen);
 	}
 	for (int i = 0; opt.mode == MODE_PIPE && i < opt.procs; i++)
 		proc_write(&procs[i]);
-}
-
-/* The id of a delivery line or result (its "delivery_id"), or -1. */
-static int64_t
-delivery_id(const json_t *line)
-{
-	const char *s = json_string_value(json_object_get(line, "delivery_id"));
-
-	return s != NULL ? strtoll(s, NULL, 10) : -1;
-}
-
-/* The lane of a delivery line, or of a result by its lease token. */
-static int
-lane_of(const json_t *line)
-{
-	const json_t *l = json_object_get(line, "lane");
-	const char *lease;
-
-	if (json_is_integer(l))
-		return (int)json_integer_value(l);
-	lease = json_string_value(json_object_get(line, "lease"));
-	return lease != NULL ? atoi(lease) : -1;
-}
-
-static size_t
-chain_ids(const json_t *followers, int64_t *ids, int *lanes)
-{
-	size_t n = 0;
-
-	for (size_t i = 0; i < json_array_size(followers); i++) {
-		const json_t *f = json_array_get(followers, i);
-
-		if ((ids[n] = delivery_id(f)) >= 0)
-			lanes[n++] = lane_of(f);
-	}
-	return n;
 }
 
 /*
@@ -1538,43 +1638,42 @@ chain_ids(const json_t *followers, int64_t *ids, int *lanes)
 static size_t
 live_ids(int64_t **ids, int **lanes, size_t *cap)
 {
-	size_t n = 0, want = nqueue;
+	size_t n = 0, want = nqueue + fetch_cur.n + fetch_next.n;
 
 	/* counted, not derived from running, nqueue and nwait: a slip in
 	 * those counters must not write past the end */
 	for (int i = 0; i < opt.concurrency; i++)
 		if (slots[i].used)
-			want += 1 + json_array_size(slots[i].followers);
+			want += 1 + chain_len(slots[i].followers);
 	for (size_t i = 0; i < nqueue; i++)
-		want += json_array_size(queue[i].followers);
-	want += json_array_size(fetch_ids) + json_array_size(fetch_next);
+		want += chain_len(queue[i].followers);
 	if (*cap < want) {
 		*cap = want;
 		*ids = xrealloc(*ids, want * sizeof **ids);
 		*lanes = xrealloc(*lanes, want * sizeof **lanes);
 	}
+#define LIVE(dl) do { (*ids)[n] = (dl)->id; (*lanes)[n++] = (dl)->lane; } while (0)
 	for (int i = 0; i < opt.concurrency; i++)
 		if (slots[i].used) {
-			if (((*ids)[n] = delivery_id(slots[i].line)) >= 0)
-				(*lanes)[n++] = lane_of(slots[i].line);
-			n += chain_ids(slots[i].followers, *ids + n, *lanes + n);
+			const struct chain *c = slots[i].followers;
+
+			LIVE(slots[i].d);
+			for (size_t k = c != NULL ? c->at : 0; c != NULL && k < c->n; k++)
+				LIVE(c->v[k]);
 		}
 	for (size_t i = 0; i < nqueue; i++) {
-		if (((*ids)[n] = delivery_id(queue[i].r)) >= 0)
-			(*lanes)[n++] = lane_of(queue[i].r);
-		n += chain_ids(queue[i].followers, *ids + n, *lanes + n);
+		const struct chain *c = queue[i].followers;
+
+		LIVE(queue[i].d);
+		for (size_t k = c != NULL ? c->at : 0; c != NULL && k < c->n; k++)
+			LIVE(c->v[k]);
 	}
 	/* claimed, being read */
-	for (int k = 0; k < 2; k++) {
-		const json_t *arr = k == 0 ? fetch_ids : fetch_next;
-
-		for (size_t i = 0; i < json_array_size(arr); i++) {
-			const json_t *c = json_array_get(arr, i);
-
-			(*ids)[n] = json_integer_value(json_array_get(c, RB_CLAIMED_ID));
-			(*lanes)[n++] = (int)json_integer_value(json_array_get(c, RB_CLAIMED_LANE));
-		}
-	}
+	for (size_t i = 0; i < fetch_cur.n; i++)
+		LIVE(fetch_cur.v[i]);
+	for (size_t i = 0; i < fetch_next.n; i++)
+		LIVE(fetch_next.v[i]);
+#undef LIVE
 	return n;
 }
 
@@ -1686,13 +1785,12 @@ check_timeouts(int64_t now)
 		}
 		s->deadline = 0;
 		if (opt.mode == MODE_EXEC) {
-			rb_info("%s: timed out: killing pid %d",
-			    json_string_value(json_object_get(s->line, "event_id")), (int)s->pid);
+			rb_info("%s: timed out: killing pid %d", s->d->event_id, (int)s->pid);
 			s->timed_out = true;
 			kill(-s->pid, SIGKILL);
 		} else {
 			snprintf(msg, sizeof msg, "timed out after %" PRId64 "ms", opt.timeout_ms);
-			finish_slot(s, result_fail(s->line, msg));
+			finish_slot(s, result_fail(s->d, msg));
 		}
 	}
 }
@@ -1711,7 +1809,7 @@ abort_all(void)
 			s->aborted = true;
 			kill(-s->pid, SIGKILL);
 		} else
-			finish_slot(s, result_release(s->line));
+			finish_slot(s, result_release(s->d));
 	}
 }
 
@@ -1976,7 +2074,7 @@ run(void)
 			stats_line(now, &last_stats);
 			next_stats = now + opt.stats_ms;
 		}
-		if (running == 0 && nqueue == 0 && !claiming && !fetching && fetch_next == NULL) {
+		if (running == 0 && nqueue == 0 && !claiming && !fetching && fetch_next.v == NULL) {
 			if (stop_level > 0)
 				break;
 			if (opt.drain && idle_seen && !db_down && fatal_code == 0) {
@@ -2060,8 +2158,9 @@ main(int argc, char **argv)
 	for (int i = 0; i < NOWNERS; i++)
 		free(owners[i].name);
 	for (size_t i = 0; i < nqueue; i++) {
+		rb_dl_free(queue[i].d);
 		json_decref(queue[i].r);
-		json_decref(queue[i].followers);
+		chain_free(queue[i].followers);
 	}
 	free(queue);
 	for (int i = 0; opt.mode == MODE_PIPE && i < opt.procs; i++) {

@@ -140,14 +140,43 @@ struct rb_claim_opts {
 	 * member RB_LINE_TEXT_KEY instead of "payload" and "headers" (which
 	 * are then not parsed at all) */
 	bool		 line_text;
-	/* claim only: rb_store_claim_send's answer is what was taken, without
-	 * the events, as arrays (RB_CLAIMED_*), for rb_store_fetch_send */
+	/* claim only: rb_store_claim_recv's deliveries come without their
+	 * events (not fetched), for rb_store_fetch_send */
 	bool		 apart;
 };
-/* the members of a delivery claimed apart */
-enum { RB_CLAIMED_ID, RB_CLAIMED_LANE, RB_CLAIMED_EPOCH, RB_CLAIMED_CLAIMS, RB_CLAIMED_ATTEMPTS,
-	RB_CLAIMED_EVENT_ID, RB_CLAIMED_HANDLER, RB_CLAIMED_CREATED_AT, RB_CLAIMED_SEQUENCE, RB_CLAIMED_SIZE };
 #define RB_LINE_TEXT_KEY	"_line"
+
+/*
+ * A claimed delivery as rb-dispatch carries it through the two-step calls
+ * (rb_store_claim_recv, rb_store_fetch_*, rb_store_complete_send): plain
+ * fields in one allocation, its line as text, and no JSON object unless
+ * one is asked for (a dispatcher spent most of its time building,
+ * copying and freeing objects of eight members).  Free with rb_dl_free.
+ */
+struct rb_dl {
+	int64_t		 id;		/* delivery_id */
+	int64_t		 epoch, claims;
+	int		 lane;
+	int		 attempt;	/* this attempt: attempts so far + 1 */
+	const char	*event_id, *handler;
+	const char	*sequence;	/* as text; NULL: none */
+	const char	*created_at;
+	char		 lease[64];	/* lane:epoch:claims */
+	bool		 fetched;	/* key and text (or line) are there */
+	const char	*key;		/* NULL: none */
+	const char	*text;		/* its line, newline-terminated (line_text) ... */
+	size_t		 tlen;
+	json_t		*line;		/* ... or the delivery object (line_text false) */
+	char		*mem;		/* (what key and text point into) */
+};
+void	rb_dl_free(struct rb_dl *);
+/**
+ * The delivery as a result object to complete (rb_store_complete): its
+ * line as an object (a shallow copy, without RB_LINE_TEXT_KEY) when it has
+ * one, else the members a completion reads (event_id, handler, key,
+ * attempt, lease, delivery_id, lane).
+ */
+json_t	*rb_dl_result(const struct rb_dl *);
 
 
 /**
@@ -164,42 +193,47 @@ int	rb_store_claim(struct rb_store *, const struct rb_claim_opts *, json_t **del
  * while the database works on the claim: send it, then collect it when
  * the store's socket is readable (or waiting).  While a claim is out, the
  * store takes no other call but rb_store_notified and rb_store_socket.
- * recv returns the number claimed, -1, or RB_CLAIM_PENDING when wait is
- * false and the answer has not arrived.  A deadlock or serialization
- * failure is retried, as rb_store_claim does.
+ * recv returns the number claimed (the deliveries, as rb_dl, in an array
+ * the caller frees with them), -1, or RB_CLAIM_PENDING when wait is false
+ * and the answer has not arrived.  A deadlock or serialization failure is
+ * retried, as rb_store_claim does.
  */
 #define RB_CLAIM_PENDING (-2)
 int	rb_store_claim_send(struct rb_store *, const struct rb_claim_opts *, struct rb_error *err);
-int	rb_store_claim_recv(struct rb_store *, bool wait, json_t **deliveries, struct rb_error *err);
+int	rb_store_claim_recv(struct rb_store *, bool wait, struct rb_dl ***deliveries, struct rb_error *err);
 
 /**
- * Read the deliveries that a claim sent with rb_claim_opts.apart took
- * (claimed: its answer), on a second connection of the store's (opened on
- * first use, closed with the first), so that reading the events runs
- * beside the next claim instead of inside it.  One at a time.  recv gives
- * the delivery objects rb_store_claim gives (line_text: as there), in the
- * order to start them, without those that are gone; it returns their
- * number, -1, or RB_CLAIM_PENDING.  rb_store_fetch_socket: the socket to
- * poll while one is out, else -1.
+ * Read the events of the n deliveries that a claim sent with
+ * rb_claim_opts.apart took, on a second connection of the store's (opened
+ * on first use, closed with the first), so that reading the events runs
+ * beside the next claim instead of inside it.  One at a time; the array
+ * and the deliveries stay the caller's and must outlive the fetch.  recv
+ * fills in each one's key and text (line_text) or line, and sets fetched
+ * (not for one whose event is gone); it returns the number fetched, -1, or
+ * RB_CLAIM_PENDING.  rb_store_fetch_socket: the socket to poll while one
+ * is out, else -1.
  */
-int	rb_store_fetch_send(struct rb_store *, const json_t *claimed, bool line_text, struct rb_error *err);
-int	rb_store_fetch_recv(struct rb_store *, bool wait, json_t **deliveries, struct rb_error *err);
+int	rb_store_fetch_send(struct rb_store *, struct rb_dl *const *claimed, size_t n, bool line_text,
+	    struct rb_error *err);
+int	rb_store_fetch_recv(struct rb_store *, bool wait, struct rb_error *err);
 int	rb_store_fetch_socket(const struct rb_store *);
 
 /**
- * rb_store_complete in two steps, as the claim (rb_store_claim_send), for
- * results that are all successes (rb_result_completes) applied without
- * --sql: one statement, sent now, its outcomes collected later.  While it
- * is out the store takes no other call but rb_store_notified and
- * rb_store_socket.  recv returns 0 with outcomes (as rb_store_complete's),
- * -1, or RB_CLAIM_PENDING.  apart: on a third connection of the store's
- * (opened on first use, closed with the first), so that it runs beside a
- * claim, and the store takes every other call meanwhile but another
- * completion; rb_store_complete_socket is then the socket to poll for its
- * answer (else -1).
+ * Complete n deliveries that all succeeded (no --sql) in two steps, as the
+ * claim (rb_store_claim_send): one statement, sent now, its outcomes
+ * collected later.  The array and the deliveries stay the caller's and
+ * must outlive it.  While it is out the store takes no other call but
+ * rb_store_notified and rb_store_socket.  recv returns 0 with an outcome
+ * per delivery in outcome[] (RB_DL_*), -1, or RB_CLAIM_PENDING.  apart: on
+ * a third connection of the store's (opened on first use, closed with the
+ * first), so that it runs beside a claim, and the store takes every other
+ * call meanwhile but another completion; rb_store_complete_socket is then
+ * the socket to poll for its answer (else -1).
  */
-int	rb_store_complete_send(struct rb_store *, const json_t *results, bool apart, struct rb_error *err);
-int	rb_store_complete_recv(struct rb_store *, bool wait, json_t **outcomes, struct rb_error *err);
+enum { RB_DL_LOST, RB_DL_COMPLETED, RB_DL_MISSING /* lost, and the delivery is gone */ };
+int	rb_store_complete_send(struct rb_store *, struct rb_dl *const *v, size_t n, bool apart,
+	    struct rb_error *err);
+int	rb_store_complete_recv(struct rb_store *, bool wait, unsigned char *outcome, struct rb_error *err);
 int	rb_store_complete_socket(const struct rb_store *);
 /** Whether a result completes its delivery (ok, not released, not dead). */
 bool	rb_result_completes(const json_t *result);

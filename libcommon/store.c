@@ -230,7 +230,7 @@ rb_store_claim_send(struct rb_store *s, const struct rb_claim_opts *o, struct rb
 }
 
 int
-rb_store_claim_recv(struct rb_store *s, bool wait, json_t **out, struct rb_error *err)
+rb_store_claim_recv(struct rb_store *s, bool wait, struct rb_dl ***out, struct rb_error *err)
 {
 	*out = NULL;
 	NEED_OP(s, claim_recv, err);
@@ -238,18 +238,18 @@ rb_store_claim_recv(struct rb_store *s, bool wait, json_t **out, struct rb_error
 }
 
 int
-rb_store_fetch_send(struct rb_store *s, const json_t *claimed, bool line_text, struct rb_error *err)
+rb_store_fetch_send(struct rb_store *s, struct rb_dl *const *claimed, size_t n, bool line_text,
+    struct rb_error *err)
 {
 	NEED_OP(s, fetch_send, err);
-	return s->ops->fetch_send(s, claimed, line_text, err);
+	return s->ops->fetch_send(s, claimed, n, line_text, err);
 }
 
 int
-rb_store_fetch_recv(struct rb_store *s, bool wait, json_t **out, struct rb_error *err)
+rb_store_fetch_recv(struct rb_store *s, bool wait, struct rb_error *err)
 {
-	*out = NULL;
 	NEED_OP(s, fetch_recv, err);
-	return s->ops->fetch_recv(s, wait, out, err);
+	return s->ops->fetch_recv(s, wait, err);
 }
 
 int
@@ -282,18 +282,51 @@ rb_store_complete(struct rb_store *s, const struct rb_complete_opts *o, const js
 }
 
 int
-rb_store_complete_send(struct rb_store *s, const json_t *results, bool apart, struct rb_error *err)
+rb_store_complete_send(struct rb_store *s, struct rb_dl *const *v, size_t n, bool apart,
+    struct rb_error *err)
 {
 	NEED_OP(s, complete_send, err);
-	return s->ops->complete_send(s, results, apart, err);
+	return s->ops->complete_send(s, v, n, apart, err);
 }
 
 int
-rb_store_complete_recv(struct rb_store *s, bool wait, json_t **outcomes, struct rb_error *err)
+rb_store_complete_recv(struct rb_store *s, bool wait, unsigned char *outcome, struct rb_error *err)
 {
-	*outcomes = NULL;
 	NEED_OP(s, complete_recv, err);
-	return s->ops->complete_recv(s, wait, outcomes, err);
+	return s->ops->complete_recv(s, wait, outcome, err);
+}
+
+void
+rb_dl_free(struct rb_dl *d)
+{
+	if (d == NULL)
+		return;
+	json_decref(d->line);
+	free(d->mem);
+	free(d);
+}
+
+json_t *
+rb_dl_result(const struct rb_dl *d)
+{
+	json_t *r;
+	char id[32];
+
+	if (d->line != NULL) {
+		r = json_copy(d->line);
+		json_object_del(r, RB_LINE_TEXT_KEY);
+		return r;
+	}
+	id[rb_fmt_int(id, d->id)] = '\0';
+	r = json_object();
+	json_object_set_new(r, "event_id", json_string(d->event_id));
+	json_object_set_new(r, "handler", json_string(d->handler));
+	json_object_set_new(r, "key", d->key != NULL ? json_string(d->key) : json_null());
+	json_object_set_new(r, "attempt", json_integer(d->attempt));
+	json_object_set_new(r, "lease", json_string(d->lease));
+	json_object_set_new(r, "delivery_id", json_string(id));
+	json_object_set_new(r, "lane", json_integer(d->lane));
+	return r;
 }
 
 bool

@@ -25,9 +25,9 @@ struct rb_store_ops {
 		    struct rb_error *);
 	int	(*claim)(struct rb_store *, const struct rb_claim_opts *, json_t **, struct rb_error *);
 	int	(*claim_send)(struct rb_store *, const struct rb_claim_opts *, struct rb_error *);
-	int	(*claim_recv)(struct rb_store *, bool, json_t **, struct rb_error *);
-	int	(*complete_send)(struct rb_store *, const json_t *, bool, struct rb_error *);
-	int	(*complete_recv)(struct rb_store *, bool, json_t **, struct rb_error *);
+	int	(*claim_recv)(struct rb_store *, bool, struct rb_dl ***, struct rb_error *);
+	int	(*complete_send)(struct rb_store *, struct rb_dl *const *, size_t, bool, struct rb_error *);
+	int	(*complete_recv)(struct rb_store *, bool, unsigned char *, struct rb_error *);
 	int	(*extend)(struct rb_store *, const char *, const char *, int64_t, struct rb_error *);
 	int	(*complete)(struct rb_store *, const struct rb_complete_opts *, const json_t *,
 		    json_t **, struct rb_error *);
@@ -36,8 +36,8 @@ struct rb_store_ops {
 	int	(*relinquish_leases)(struct rb_store *, const json_t *, struct rb_error *);
 	int	(*listen)(struct rb_store *, struct rb_error *);
 	int	(*socket)(const struct rb_store *);
-	int	(*fetch_send)(struct rb_store *, const json_t *, bool, struct rb_error *);
-	int	(*fetch_recv)(struct rb_store *, bool, json_t **, struct rb_error *);
+	int	(*fetch_send)(struct rb_store *, struct rb_dl *const *, size_t, bool, struct rb_error *);
+	int	(*fetch_recv)(struct rb_store *, bool, struct rb_error *);
 	int	(*fetch_socket)(const struct rb_store *);
 	int	(*complete_socket)(const struct rb_store *);
 	int	(*notified)(struct rb_store *, const char *, int, struct rb_error *);

@@ -48,7 +48,8 @@ struct pg_be {
 	/* a completion sent and not collected yet (rb_store_complete_send) */
 	bool	 complete_pending, complete_hist;
 	int	 complete_tries;
-	json_t	*complete_results;
+	struct rb_dl *const *complete_v;	/* what it completes (the caller's) */
+	size_t	 complete_n;
 	struct fence_arrays *complete_fa;	/* its parameters, kept for a retry */
 	int	 claim_tries;
 	char	 claim_params[5][256];	/* its parameters, kept for a retry */
@@ -66,7 +67,8 @@ struct pg_be {
 	PGconn	*conn2;
 	unsigned prepared2;
 	bool	 fetch_pending, fetch_text;
-	json_t	*fetch_claimed;		/* what the fetch out reads the events of */
+	struct rb_dl *const *fetch_v;	/* what the fetch out reads the events of (the caller's) */
+	size_t	 fetch_n;
 	/* the third, for completions sent apart (rb_store_complete_send) */
 	PGconn	*conn3;
 	unsigned prepared3;
@@ -74,7 +76,8 @@ struct pg_be {
 };
 
 static void complete_async_free(struct pg_be *);
-static json_t *claimed_ids(PGresult *);
+static struct rb_dl **claimed_dls(PGresult *);
+static struct rb_dl **claim_dls(PGresult *, bool);
 
 /* ---- text helpers ------------------------------------------------------ */
 
@@ -443,8 +446,8 @@ close_conn2(struct pg_be *be)
 	be->conn2 = NULL;
 	be->prepared2 = 0;
 	be->fetch_pending = false;
-	json_decref(be->fetch_claimed);
-	be->fetch_claimed = NULL;
+	be->fetch_v = NULL;
+	be->fetch_n = 0;
 }
 
 /* publish: one row per event, in input order */
@@ -913,18 +916,58 @@ struct dcols {
 	int64_t		 epoch, claims;
 };
 
+/* A delivery's line (b: reset first), made from the columns as they come
+ * (the jsonb text compacted), never parsed: rb-dispatch spent a third of
+ * its time parsing payloads only to print them again.  The members are
+ * in the order the delivery objects have them. */
+static void
+line_of(const struct dcols *c, const char *token, struct rb_sbuf *b)
+{
+	char num[32];
+
+	b->len = 0;
+	rb_sb_puts(b, "{\"event_id\":");
+	sb_str(b, c->event_id);
+	rb_sb_puts(b, ",\"handler\":");
+	sb_str(b, c->handler);
+	rb_sb_puts(b, ",\"name\":");
+	sb_str(b, c->name);
+	rb_sb_puts(b, ",\"key\":");
+	sb_str(b, c->key);
+	for (int k = 0; k < 2; k++) {
+		const char *v = k == 0 ? c->payload : c->headers;
+
+		rb_sb_puts(b, k == 0 ? ",\"payload\":" : ",\"headers\":");
+		if (v == NULL)
+			rb_sb_puts(b, "null");
+		else
+			rb_json_sb_compact(b, v, strlen(v));
+	}
+	rb_sb_puts(b, ",\"attempt\":");
+	rb_sb_putn(b, num, rb_fmt_int(num, c->attempts + 1));
+	rb_sb_puts(b, ",\"lease\":\"");
+	rb_sb_puts(b, token);
+	rb_sb_puts(b, "\",\"created_at\":");
+	sb_str(b, c->created_at);
+	rb_sb_puts(b, ",\"delivery_id\":");
+	sb_str(b, c->id);
+	rb_sb_puts(b, ",\"lane\":");
+	rb_sb_putn(b, num, rb_fmt_int(num, c->lane));
+	rb_sb_puts(b, ",\"sequence\":");
+	rb_sb_puts(b, c->sequence == NULL ? "null" : c->sequence);
+	rb_sb_puts(b, "}\n");
+}
+
 /*
- * A delivery as a JSON object.  With text, it carries its whole line under
- * RB_LINE_TEXT_KEY instead of payload and headers: made from the columns as
- * they come (the jsonb text compacted), never parsed; rb-dispatch spent a
- * third of its time parsing payloads only to print them again.  b: scratch.
+ * A delivery as a JSON object.  With text, it carries its whole line
+ * (line_of) under RB_LINE_TEXT_KEY instead of payload and headers.
+ * b: scratch.
  */
 static json_t *
 delivery_of(const struct dcols *c, bool text, struct rb_sbuf *b)
 {
 	struct rb_lease l = { .lane = c->lane, .epoch = c->epoch, .claims = c->claims };
-	char token[64], num[32];
-	int attempt = c->attempts + 1;
+	char token[64];
 	json_t *d = json_object();
 
 	rb_lease_format(&l, token, sizeof token);
@@ -939,7 +982,7 @@ delivery_of(const struct dcols *c, bool text, struct rb_sbuf *b)
 		json_object_set_new(d, "payload", json_or_null(c->payload));
 		json_object_set_new(d, "headers", json_or_null(c->headers));
 	}
-	json_object_set_new(d, "attempt", json_integer(attempt));
+	json_object_set_new(d, "attempt", json_integer(c->attempts + 1));
 	json_object_set_new(d, "lease", json_string(token));
 	if (!text)
 		json_object_set_new(d, "created_at", json_string(c->created_at));
@@ -949,41 +992,73 @@ delivery_of(const struct dcols *c, bool text, struct rb_sbuf *b)
 		json_object_set_new(d, "sequence", c->sequence == NULL ? json_null() :
 		    json_integer(strtoll(c->sequence, NULL, 10)));
 	if (text) {
-		/* the same members in the same order as the objects have them */
-		b->len = 0;
-		rb_sb_puts(b, "{\"event_id\":");
-		sb_str(b, c->event_id);
-		rb_sb_puts(b, ",\"handler\":");
-		sb_str(b, c->handler);
-		rb_sb_puts(b, ",\"name\":");
-		sb_str(b, c->name);
-		rb_sb_puts(b, ",\"key\":");
-		sb_str(b, c->key);
-		for (int k = 0; k < 2; k++) {
-			const char *v = k == 0 ? c->payload : c->headers;
-
-			rb_sb_puts(b, k == 0 ? ",\"payload\":" : ",\"headers\":");
-			if (v == NULL)
-				rb_sb_puts(b, "null");
-			else
-				rb_json_sb_compact(b, v, strlen(v));
-		}
-		rb_sb_puts(b, ",\"attempt\":");
-		rb_sb_putn(b, num, rb_fmt_int(num, attempt));
-		rb_sb_puts(b, ",\"lease\":\"");
-		rb_sb_puts(b, token);
-		rb_sb_puts(b, "\",\"created_at\":");
-		sb_str(b, c->created_at);
-		rb_sb_puts(b, ",\"delivery_id\":");
-		sb_str(b, c->id);
-		rb_sb_puts(b, ",\"lane\":");
-		rb_sb_putn(b, num, rb_fmt_int(num, c->lane));
-		rb_sb_puts(b, ",\"sequence\":");
-		rb_sb_puts(b, c->sequence == NULL ? "null" : c->sequence);
-		rb_sb_puts(b, "}\n");
+		line_of(c, token, b);
 		json_object_set_new(d, RB_LINE_TEXT_KEY, json_stringn_nocheck(b->s, b->len));
 	}
 	return d;
+}
+
+/* A claimed delivery, without its event yet (rb_dl): one allocation. */
+static struct rb_dl *
+dl_new(const struct dcols *c)
+{
+	size_t le = strlen(c->event_id) + 1, lh = strlen(c->handler) + 1;
+	size_t ls = c->sequence != NULL ? strlen(c->sequence) + 1 : 0;
+	size_t lc = c->created_at != NULL ? strlen(c->created_at) + 1 : 0;
+	struct rb_dl *d = xmalloc(sizeof *d + le + lh + ls + lc);
+	char *p = (char *)(d + 1);
+	struct rb_lease l = { .lane = c->lane, .epoch = c->epoch, .claims = c->claims };
+
+	memset(d, 0, sizeof *d);
+	d->id = strtoll(c->id, NULL, 10);
+	d->epoch = c->epoch;
+	d->claims = c->claims;
+	d->lane = c->lane;
+	d->attempt = c->attempts + 1;
+	rb_lease_format(&l, d->lease, sizeof d->lease);
+	memcpy(p, c->event_id, le);
+	d->event_id = p;
+	p += le;
+	memcpy(p, c->handler, lh);
+	d->handler = p;
+	p += lh;
+	if (c->sequence != NULL) {
+		memcpy(p, c->sequence, ls);
+		d->sequence = p;
+		p += ls;
+	}
+	if (c->created_at != NULL) {
+		memcpy(p, c->created_at, lc);
+		d->created_at = p;
+	}
+	return d;
+}
+
+/* Its event's part (c: the claim's columns and the event's): the key and
+ * the line (text) or the delivery object.  b: scratch. */
+static void
+dl_fill(struct rb_dl *d, const struct dcols *c, bool text, struct rb_sbuf *b)
+{
+	size_t lk = c->key != NULL ? strlen(c->key) + 1 : 0;
+
+	if (text)
+		line_of(c, d->lease, b);
+	else {
+		d->line = delivery_of(c, false, b);
+		b->len = 0;
+	}
+	d->mem = xmalloc(lk + b->len + 1);
+	if (c->key != NULL) {
+		memcpy(d->mem, c->key, lk);
+		d->key = d->mem;
+	}
+	if (text) {
+		memcpy(d->mem + lk, b->s, b->len);
+		d->mem[lk + b->len] = '\0';
+		d->text = d->mem + lk;
+		d->tlen = b->len;
+	}
+	d->fetched = true;
 }
 
 static const char *
@@ -1013,6 +1088,31 @@ claim_rows(PGresult *res, bool text)
 	}
 	free(b.s);
 	return arr;
+}
+
+/* The deliveries of a claim's result (relaybus_claim's columns), as rb_dl. */
+static struct rb_dl **
+claim_dls(PGresult *res, bool text)
+{
+	int n = PQntuples(res);
+	struct rb_dl **v = xcalloc(n > 0 ? (size_t)n : 1, sizeof *v);
+	struct rb_sbuf b;
+
+	rb_sb_init(&b);
+	for (int i = 0; i < n; i++) {
+		struct dcols c = {
+			.id = col(res, i, 0), .event_id = col(res, i, 1), .handler = col(res, i, 2),
+			.lane = atoi(PQgetvalue(res, i, 3)), .epoch = strtoll(PQgetvalue(res, i, 4), NULL, 10),
+			.claims = strtoll(PQgetvalue(res, i, 5), NULL, 10), .attempts = atoi(PQgetvalue(res, i, 6)),
+			.name = col(res, i, 7), .key = col(res, i, 8), .sequence = col(res, i, 9),
+			.payload = col(res, i, 10), .headers = col(res, i, 11), .created_at = col(res, i, 12),
+		};
+
+		v[i] = dl_new(&c);
+		dl_fill(v[i], &c, text, &b);
+	}
+	free(b.s);
+	return v;
 }
 
 static int
@@ -1081,7 +1181,7 @@ take_result(PGconn *c, bool wait, PGresult **res)
 }
 
 static int
-pg_claim_recv(struct rb_store *s, bool wait, json_t **out, struct rb_error *err)
+pg_claim_recv(struct rb_store *s, bool wait, struct rb_dl ***out, struct rb_error *err)
 {
 	struct pg_be *be = be_of(s);
 
@@ -1097,9 +1197,11 @@ pg_claim_recv(struct rb_store *s, bool wait, json_t **out, struct rb_error *err)
 			return send_failed(s, "claim", err);
 		be->claim_pending = false;
 		if (res != NULL && PQresultStatus(res) == PGRES_TUPLES_OK) {
-			*out = be->claim_apart ? claimed_ids(res) : claim_rows(res, be->claim_text);
+			int n = PQntuples(res);
+
+			*out = be->claim_apart ? claimed_dls(res) : claim_dls(res, be->claim_text);
 			PQclear(res);
-			return (int)json_array_size(*out);
+			return n;
 		}
 		/* a deadlock or serialization failure: the claim runs again, as run() does */
 		if (retryable(res) && be->claim_tries < 5) {
@@ -1155,32 +1257,25 @@ open_side(struct rb_store *s, PGconn **c, void (*close_fn)(struct pg_be *), cons
 	return 0;
 }
 
-/* What relaybus_claim_ids returned, the delivery rows without events, each
- * as an array (RB_CLAIMED_*): objects cost several times as much. */
-static json_t *
-claimed_ids(PGresult *res)
+/* What relaybus_claim_ids returned: the delivery rows without events. */
+static struct rb_dl **
+claimed_dls(PGresult *res)
 {
-	json_t *arr = json_array();
+	int n = PQntuples(res);
+	struct rb_dl **v = xcalloc(n > 0 ? (size_t)n : 1, sizeof *v);
 
-	for (int i = 0; i < PQntuples(res); i++) {
-		json_t *c = json_array();
+	for (int i = 0; i < n; i++) {
+		struct dcols c = {
+			.id = PQgetvalue(res, i, 0), .event_id = PQgetvalue(res, i, 1),
+			.handler = PQgetvalue(res, i, 2), .lane = atoi(PQgetvalue(res, i, 3)),
+			.epoch = strtoll(PQgetvalue(res, i, 4), NULL, 10),
+			.claims = strtoll(PQgetvalue(res, i, 5), NULL, 10), .attempts = atoi(PQgetvalue(res, i, 6)),
+			.sequence = col(res, i, 7), .created_at = PQgetvalue(res, i, 8),
+		};
 
-		json_array_append_new(c, json_integer(strtoll(PQgetvalue(res, i, 0), NULL, 10)));
-		json_array_append_new(c, json_integer(atoi(PQgetvalue(res, i, 3))));
-		json_array_append_new(c, json_integer(strtoll(PQgetvalue(res, i, 4), NULL, 10)));
-		json_array_append_new(c, json_integer(strtoll(PQgetvalue(res, i, 5), NULL, 10)));
-		json_array_append_new(c, json_integer(atoi(PQgetvalue(res, i, 6))));
-		json_array_append_new(c, json_string(PQgetvalue(res, i, 1)));
-		json_array_append_new(c, json_string(PQgetvalue(res, i, 2)));
-		json_array_append_new(c, json_string(PQgetvalue(res, i, 8)));
-		json_array_append_new(c, PQgetisnull(res, i, 7) ? json_null() : json_string(PQgetvalue(res, i, 7)));
-		if (json_array_size(c) != RB_CLAIMED_SIZE) {
-			json_decref(c);	/* not UTF-8: cannot happen with a UTF8 database */
-			continue;
-		}
-		json_array_append_new(arr, c);
+		v[i] = dl_new(&c);
 	}
-	return arr;
+	return v;
 }
 
 /* A statement on a side connection (c: conn2, conn3) failed (res: its
@@ -1202,13 +1297,13 @@ fetch_failed(struct rb_store *s, PGresult *res, struct rb_error *err)
 	struct pg_be *be = be_of(s);
 
 	be->fetch_pending = false;
-	json_decref(be->fetch_claimed);
-	be->fetch_claimed = NULL;
+	be->fetch_v = NULL;
+	be->fetch_n = 0;
 	return side_failed(s, be->conn2, close_conn2, res, "fetch", err);
 }
 
 static int
-pg_fetch_send(struct rb_store *s, const json_t *claimed, bool text, struct rb_error *err)
+pg_fetch_send(struct rb_store *s, struct rb_dl *const *claimed, size_t n, bool text, struct rb_error *err)
 {
 	struct pg_be *be = be_of(s);
 	struct rb_sbuf ids;
@@ -1223,8 +1318,8 @@ pg_fetch_send(struct rb_store *s, const json_t *claimed, bool text, struct rb_er
 		return -1;
 	rb_sb_init(&ids);
 	rb_sb_puts(&ids, "{");
-	for (size_t i = 0; i < json_array_size(claimed); i++)
-		sb_array_text(&ids, json_string_value(json_array_get(json_array_get(claimed, i), RB_CLAIMED_EVENT_ID)));
+	for (size_t i = 0; i < n; i++)
+		sb_array_text(&ids, claimed[i]->event_id);
 	rb_sb_puts(&ids, "}");
 	params[0] = ids.s;
 	ok = send_q(be, be->conn2, be->q_fetch, 1, params);
@@ -1233,16 +1328,18 @@ pg_fetch_send(struct rb_store *s, const json_t *claimed, bool text, struct rb_er
 		return fetch_failed(s, NULL, err);
 	be->fetch_pending = true;
 	be->fetch_text = text;
-	be->fetch_claimed = json_incref((json_t *)claimed);
+	be->fetch_v = claimed;
+	be->fetch_n = n;
 	return 0;
 }
 
 static int
-pg_fetch_recv(struct rb_store *s, bool wait, json_t **out, struct rb_error *err)
+pg_fetch_recv(struct rb_store *s, bool wait, struct rb_error *err)
 {
 	struct pg_be *be = be_of(s);
 	PGresult *res;
-	int rc;
+	struct rb_sbuf b;
+	int rc, got = 0;
 
 	if (!be->fetch_pending)
 		return rb_seterr(err, RB_EXIT_SOFTWARE, "fetch: no fetch in progress");
@@ -1256,49 +1353,33 @@ pg_fetch_recv(struct rb_store *s, bool wait, json_t **out, struct rb_error *err)
 		PQclear(res);
 		return -1;
 	}
-	{
-		/* each claimed row with its event, in the claim's order (an event
-		 * that is gone leaves its delivery out): the rows come in any
-		 * order, each with its place */
-		size_t nc = json_array_size(be->fetch_claimed);
-		json_t *arr = json_array(), **at = xcalloc(nc > 0 ? nc : 1, sizeof *at);
-		struct rb_sbuf b;
+	/* each claimed delivery with its event (one that is gone is left as
+	 * it is): the rows come in any order, each with its place */
+	rb_sb_init(&b);
+	for (int i = 0; i < PQntuples(res); i++) {
+		long o = strtol(PQgetvalue(res, i, 0), NULL, 10);
+		struct rb_dl *d = o >= 1 && (size_t)o <= be->fetch_n ? be->fetch_v[o - 1] : NULL;
+		char id[32];
+		struct dcols c;
 
-		rb_sb_init(&b);
-		for (int i = 0; i < PQntuples(res); i++) {
-			long o = strtol(PQgetvalue(res, i, 0), NULL, 10);
-			const json_t *r = o >= 1 && (size_t)o <= nc ? json_array_get(be->fetch_claimed, (size_t)o - 1) : NULL;
-			char id[32];
-			struct dcols c;
-
-			if (r == NULL || at[o - 1] != NULL)
-				continue;
-			id[rb_fmt_int(id, json_integer_value(json_array_get(r, RB_CLAIMED_ID)))] = '\0';
-			c = (struct dcols){
-				.id = id, .event_id = json_string_value(json_array_get(r, RB_CLAIMED_EVENT_ID)),
-				.handler = json_string_value(json_array_get(r, RB_CLAIMED_HANDLER)),
-				.lane = (int)json_integer_value(json_array_get(r, RB_CLAIMED_LANE)),
-				.epoch = json_integer_value(json_array_get(r, RB_CLAIMED_EPOCH)),
-				.claims = json_integer_value(json_array_get(r, RB_CLAIMED_CLAIMS)),
-				.attempts = (int)json_integer_value(json_array_get(r, RB_CLAIMED_ATTEMPTS)),
-				.sequence = json_string_value(json_array_get(r, RB_CLAIMED_SEQUENCE)),
-				.created_at = json_string_value(json_array_get(r, RB_CLAIMED_CREATED_AT)),
-				.name = col(res, i, 1), .key = col(res, i, 2),
-				.payload = col(res, i, 3), .headers = col(res, i, 4),
-			};
-			at[o - 1] = delivery_of(&c, be->fetch_text, &b);
-		}
-		for (size_t k = 0; k < nc; k++)
-			if (at[k] != NULL)
-				json_array_append_new(arr, at[k]);
-		free(at);
-		free(b.s);
-		*out = arr;
+		if (d == NULL || d->fetched)
+			continue;
+		id[rb_fmt_int(id, d->id)] = '\0';
+		c = (struct dcols){
+			.id = id, .event_id = d->event_id, .handler = d->handler, .lane = d->lane,
+			.epoch = d->epoch, .claims = d->claims, .attempts = d->attempt - 1,
+			.sequence = d->sequence, .created_at = d->created_at,
+			.name = col(res, i, 1), .key = col(res, i, 2),
+			.payload = col(res, i, 3), .headers = col(res, i, 4),
+		};
+		dl_fill(d, &c, be->fetch_text, &b);
+		got++;
 	}
-	json_decref(be->fetch_claimed);
-	be->fetch_claimed = NULL;
+	free(b.s);
+	be->fetch_v = NULL;
+	be->fetch_n = 0;
 	PQclear(res);
-	return (int)json_array_size(*out);
+	return got;
 }
 
 static int
@@ -1384,6 +1465,17 @@ fa_add(struct fence_arrays *a, const json_t *r)
 }
 
 static void
+fa_add_dl(struct fence_arrays *a, const struct rb_dl *d)
+{
+	sb_array_text(&a->ev, d->event_id);
+	sb_array_text(&a->h, d->handler);
+	sb_array_int(&a->lane, d->lane);
+	sb_array_int(&a->epoch, d->epoch);
+	sb_array_int(&a->claims, d->claims);
+	sb_array_int(&a->id, d->id);
+}
+
+static void
 fa_close(struct fence_arrays *a)
 {
 	rb_sb_puts(&a->ev, "}");
@@ -1421,11 +1513,11 @@ set_outcome(json_t *outcomes, size_t i, const json_t *r, const char *outcome)
 
 /* Does a delivery (event_id, handler) still exist? 1 yes, 0 no, -1 error */
 static int
-delivery_exists(struct rb_store *s, PGconn *c, const json_t *r, struct rb_error *err)
+delivery_exists(struct rb_store *s, PGconn *c, const char *event_id, const char *handler,
+    struct rb_error *err)
 {
 	char *q = render("SELECT 1 FROM @S@.relaybus_deliveries WHERE event_id = $1 AND handler = $2", s->schema);
-	const char *params[2] = { json_string_value(json_object_get(r, "event_id")),
-	    json_string_value(json_object_get(r, "handler")) };
+	const char *params[2] = { event_id, handler };
 	PGresult *res = run_on(s, c, q, 2, params, PGRES_TUPLES_OK, "complete", false, err);
 	int n;
 
@@ -1461,7 +1553,8 @@ complete_outcomes(struct rb_store *s, PGconn *c, const json_t *results, const si
 
 		set_outcome(outcomes, at, r, done[k] ? "completed" : "lost");
 		if (!done[k]) {
-			int ex = delivery_exists(s, c, r, err);
+			int ex = delivery_exists(s, c, json_string_value(json_object_get(r, "event_id")),
+			    json_string_value(json_object_get(r, "handler")), err);
 
 			if (ex < 0) {
 				free(done);
@@ -1512,8 +1605,8 @@ complete_async_free(struct pg_be *be)
 		free(be->complete_fa);
 		be->complete_fa = NULL;
 	}
-	json_decref(be->complete_results);
-	be->complete_results = NULL;
+	be->complete_v = NULL;
+	be->complete_n = 0;
 	be->complete_pending = false;
 }
 
@@ -1550,7 +1643,7 @@ complete_failed(struct rb_store *s, PGresult *res, struct rb_error *err)
 }
 
 static int
-pg_complete_send(struct rb_store *s, const json_t *results, bool apart, struct rb_error *err)
+pg_complete_send(struct rb_store *s, struct rb_dl *const *v, size_t n, bool apart, struct rb_error *err)
 {
 	struct pg_be *be = be_of(s);
 	int hist;
@@ -1567,10 +1660,11 @@ pg_complete_send(struct rb_store *s, const json_t *results, bool apart, struct r
 	}
 	be->complete_fa = xcalloc(1, sizeof *be->complete_fa);
 	fa_init(be->complete_fa);
-	for (size_t i = 0; i < json_array_size(results); i++)
-		fa_add(be->complete_fa, json_array_get(results, i));
+	for (size_t i = 0; i < n; i++)
+		fa_add_dl(be->complete_fa, v[i]);
 	fa_close(be->complete_fa);
-	be->complete_results = json_incref((json_t *)results);
+	be->complete_v = v;
+	be->complete_n = n;
 	be->complete_hist = hist;
 	be->complete_tries = 1;
 	if (!complete_async_query(be))
@@ -1580,7 +1674,7 @@ pg_complete_send(struct rb_store *s, const json_t *results, bool apart, struct r
 }
 
 static int
-pg_complete_recv(struct rb_store *s, bool wait, json_t **out, struct rb_error *err)
+pg_complete_recv(struct rb_store *s, bool wait, unsigned char *outcome, struct rb_error *err)
 {
 	struct pg_be *be = be_of(s);
 
@@ -1596,20 +1690,33 @@ pg_complete_recv(struct rb_store *s, bool wait, json_t **out, struct rb_error *e
 			return complete_failed(s, NULL, err);
 		be->complete_pending = false;
 		if (res != NULL && PQresultStatus(res) == PGRES_TUPLES_OK) {
-			size_t n = json_array_size(be->complete_results);
-			json_t *outcomes = json_array();
-			int rc;
+			/* (the positions of the rows deleted, 1-based; a delivery
+			 * not deleted is lost, "missing" when it is gone) */
+			size_t n = be->complete_n;
 
-			for (size_t i = 0; i < n; i++)
-				json_array_append_new(outcomes, json_object());
-			rc = complete_outcomes(s, complete_conn(be), be->complete_results, NULL, n, res, outcomes, err);
-			PQclear(res);
-			complete_async_free(be);
-			if (rc < 0) {
-				json_decref(outcomes);
-				return -1;
+			memset(outcome, RB_DL_LOST, n);
+			for (int i = 0; i < PQntuples(res); i++) {
+				long ord = strtol(PQgetvalue(res, i, 0), NULL, 10);
+
+				if (ord >= 1 && (size_t)ord <= n)
+					outcome[ord - 1] = RB_DL_COMPLETED;
 			}
-			*out = outcomes;
+			PQclear(res);
+			for (size_t k = 0; k < n; k++) {
+				int ex;
+
+				if (outcome[k] == RB_DL_COMPLETED)
+					continue;
+				ex = delivery_exists(s, complete_conn(be), be->complete_v[k]->event_id,
+				    be->complete_v[k]->handler, err);
+				if (ex < 0) {
+					complete_async_free(be);
+					return -1;
+				}
+				if (!ex)
+					outcome[k] = RB_DL_MISSING;
+			}
+			complete_async_free(be);
 			return 0;
 		}
 		/* a deadlock or serialization failure: the statement runs again, as run() does */
