@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -191,6 +192,40 @@ rb_jsonl_write(FILE *f, const json_t *obj)
 	return 0;
 }
 
+/*
+ * The first byte from p on (p itself if p == end) that is a quote, a
+ * backslash, a control character or, with high, a byte of 0x80 or more:
+ * eight bytes at a time (the strings of a delivery line are most of its
+ * bytes, and most of their bytes are none of these).
+ */
+static const unsigned char *
+skip_plain(const unsigned char *p, const unsigned char *end, bool high)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+	const uint64_t lo = 0x0101010101010101ULL, hi = 0x8080808080808080ULL;
+
+	while (end - p >= 8) {
+		uint64_t x, q, bs, t;
+
+		memcpy(&x, p, 8);
+		q = x ^ (lo * '"');
+		bs = x ^ (lo * '\\');
+		/* a byte below 0x20, a zero byte of q or of bs (each test can
+		 * only add false marks above a true one: the lowest is true) */
+		t = (((x - lo * 0x20) & ~x) | ((q - lo) & ~q) | ((bs - lo) & ~bs)) & hi;
+		if (high)
+			t |= x & hi;
+		if (t != 0)
+			return p + (__builtin_ctzll(t) >> 3);
+		p += 8;
+	}
+#endif
+	for (; p < end; p++)
+		if (*p < 0x20 || *p == '"' || *p == '\\' || (high && *p >= 0x80))
+			break;
+	return p;
+}
+
 /* Append s (n bytes) to b as a JSON string, escaped as jansson does:
  * ", \\ and control characters; UTF-8 passes through. */
 void
@@ -200,11 +235,13 @@ rb_json_sb_string(struct rb_sbuf *b, const char *s, size_t n)
 
 	rb_sb_putn(b, "\"", 1);
 	for (; s < end; s++) {
-		unsigned char c = (unsigned char)*s;
+		unsigned char c;
 		char esc[8];
 
-		if (c >= 0x20 && c != '"' && c != '\\')
-			continue;
+		s = (const char *)skip_plain((const unsigned char *)s, (const unsigned char *)end, false);
+		if (s == end)
+			break;
+		c = (unsigned char)*s;
 		if (s > run)
 			rb_sb_putn(b, run, (size_t)(s - run));
 		run = s + 1;
@@ -243,6 +280,9 @@ rb_json_sb_compact(struct rb_sbuf *b, const char *json, size_t n)
 
 	for (; p < end; p++) {
 		if (in_string) {
+			p = (const char *)skip_plain((const unsigned char *)p, (const unsigned char *)end, false);
+			if (p == end)
+				break;
 			if (*p == '\\')
 				p++;
 			else if (*p == '"')
@@ -364,7 +404,7 @@ scan_string(struct scan *sc, bool *esc)
 	const unsigned char *p = (const unsigned char *)sc->p + 1, *end = (const unsigned char *)sc->end;
 
 	*esc = false;
-	while (p < end) {
+	while ((p = skip_plain(p, end, true)) < end) {
 		unsigned c = *p;
 
 		if (c == '"') {

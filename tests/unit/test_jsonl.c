@@ -133,6 +133,53 @@ test_scan(void)
 	    "(%ld taken, %ld left to jansson)", agreed, doubted);
 }
 
+/* Strings escaped and texts compacted as jansson prints them, whatever
+ * the place of a quote, backslash, control or non-ASCII byte (they are
+ * looked for eight bytes at a time). */
+static void
+test_string_places(void)
+{
+	static const char *const special[] = { "\"", "\\", "\n", "\x01", "\x1f", "\x7f", "\xc3\xa9", "\xe2\x80\xa8" };
+	long bad_string = 0, bad_compact = 0, n = 0;
+
+	for (size_t k = 0; k < sizeof special / sizeof special[0]; k++)
+		for (size_t len = 0; len <= 24; len++)
+			for (size_t at = 0; at <= len; at++) {
+				char s[64], pretty[256];
+				json_t *v, *o;
+				char *theirs;
+				struct rb_sbuf b;
+
+				/* at a's, the special one, len - at a's */
+				memset(s, 'a', sizeof s);
+				memcpy(s + at, special[k], strlen(special[k]));
+				s[len + strlen(special[k])] = '\0';
+				n++;
+				v = json_string(s);
+				theirs = json_dumps(v, JSON_ENCODE_ANY);
+				rb_sb_init(&b);
+				rb_json_sb_string(&b, s, strlen(s));
+				if (theirs == NULL || strcmp(b.s, theirs) != 0)
+					bad_string++;
+				/* the same string in a text as PostgreSQL prints jsonb */
+				snprintf(pretty, sizeof pretty, "{\"k\": %s, \"n\": [1, 2], \"t\": \"x y\"}", theirs);
+				free(theirs);
+				o = json_pack("{s:O, s:[i,i], s:s}", "k", v, "n", 1, 2, "t", "x y");
+				theirs = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+				b.len = 0;
+				rb_json_sb_compact(&b, pretty, strlen(pretty));
+				rb_sb_putn(&b, "", 0);
+				if (theirs == NULL || b.len != strlen(theirs) || memcmp(b.s, theirs, b.len) != 0)
+					bad_compact++;
+				free(theirs);
+				free(b.s);
+				json_decref(o);
+				json_decref(v);
+			}
+	ok(bad_string == 0, "%ld strings escaped as jansson does (%ld differ)", n, bad_string);
+	ok(bad_compact == 0, "%ld texts compacted as jansson prints them (%ld differ)", n, bad_compact);
+}
+
 int
 main(void)
 {
@@ -231,6 +278,7 @@ main(void)
 		}
 	}
 	test_dump();
+	test_string_places();
 	test_scan();
 	return done_testing();
 }
