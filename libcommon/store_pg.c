@@ -1067,6 +1067,19 @@ col(const PGresult *res, int i, int c)
 	return PQgetisnull(res, i, c) ? NULL : PQgetvalue(res, i, c);
 }
 
+/* Row i of a claim's result (relaybus_claim's columns). */
+static struct dcols
+claim_cols(const PGresult *res, int i)
+{
+	return (struct dcols){
+		.id = col(res, i, 0), .event_id = col(res, i, 1), .handler = col(res, i, 2),
+		.lane = atoi(PQgetvalue(res, i, 3)), .epoch = strtoll(PQgetvalue(res, i, 4), NULL, 10),
+		.claims = strtoll(PQgetvalue(res, i, 5), NULL, 10), .attempts = atoi(PQgetvalue(res, i, 6)),
+		.name = col(res, i, 7), .key = col(res, i, 8), .sequence = col(res, i, 9),
+		.payload = col(res, i, 10), .headers = col(res, i, 11), .created_at = col(res, i, 12),
+	};
+}
+
 /* The deliveries of a claim's result (relaybus_claim's columns). */
 static json_t *
 claim_rows(PGresult *res, bool text)
@@ -1076,13 +1089,7 @@ claim_rows(PGresult *res, bool text)
 
 	rb_sb_init(&b);
 	for (int i = 0; i < PQntuples(res); i++) {
-		struct dcols c = {
-			.id = col(res, i, 0), .event_id = col(res, i, 1), .handler = col(res, i, 2),
-			.lane = atoi(PQgetvalue(res, i, 3)), .epoch = strtoll(PQgetvalue(res, i, 4), NULL, 10),
-			.claims = strtoll(PQgetvalue(res, i, 5), NULL, 10), .attempts = atoi(PQgetvalue(res, i, 6)),
-			.name = col(res, i, 7), .key = col(res, i, 8), .sequence = col(res, i, 9),
-			.payload = col(res, i, 10), .headers = col(res, i, 11), .created_at = col(res, i, 12),
-		};
+		struct dcols c = claim_cols(res, i);
 
 		json_array_append_new(arr, delivery_of(&c, text, &b));
 	}
@@ -1100,13 +1107,7 @@ claim_dls(PGresult *res, bool text)
 
 	rb_sb_init(&b);
 	for (int i = 0; i < n; i++) {
-		struct dcols c = {
-			.id = col(res, i, 0), .event_id = col(res, i, 1), .handler = col(res, i, 2),
-			.lane = atoi(PQgetvalue(res, i, 3)), .epoch = strtoll(PQgetvalue(res, i, 4), NULL, 10),
-			.claims = strtoll(PQgetvalue(res, i, 5), NULL, 10), .attempts = atoi(PQgetvalue(res, i, 6)),
-			.name = col(res, i, 7), .key = col(res, i, 8), .sequence = col(res, i, 9),
-			.payload = col(res, i, 10), .headers = col(res, i, 11), .created_at = col(res, i, 12),
-		};
+		struct dcols c = claim_cols(res, i);
 
 		v[i] = dl_new(&c);
 		dl_fill(v[i], &c, text, &b);
