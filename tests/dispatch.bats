@@ -357,6 +357,25 @@ f2|dead|3|exit 1" ]
   [[ "$stderr" == *"co-process 0: handler process exited with status 0; restarting in"* ]]
 }
 
+@test "--pipe verdicts: a failure with its error, a bad field, a line that is not JSON, ok with an error" {
+  need_pg
+  local out=$BATS_TEST_TMPDIR/v.out
+  publish 40 v verdict
+  run -0 --separate-stderr rb-dispatch -H verdict --pipe "rb-test-pipe $out verdicts" --max-attempts 1 --drain
+  # each ran once; those told apart by payload i mod 4 (rb-test-pipe verdicts)
+  [ "$(lines "$out")" = 40 ]
+  [ "$(q "SELECT count(*) FROM relaybus_deliveries WHERE handler = 'verdict' AND status = 'pending'")" = 0 ]
+  local want_odd want_bad
+  want_odd=$(awk '$3 % 4 == 1' "$out" | wc -l)
+  want_bad=$(awk '$3 % 4 == 2' "$out" | wc -l)
+  [ "$want_odd" -gt 0 ] && [ "$want_bad" -gt 0 ]
+  [ "$(q "SELECT count(*) FROM relaybus_deliveries WHERE handler = 'verdict' AND status = 'dead' AND last_error = 'odd one'")" = "$want_odd" ]
+  [ "$(q "SELECT count(*) FROM relaybus_deliveries WHERE handler = 'verdict' AND status = 'dead' AND last_error LIKE '%retry_ms%'")" = "$want_bad" ]
+  [ "$(q "SELECT count(*) FROM relaybus_deliveries WHERE handler = 'verdict'")" = $((want_odd + want_bad)) ]
+  [[ "$stderr" == *"co-process 0: line "*": ignored"* ]]
+  [[ "$stderr" == *"field 'retry_ms' must be a whole number >= 0: counted as a failure"* ]]
+}
+
 @test "an idle dispatcher handles a new event well under --poll (LISTEN/NOTIFY)" {
   need_pg
   local out=$BATS_TEST_TMPDIR/w.out
