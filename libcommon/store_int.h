@@ -54,8 +54,4 @@ struct rb_store {
 
 extern const struct rb_store_ops rb_store_pg_ops;
 
-/** Fill err; returns -1. */
-int	rb_seterr(struct rb_error *, int code, const char *fmt, ...)
-	    __attribute__((format(printf, 3, 4)));
-
 #endif

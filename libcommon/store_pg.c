@@ -21,6 +21,7 @@
 #include <libpq-fe.h>
 
 #include "rb_exit.h"
+#include "rb_records.h"
 #include "rb_jsonl.h"
 #include "rb_log.h"
 #include "rb_pg.h"
@@ -853,14 +854,6 @@ rb_pg_publish(PGconn *conn, const char *schema, const json_t *event, json_t **ac
 
 /* ---- claim --------------------------------------------------------------- */
 
-static json_t *
-json_or_null(const char *text)
-{
-	json_t *v = text != NULL ? json_loads(text, JSON_DECODE_ANY, NULL) : NULL;
-
-	return v != NULL ? v : json_null();
-}
-
 /* The claim's parameters, as text, in be->claim_params (the caller checked
  * that handler and owner fit); the sixth, the ids still running, is NULL
  * when the caller does not know them. */
@@ -899,168 +892,6 @@ claim_params(struct pg_be *be, const struct rb_claim_opts *o, const char *params
 	params[7] = be->claim_chain;
 }
 
-/* Append a JSON string, or null for NULL. */
-static void
-sb_str(struct rb_sbuf *b, const char *v)
-{
-	if (v == NULL)
-		rb_sb_putn(b, "null", 4);
-	else
-		rb_json_sb_string(b, v, strlen(v));
-}
-
-/* One claimed delivery's columns, as text (NULL: SQL NULL). */
-struct dcols {
-	const char	*id, *event_id, *handler, *name, *key, *sequence, *payload, *headers, *created_at;
-	int		 lane, attempts;
-	int64_t		 epoch, claims;
-};
-
-/* A delivery's line (b: reset first), made from the columns as they come
- * (the jsonb text compacted), never parsed: rb-dispatch spent a third of
- * its time parsing payloads only to print them again.  The members are
- * in the order the delivery objects have them. */
-static void
-line_of(const struct dcols *c, const char *token, struct rb_sbuf *b)
-{
-	char num[32];
-
-	b->len = 0;
-	rb_sb_puts(b, "{\"event_id\":");
-	sb_str(b, c->event_id);
-	rb_sb_puts(b, ",\"handler\":");
-	sb_str(b, c->handler);
-	rb_sb_puts(b, ",\"name\":");
-	sb_str(b, c->name);
-	rb_sb_puts(b, ",\"key\":");
-	sb_str(b, c->key);
-	for (int k = 0; k < 2; k++) {
-		const char *v = k == 0 ? c->payload : c->headers;
-
-		rb_sb_puts(b, k == 0 ? ",\"payload\":" : ",\"headers\":");
-		if (v == NULL)
-			rb_sb_puts(b, "null");
-		else
-			rb_json_sb_compact(b, v, strlen(v));
-	}
-	rb_sb_puts(b, ",\"attempt\":");
-	rb_sb_putn(b, num, rb_fmt_int(num, c->attempts + 1));
-	rb_sb_puts(b, ",\"lease\":\"");
-	rb_sb_puts(b, token);
-	rb_sb_puts(b, "\",\"created_at\":");
-	sb_str(b, c->created_at);
-	rb_sb_puts(b, ",\"delivery_id\":");
-	sb_str(b, c->id);
-	rb_sb_puts(b, ",\"lane\":");
-	rb_sb_putn(b, num, rb_fmt_int(num, c->lane));
-	rb_sb_puts(b, ",\"sequence\":");
-	rb_sb_puts(b, c->sequence == NULL ? "null" : c->sequence);
-	rb_sb_puts(b, "}\n");
-}
-
-/*
- * A delivery as a JSON object.  With text, it carries its whole line
- * (line_of) under RB_LINE_TEXT_KEY instead of payload and headers.
- * b: scratch.
- */
-static json_t *
-delivery_of(const struct dcols *c, bool text, struct rb_sbuf *b)
-{
-	struct rb_lease l = { .lane = c->lane, .epoch = c->epoch, .claims = c->claims };
-	char token[64];
-	json_t *d = json_object();
-
-	rb_lease_format(&l, token, sizeof token);
-	/* with text, only the members a caller works with (the rest are in the
-	 * line): each one costs an allocation or three */
-	json_object_set_new(d, "event_id", json_string(c->event_id));
-	json_object_set_new(d, "handler", json_string(c->handler));
-	if (!text)
-		json_object_set_new(d, "name", json_string(c->name));
-	json_object_set_new(d, "key", c->key == NULL ? json_null() : json_string(c->key));
-	if (!text) {
-		json_object_set_new(d, "payload", json_or_null(c->payload));
-		json_object_set_new(d, "headers", json_or_null(c->headers));
-	}
-	json_object_set_new(d, "attempt", json_integer(c->attempts + 1));
-	json_object_set_new(d, "lease", json_string(token));
-	if (!text)
-		json_object_set_new(d, "created_at", json_string(c->created_at));
-	json_object_set_new(d, "delivery_id", json_string(c->id));
-	json_object_set_new(d, "lane", json_integer(c->lane));
-	if (!text)
-		json_object_set_new(d, "sequence", c->sequence == NULL ? json_null() :
-		    json_integer(strtoll(c->sequence, NULL, 10)));
-	if (text) {
-		line_of(c, token, b);
-		json_object_set_new(d, RB_LINE_TEXT_KEY, json_stringn_nocheck(b->s, b->len));
-	}
-	return d;
-}
-
-/* A claimed delivery, without its event yet (rb_dl): one allocation. */
-static struct rb_dl *
-dl_new(const struct dcols *c)
-{
-	size_t le = strlen(c->event_id) + 1, lh = strlen(c->handler) + 1;
-	size_t ls = c->sequence != NULL ? strlen(c->sequence) + 1 : 0;
-	size_t lc = c->created_at != NULL ? strlen(c->created_at) + 1 : 0;
-	struct rb_dl *d = xmalloc(sizeof *d + le + lh + ls + lc);
-	char *p = (char *)(d + 1);
-	struct rb_lease l = { .lane = c->lane, .epoch = c->epoch, .claims = c->claims };
-
-	memset(d, 0, sizeof *d);
-	d->id = strtoll(c->id, NULL, 10);
-	d->epoch = c->epoch;
-	d->claims = c->claims;
-	d->lane = c->lane;
-	d->attempt = c->attempts + 1;
-	rb_lease_format(&l, d->lease, sizeof d->lease);
-	memcpy(p, c->event_id, le);
-	d->event_id = p;
-	p += le;
-	memcpy(p, c->handler, lh);
-	d->handler = p;
-	p += lh;
-	if (c->sequence != NULL) {
-		memcpy(p, c->sequence, ls);
-		d->sequence = p;
-		p += ls;
-	}
-	if (c->created_at != NULL) {
-		memcpy(p, c->created_at, lc);
-		d->created_at = p;
-	}
-	return d;
-}
-
-/* Its event's part (c: the claim's columns and the event's): the key and
- * the line (text) or the delivery object.  b: scratch. */
-static void
-dl_fill(struct rb_dl *d, const struct dcols *c, bool text, struct rb_sbuf *b)
-{
-	size_t lk = c->key != NULL ? strlen(c->key) + 1 : 0;
-
-	if (text)
-		line_of(c, d->lease, b);
-	else {
-		d->line = delivery_of(c, false, b);
-		b->len = 0;
-	}
-	d->mem = xmalloc(lk + b->len + 1);
-	if (c->key != NULL) {
-		memcpy(d->mem, c->key, lk);
-		d->key = d->mem;
-	}
-	if (text) {
-		memcpy(d->mem + lk, b->s, b->len);
-		d->mem[lk + b->len] = '\0';
-		d->text = d->mem + lk;
-		d->tlen = b->len;
-	}
-	d->fetched = true;
-}
-
 static const char *
 col(const PGresult *res, int i, int c)
 {
@@ -1068,10 +899,10 @@ col(const PGresult *res, int i, int c)
 }
 
 /* Row i of a claim's result (relaybus_claim's columns). */
-static struct dcols
+static struct rb_delivery_fields
 claim_cols(const PGresult *res, int i)
 {
-	return (struct dcols){
+	return (struct rb_delivery_fields){
 		.id = col(res, i, 0), .event_id = col(res, i, 1), .handler = col(res, i, 2),
 		.lane = atoi(PQgetvalue(res, i, 3)), .epoch = strtoll(PQgetvalue(res, i, 4), NULL, 10),
 		.claims = strtoll(PQgetvalue(res, i, 5), NULL, 10), .attempts = atoi(PQgetvalue(res, i, 6)),
@@ -1089,9 +920,9 @@ claim_rows(PGresult *res, bool text)
 
 	rb_sb_init(&b);
 	for (int i = 0; i < PQntuples(res); i++) {
-		struct dcols c = claim_cols(res, i);
+		struct rb_delivery_fields c = claim_cols(res, i);
 
-		json_array_append_new(arr, delivery_of(&c, text, &b));
+		json_array_append_new(arr, rb_delivery_object(&c, text, &b));
 	}
 	free(b.s);
 	return arr;
@@ -1107,10 +938,10 @@ claim_dls(PGresult *res, bool text)
 
 	rb_sb_init(&b);
 	for (int i = 0; i < n; i++) {
-		struct dcols c = claim_cols(res, i);
+		struct rb_delivery_fields c = claim_cols(res, i);
 
-		v[i] = dl_new(&c);
-		dl_fill(v[i], &c, text, &b);
+		v[i] = rb_dl_new(&c);
+		rb_dl_fill(v[i], &c, text, &b);
 	}
 	free(b.s);
 	return v;
@@ -1266,7 +1097,7 @@ claimed_dls(PGresult *res)
 	struct rb_dl **v = xcalloc(n > 0 ? (size_t)n : 1, sizeof *v);
 
 	for (int i = 0; i < n; i++) {
-		struct dcols c = {
+		struct rb_delivery_fields c = {
 			.id = PQgetvalue(res, i, 0), .event_id = PQgetvalue(res, i, 1),
 			.handler = PQgetvalue(res, i, 2), .lane = atoi(PQgetvalue(res, i, 3)),
 			.epoch = strtoll(PQgetvalue(res, i, 4), NULL, 10),
@@ -1274,7 +1105,7 @@ claimed_dls(PGresult *res)
 			.sequence = col(res, i, 7), .created_at = PQgetvalue(res, i, 8),
 		};
 
-		v[i] = dl_new(&c);
+		v[i] = rb_dl_new(&c);
 	}
 	return v;
 }
@@ -1361,19 +1192,19 @@ pg_fetch_recv(struct rb_store *s, bool wait, struct rb_error *err)
 		long o = strtol(PQgetvalue(res, i, 0), NULL, 10);
 		struct rb_dl *d = o >= 1 && (size_t)o <= be->fetch_n ? be->fetch_v[o - 1] : NULL;
 		char id[32];
-		struct dcols c;
+		struct rb_delivery_fields c;
 
 		if (d == NULL || d->fetched)
 			continue;
 		id[rb_fmt_int(id, d->id)] = '\0';
-		c = (struct dcols){
+		c = (struct rb_delivery_fields){
 			.id = id, .event_id = d->event_id, .handler = d->handler, .lane = d->lane,
 			.epoch = d->epoch, .claims = d->claims, .attempts = d->attempt - 1,
 			.sequence = d->sequence, .created_at = d->created_at,
 			.name = col(res, i, 1), .key = col(res, i, 2),
 			.payload = col(res, i, 3), .headers = col(res, i, 4),
 		};
-		dl_fill(d, &c, be->fetch_text, &b);
+		rb_dl_fill(d, &c, be->fetch_text, &b);
 		got++;
 	}
 	free(b.s);

@@ -22,6 +22,7 @@
 
 #include "rb_admin.h"
 #include "rb_exit.h"
+#include "rb_records.h"
 #include "rb_store.h"
 #include "store_int.h"
 #include "store_pg_int.h"
@@ -248,42 +249,6 @@ out:
 
 /* ---- listings ------------------------------------------------------------ */
 
-static const char *const statuses[] = { "pending", "processing", "dead", "completed" };
-
-/* Parse "a,b" into flags per statuses[]; -1 on an unknown word. */
-static int
-status_flags(const char *status, bool flags[4])
-{
-	const char *p = status;
-
-	memset(flags, 0, 4 * sizeof flags[0]);
-	if (status == NULL) {
-		flags[0] = flags[1] = flags[2] = true;
-		return 0;
-	}
-	for (;;) {
-		size_t n = strcspn(p, ","), k;
-
-		for (k = 0; k < 4; k++)
-			if (strlen(statuses[k]) == n && strncmp(p, statuses[k], n) == 0)
-				break;
-		if (k == 4)
-			return -1;
-		flags[k] = true;
-		if (p[n] == '\0')
-			return 0;
-		p += n + 1;
-	}
-}
-
-bool
-rb_admin_status_valid(const char *status)
-{
-	bool f[4];
-
-	return status != NULL && status_flags(status, f) == 0;
-}
-
 static const char list_sql[] =
     "WITH " IN_FLIGHT_CTE ", "
     "l AS (SELECT d.*, "
@@ -311,7 +276,7 @@ static const char list_completed_sql[] =
 
 /* Append the rows matching f to rows; history: whether the table exists. */
 static int
-list_into(struct rb_store *s, const struct rb_admin_filter *f, bool flags[4], int history,
+list_into(struct rb_store *s, const struct rb_admin_filter *f, bool flags[RB_ADMIN_NSTATUS], int history,
     json_t *rows, struct rb_error *err)
 {
 	char limit[32], states[64] = "{";
@@ -326,7 +291,7 @@ list_into(struct rb_store *s, const struct rb_admin_filter *f, bool flags[4], in
 		if (flags[k]) {
 			if (states[1] != '\0')
 				strcat(states, ",");
-			strcat(states, statuses[k]);
+			strcat(states, rb_admin_statuses[k]);
 		}
 	strcat(states, "}");
 	if (flags[0] || flags[1] || flags[2]) {
@@ -389,14 +354,14 @@ list_into(struct rb_store *s, const struct rb_admin_filter *f, bool flags[4], in
 int
 rb_admin_list(struct rb_store *s, const struct rb_admin_filter *f, json_t **out, struct rb_error *err)
 {
-	bool flags[4];
+	bool flags[RB_ADMIN_NSTATUS];
 	int hist = 0;
 	json_t *rows;
 
 	*out = NULL;
 	if (!is_pg(s, err))
 		return -1;
-	if (status_flags(f->status, flags) < 0)
+	if (rb_admin_status_flags(f->status, flags) < 0)
 		return rb_seterr(err, RB_EXIT_USAGE,
 		    "unknown status '%s': use pending, processing, dead or completed", f->status);
 	if (flags[3]) {
@@ -423,7 +388,7 @@ int
 rb_admin_show(struct rb_store *s, const char *event_id, json_t **out, struct rb_error *err)
 {
 	struct rb_admin_filter f = { .event_id = event_id };
-	bool flags[4] = { true, true, true, true };
+	bool flags[RB_ADMIN_NSTATUS] = { true, true, true, true };
 	PGresult *res;
 	json_t *ev, *dels;
 	int hist;

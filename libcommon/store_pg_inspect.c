@@ -30,6 +30,7 @@
 #include <libpq-fe.h>
 
 #include "rb_exit.h"
+#include "rb_records.h"
 #include "rb_inspect.h"
 #include "rb_store.h"
 #include "rb_util.h"
