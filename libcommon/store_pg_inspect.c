@@ -107,70 +107,6 @@ static const char baseline_complete[] =
 
 /* ---- helpers --------------------------------------------------------------- */
 
-static void
-trim_msg(char *msg)
-{
-	msg[strcspn(msg, "\n")] = '\0';
-}
-
-static const char *
-sqlstate(const PGresult *res)
-{
-	const char *st = res != NULL ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
-
-	return st != NULL ? st : "";
-}
-
-/* Fill err from a failed result; -1. */
-static int
-fail(PGconn *c, const PGresult *res, const char *what, struct rb_error *err)
-{
-	const char *m = res != NULL ? PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY) : NULL;
-	const char *st = sqlstate(res);
-	char msg[400];
-	int code = RB_EXIT_SOFTWARE;
-
-	snprintf(msg, sizeof msg, "%s", m != NULL ? m : PQerrorMessage(c));
-	trim_msg(msg);
-	if (PQstatus(c) == CONNECTION_BAD || strncmp(st, "08", 2) == 0 ||
-	    strncmp(st, "40", 2) == 0 || strncmp(st, "57", 2) == 0)
-		code = RB_EXIT_TEMPFAIL;
-	else if (strcmp(st, "42501") == 0)
-		code = RB_EXIT_NOPERM;
-	return rb_seterr(err, code, "%s: %s", what, msg);
-}
-
-/* Run a statement; NULL + err unless its status is COMMAND_OK or TUPLES_OK. */
-static PGresult *
-q(PGconn *c, const char *sql, int n, const char *const *params, const char *what,
-    struct rb_error *err)
-{
-	PGresult *res = n > 0 ? PQexecParams(c, sql, n, NULL, params, NULL, NULL, 0) : PQexec(c, sql);
-
-	if (res != NULL && (PQresultStatus(res) == PGRES_COMMAND_OK ||
-	    PQresultStatus(res) == PGRES_TUPLES_OK))
-		return res;
-	fail(c, res, what, err);
-	PQclear(res);
-	return NULL;
-}
-
-static int
-q_cmd(PGconn *c, const char *sql, int n, const char *const *params, const char *what,
-    struct rb_error *err)
-{
-	PGresult *res = q(c, sql, n, params, what, err);
-
-	PQclear(res);
-	return res != NULL ? 0 : -1;
-}
-
-static json_int_t
-num(const PGresult *res, int row, int col)
-{
-	return PQgetisnull(res, row, col) ? 0 : (json_int_t)strtoll(PQgetvalue(res, row, col), NULL, 10);
-}
-
 static bool
 stopped(const struct rb_inspect_opts *o, struct rb_error *err)
 {
@@ -227,7 +163,7 @@ rb_inspect_flags(long infomask, long infomask2)
  * page functions answer (they need a superuser).
  */
 static int
-use_pageinspect(PGconn *c, const char *schema, struct rb_error *err)
+use_pageinspect(struct rb_store *s, PGconn *c, const char *schema, struct rb_error *err)
 {
 	static const char find[] =
 	    "SELECT extnamespace::regnamespace::text FROM pg_extension WHERE extname = 'pageinspect'";
@@ -237,7 +173,7 @@ use_pageinspect(PGconn *c, const char *schema, struct rb_error *err)
 
 	for (int attempt = 0; attempt < 2; attempt++) {
 		PQclear(res);
-		if ((res = q(c, find, 0, NULL, "pageinspect", err)) == NULL)
+		if ((res = pg_query(s, c, find, 0, NULL, "pageinspect", err)) == NULL)
 			return -1;
 		if (PQntuples(res) > 0)
 			break;
@@ -245,20 +181,20 @@ use_pageinspect(PGconn *c, const char *schema, struct rb_error *err)
 		res = PQexec(c, "CREATE EXTENSION IF NOT EXISTS pageinspect");
 		if (res != NULL && PQresultStatus(res) == PGRES_COMMAND_OK)
 			continue;
-		if (strcmp(sqlstate(res), "23505") == 0)	/* created by someone else meanwhile */
+		if (strcmp(pg_sqlstate(res), "23505") == 0)	/* created by someone else meanwhile */
 			continue;
-		if (strcmp(sqlstate(res), "42501") == 0) {
+		if (strcmp(pg_sqlstate(res), "42501") == 0) {
 			rb_seterr(err, RB_EXIT_UNAVAILABLE,
 			    "the pageinspect extension is not installed in database \"%s\" and role "
 			    "\"%s\" may not create it: run 'CREATE EXTENSION pageinspect;' there as a "
 			    "superuser", PQdb(c), PQuser(c));
-		} else if (strcmp(sqlstate(res), "58P01") == 0 || strcmp(sqlstate(res), "0A000") == 0) {
+		} else if (strcmp(pg_sqlstate(res), "58P01") == 0 || strcmp(pg_sqlstate(res), "0A000") == 0) {
 			rb_seterr(err, RB_EXIT_UNAVAILABLE,
 			    "the pageinspect extension is not available on the server: install "
 			    "PostgreSQL's contrib modules (Debian: postgresql-contrib), then run "
 			    "'CREATE EXTENSION pageinspect;'");
 		} else {
-			fail(c, res, "cannot create the pageinspect extension", err);
+			pg_fail_on(s, c, res, "cannot create the pageinspect extension", err);
 			err->exit_code = RB_EXIT_UNAVAILABLE;
 		}
 		goto out;
@@ -273,7 +209,7 @@ use_pageinspect(PGconn *c, const char *schema, struct rb_error *err)
 		const char *p[2] = { schema, ns };
 
 		/* ns is regnamespace text, already quoted where needed */
-		if (q_cmd(c, "SELECT set_config('search_path', quote_ident($1) || ', ' || $2, false)",
+		if (pg_cmd_on(s, c, "SELECT set_config('search_path', quote_ident($1) || ', ' || $2, false)",
 		    2, p, "search_path", err) < 0) {
 			res = NULL;
 			goto out;
@@ -281,12 +217,12 @@ use_pageinspect(PGconn *c, const char *schema, struct rb_error *err)
 	}
 	res = PQexec(c, "SELECT lsn FROM page_header(get_raw_page('pg_catalog.pg_class', 0))");
 	if (res == NULL || PQresultStatus(res) != PGRES_TUPLES_OK) {
-		if (strcmp(sqlstate(res), "42501") == 0)
+		if (strcmp(pg_sqlstate(res), "42501") == 0)
 			rb_seterr(err, RB_EXIT_UNAVAILABLE,
 			    "pageinspect's page functions need a superuser and role \"%s\" is not "
 			    "one: connect as a superuser (for example --db 'user=postgres')", PQuser(c));
 		else {
-			fail(c, res, "pageinspect", err);
+			pg_fail_on(s, c, res, "pageinspect", err);
 			err->exit_code = RB_EXIT_UNAVAILABLE;
 		}
 		goto out;
@@ -312,7 +248,7 @@ lp_state(int flags)
 
 /* The line pointers of one heap page of table, as an array of tuple objects. */
 static json_t *
-heap_tuples(PGconn *c, const char *table, int page, struct rb_error *err)
+heap_tuples(struct rb_store *s, PGconn *c, const char *table, int page, struct rb_error *err)
 {
 	char pg[16];
 	const char *p[2] = { table, pg };
@@ -320,27 +256,27 @@ heap_tuples(PGconn *c, const char *table, int page, struct rb_error *err)
 	json_t *arr;
 
 	snprintf(pg, sizeof pg, "%d", page);
-	res = q(c, "SELECT lp, lp_flags, lp_off, t_xmin::text, t_xmax::text, t_ctid::text, "
+	res = pg_query(s, c, "SELECT lp, lp_flags, lp_off, t_xmin::text, t_xmax::text, t_ctid::text, "
 	    "t_infomask, t_infomask2 FROM heap_page_items(get_raw_page($1, $2::int)) ORDER BY lp",
 	    2, p, "heap_page_items", err);
 	if (res == NULL)
 		return NULL;
 	arr = json_array();
 	for (int i = 0; i < PQntuples(res); i++) {
-		int flags = (int)num(res, i, 1);
-		json_t *t = json_pack("{s:I, s:s}", "lp", num(res, i, 0), "state", lp_state(flags));
+		int flags = (int)pg_num(res, i, 1);
+		json_t *t = json_pack("{s:I, s:s}", "lp", pg_num(res, i, 0), "state", lp_state(flags));
 
 		if (flags == 1) {
-			long im = (long)num(res, i, 6), im2 = (long)num(res, i, 7);
+			long im = (long)pg_num(res, i, 6), im2 = (long)pg_num(res, i, 7);
 
-			json_object_set_new(t, "xmin", json_integer(num(res, i, 3)));
-			json_object_set_new(t, "xmax", json_integer(num(res, i, 4)));
+			json_object_set_new(t, "xmin", json_integer(pg_num(res, i, 3)));
+			json_object_set_new(t, "xmax", json_integer(pg_num(res, i, 4)));
 			json_object_set_new(t, "ctid", json_string(PQgetvalue(res, i, 5)));
 			json_object_set_new(t, "infomask", json_integer(im));
 			json_object_set_new(t, "infomask2", json_integer(im2));
 			json_object_set_new(t, "flags", rb_inspect_flags(im, im2));
 		} else if (flags == 2) {
-			json_object_set_new(t, "redirect_to", json_integer(num(res, i, 2)));
+			json_object_set_new(t, "redirect_to", json_integer(pg_num(res, i, 2)));
 		}
 		json_array_append_new(arr, t);
 	}
@@ -350,22 +286,22 @@ heap_tuples(PGconn *c, const char *table, int page, struct rb_error *err)
 
 /* Every heap page of table: {"table", "pages": [...]}; *ntuples counts normal tuples. */
 static json_t *
-heap_pages(PGconn *c, const char *table, json_int_t *ntuples, struct rb_error *err)
+heap_pages(struct rb_store *s, PGconn *c, const char *table, json_int_t *ntuples, struct rb_error *err)
 {
 	const char *p[1] = { table };
-	PGresult *res = q(c, "SELECT (pg_relation_size($1::regclass) / "
+	PGresult *res = pg_query(s, c, "SELECT (pg_relation_size($1::regclass) / "
 	    "current_setting('block_size')::int)::int", 1, p, "heap pages", err);
 	json_t *pages, *out;
 	int n;
 
 	if (res == NULL)
 		return NULL;
-	n = (int)num(res, 0, 0);
+	n = (int)pg_num(res, 0, 0);
 	PQclear(res);
 	pages = json_array();
 	*ntuples = 0;
 	for (int pg = 0; pg < n; pg++) {
-		json_t *t = heap_tuples(c, table, pg, err), *v;
+		json_t *t = heap_tuples(s, c, table, pg, err), *v;
 		size_t i;
 
 		if (t == NULL) {
@@ -388,10 +324,10 @@ heap_pages(PGconn *c, const char *table, json_int_t *ntuples, struct rb_error *e
  * tid of a deduplicated posting list counted.
  */
 static json_t *
-index_entries(PGconn *c, const char *table, json_int_t *total, struct rb_error *err)
+index_entries(struct rb_store *s, PGconn *c, const char *table, json_int_t *total, struct rb_error *err)
 {
 	const char *p[1] = { table };
-	PGresult *ix = q(c, "SELECT c.relname::text, (pg_relation_size(c.oid) / "
+	PGresult *ix = pg_query(s, c, "SELECT c.relname::text, (pg_relation_size(c.oid) / "
 	    "current_setting('block_size')::int)::int, am.amname::text "
 	    "FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am am ON am.oid = c.relam "
 	    "WHERE i.indrelid = $1::regclass ORDER BY c.relname", 1, p, "indexes", err);
@@ -413,7 +349,7 @@ index_entries(PGconn *c, const char *table, json_int_t *total, struct rb_error *
 			continue;
 		}
 		const char *ip[2] = { name, PQgetvalue(ix, k, 1) };
-		PGresult *res = q(c,
+		PGresult *res = pg_query(s, c,
 		    "SELECT coalesce(to_jsonb(i)->>'htid', to_jsonb(i)->>'ctid'), "
 		    "(to_jsonb(i)->'tids')::text "
 		    "FROM generate_series(1, $2::int - 1) AS s(blkno) "
@@ -464,7 +400,7 @@ parse_tid(const char *s, long *blk, long *off)
  * (t_ctid within the page, or a redirect) leads to it, oldest first.
  */
 static json_t *
-lane_versions(PGconn *c, const char *handler, int lane, struct rb_error *err)
+lane_versions(struct rb_store *s, PGconn *c, const char *handler, int lane, struct rb_error *err)
 {
 	char ln[16];
 	const char *p[2] = { handler, ln };
@@ -475,7 +411,7 @@ lane_versions(PGconn *c, const char *handler, int lane, struct rb_error *err)
 	long *next;
 
 	snprintf(ln, sizeof ln, "%d", lane);
-	res = q(c, "SELECT ctid::text FROM relaybus_lanes WHERE handler = $1 AND lane = $2::smallint",
+	res = pg_query(s, c, "SELECT ctid::text FROM relaybus_lanes WHERE handler = $1 AND lane = $2::smallint",
 	    2, p, "lane row", err);
 	if (res == NULL)
 		return NULL;
@@ -485,7 +421,7 @@ lane_versions(PGconn *c, const char *handler, int lane, struct rb_error *err)
 		return NULL;
 	}
 	PQclear(res);
-	if ((tuples = heap_tuples(c, "relaybus_lanes", (int)blk, err)) == NULL)
+	if ((tuples = heap_tuples(s, c, "relaybus_lanes", (int)blk, err)) == NULL)
 		return NULL;
 	/* next[lp]: the line pointer a version leads to (0: none) */
 	n = json_array_size(tuples);
@@ -535,21 +471,21 @@ lane_versions(PGconn *c, const char *handler, int lane, struct rb_error *err)
 
 /* Make this backend's pending statistics visible, then read the counters. */
 static json_t *
-counters(PGconn *c, bool lanes, struct rb_error *err)
+counters(struct rb_store *s, PGconn *c, bool lanes, struct rb_error *err)
 {
 	PGresult *res;
 	json_t *out;
 
 	if (PQserverVersion(c) >= 150000) {
-		if (q_cmd(c, "SELECT pg_stat_force_next_flush()", 0, NULL, "statistics", err) < 0)
+		if (pg_cmd_on(s, c, "SELECT pg_stat_force_next_flush()", 0, NULL, "statistics", err) < 0)
 			return NULL;
 	} else {
 		/* before 15 the collector gets a backend's counts within 500 ms */
 		usleep(1200 * 1000);
 	}
-	if (q_cmd(c, "SELECT pg_stat_clear_snapshot()", 0, NULL, "statistics", err) < 0)
+	if (pg_cmd_on(s, c, "SELECT pg_stat_clear_snapshot()", 0, NULL, "statistics", err) < 0)
 		return NULL;
-	res = q(c, "SELECT relname::text, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del, n_live_tup, "
+	res = pg_query(s, c, "SELECT relname::text, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del, n_live_tup, "
 	    "n_dead_tup FROM pg_stat_user_tables WHERE schemaname = current_schema() "
 	    "AND relname IN ('relaybus_deliveries', 'relaybus_lanes') ORDER BY relname",
 	    0, NULL, "statistics", err);
@@ -560,8 +496,8 @@ counters(PGconn *c, bool lanes, struct rb_error *err)
 		if (!lanes && strcmp(PQgetvalue(res, i, 0), "relaybus_lanes") == 0)
 			continue;
 		json_object_set_new(out, PQgetvalue(res, i, 0), json_pack("{s:I, s:I, s:I, s:I, s:I, s:I}",
-		    "inserted", num(res, i, 1), "updated", num(res, i, 2), "hot_updated", num(res, i, 3),
-		    "deleted", num(res, i, 4), "live", num(res, i, 5), "dead", num(res, i, 6)));
+		    "inserted", pg_num(res, i, 1), "updated", pg_num(res, i, 2), "hot_updated", pg_num(res, i, 3),
+		    "deleted", pg_num(res, i, 4), "live", pg_num(res, i, 5), "dead", pg_num(res, i, 6)));
 	}
 	PQclear(res);
 	return out;
@@ -569,32 +505,32 @@ counters(PGconn *c, bool lanes, struct rb_error *err)
 
 /* Read everything the run left behind into report. */
 static int
-inspect(PGconn *c, const char *handler, int lane, json_t *report, struct rb_error *err)
+inspect(struct rb_store *s, PGconn *c, const char *handler, int lane, json_t *report, struct rb_error *err)
 {
 	json_t *heap, *idx, *lv = NULL, *cnt;
 	json_int_t ntup = 0, nent = 0, upd, hot;
 
 	/* one sequential scan per table sets the hint bits, as any reader would */
-	if (q_cmd(c, "BEGIN", 0, NULL, "hint bits", err) < 0)
+	if (pg_cmd_on(s, c, "BEGIN", 0, NULL, "hint bits", err) < 0)
 		return -1;
-	if (q_cmd(c, "SET LOCAL enable_indexscan = off; SET LOCAL enable_indexonlyscan = off; "
+	if (pg_cmd_on(s, c, "SET LOCAL enable_indexscan = off; SET LOCAL enable_indexonlyscan = off; "
 	    "SET LOCAL enable_bitmapscan = off", 0, NULL, "hint bits", err) < 0 ||
-	    q_cmd(c, "SELECT count(*) FROM relaybus_deliveries", 0, NULL, "hint bits", err) < 0 ||
-	    (lane >= 0 && q_cmd(c, "SELECT count(*) FROM relaybus_lanes", 0, NULL, "hint bits",
-	    err) < 0) || q_cmd(c, "COMMIT", 0, NULL, "hint bits", err) < 0) {
+	    pg_cmd_on(s, c, "SELECT count(*) FROM relaybus_deliveries", 0, NULL, "hint bits", err) < 0 ||
+	    (lane >= 0 && pg_cmd_on(s, c, "SELECT count(*) FROM relaybus_lanes", 0, NULL, "hint bits",
+	    err) < 0) || pg_cmd_on(s, c, "COMMIT", 0, NULL, "hint bits", err) < 0) {
 		PQclear(PQexec(c, "ROLLBACK"));
 		return -1;
 	}
-	if ((cnt = counters(c, lane >= 0, err)) == NULL)
+	if ((cnt = counters(s, c, lane >= 0, err)) == NULL)
 		return -1;
 	json_object_set_new(report, "counters", cnt);
-	if ((heap = heap_pages(c, "relaybus_deliveries", &ntup, err)) == NULL)
+	if ((heap = heap_pages(s, c, "relaybus_deliveries", &ntup, err)) == NULL)
 		return -1;
 	json_object_set_new(report, "heap", heap);
-	if ((idx = index_entries(c, "relaybus_deliveries", &nent, err)) == NULL)
+	if ((idx = index_entries(s, c, "relaybus_deliveries", &nent, err)) == NULL)
 		return -1;
 	json_object_set_new(report, "indexes", idx);
-	if (lane >= 0 && (lv = lane_versions(c, handler, lane, err)) == NULL)
+	if (lane >= 0 && (lv = lane_versions(s, c, handler, lane, err)) == NULL)
 		return -1;
 	json_object_set_new(report, "lane_versions", lv != NULL ? lv : json_null());
 	upd = json_integer_value(json_object_get(json_object_get(cnt, "relaybus_deliveries"), "updated"));
@@ -614,8 +550,8 @@ hold_snapshot(const char *url, const char *schema, const char *app, struct rb_er
 
 	if (h == NULL)
 		return NULL;
-	if (q_cmd(rb_pg_conn(h), "BEGIN ISOLATION LEVEL REPEATABLE READ", 0, NULL, "snapshot", err) < 0 ||
-	    q_cmd(rb_pg_conn(h), "SELECT 1", 0, NULL, "snapshot", err) < 0) {
+	if (pg_cmd_on(h, pg_be(h)->conn, "BEGIN ISOLATION LEVEL REPEATABLE READ", 0, NULL, "snapshot", err) < 0 ||
+	    pg_cmd_on(h, pg_be(h)->conn, "SELECT 1", 0, NULL, "snapshot", err) < 0) {
 		rb_store_close(h);
 		return NULL;
 	}
@@ -635,7 +571,7 @@ run_lane_lease(struct rb_store *s, const char *url, const struct rb_inspect_opts
 	    .batch = 1, .lease_ms = RB_DEFAULT_LEASE_MS, .max_attempts = RB_DEFAULT_MAX_ATTEMPTS };
 	struct rb_complete_opts cpo = { .max_attempts = RB_DEFAULT_MAX_ATTEMPTS,
 	    .backoff = { .base_ms = 1000, .max_ms = 300000, .factor = 2 } };
-	PGconn *c = rb_pg_conn(s);
+	PGconn *c = pg_be(s)->conn;
 	struct rb_store *holder = NULL;
 	json_t *events = NULL, *acks = NULL, *dl = NULL, *outcomes = NULL, *leases = NULL;
 	const char *oc;
@@ -648,7 +584,7 @@ run_lane_lease(struct rb_store *s, const char *url, const struct rb_inspect_opts
 		char sql[160];
 
 		snprintf(sql, sizeof sql, "ALTER TABLE %s SET (autovacuum_enabled = false)", tables[i]);
-		if (q_cmd(c, sql, 0, NULL, "autovacuum off", err) < 0)
+		if (pg_cmd_on(s, c, sql, 0, NULL, "autovacuum off", err) < 0)
 			return -1;
 	}
 	if (stopped(o, err) || (holder = hold_snapshot(url, s->schema, o->app, err)) == NULL)
@@ -682,7 +618,7 @@ run_lane_lease(struct rb_store *s, const char *url, const struct rb_inspect_opts
 	json_object_set_new(report, "lane", json_integer(lane));
 	json_object_set_new(report, "steps", json_pack("[s, s, s, s]", "publish", "claim", "complete",
 	    "relinquish"));
-	rc = inspect(c, RB_INSPECT_HANDLER, lane, report, err);
+	rc = inspect(s, c, RB_INSPECT_HANDLER, lane, report, err);
 out:
 	rb_store_close(holder);
 	json_decref(events);
@@ -698,13 +634,13 @@ static int
 run_row_lease(struct rb_store *s, const char *url, const struct rb_inspect_opts *o,
     json_t *report, struct rb_error *err)
 {
-	PGconn *c = rb_pg_conn(s);
+	PGconn *c = pg_be(s)->conn;
 	struct rb_store *holder = NULL;
 	PGresult *res = NULL;
 	char id[64], *did = NULL, *token = NULL;
 	int rc = -1;
 
-	if (q_cmd(c, baseline_ddl, 0, NULL, "baseline schema", err) < 0 || stopped(o, err) ||
+	if (pg_cmd_on(s, c, baseline_ddl, 0, NULL, "baseline schema", err) < 0 || stopped(o, err) ||
 	    (holder = hold_snapshot(url, s->schema, o->app, err)) == NULL)
 		return -1;
 	snprintf(id, sizeof id, "inspect-%ld", (long)getpid());
@@ -712,13 +648,13 @@ run_row_lease(struct rb_store *s, const char *url, const struct rb_inspect_opts 
 		const char *p[4] = { id, RB_INSPECT_EVENT, "{\"rb-pageinspect\":\"lifecycle\"}",
 		    RB_INSPECT_HANDLER };
 
-		if (q_cmd(c, baseline_publish, 4, p, "publish", err) < 0 || stopped(o, err))
+		if (pg_cmd_on(s, c, baseline_publish, 4, p, "publish", err) < 0 || stopped(o, err))
 			goto out;
 	}
 	{
 		const char *p[2] = { RB_INSPECT_HANDLER, "rb-pageinspect" };
 
-		if ((res = q(c, baseline_claim, 2, p, "claim", err)) == NULL || stopped(o, err))
+		if ((res = pg_query(s, c, baseline_claim, 2, p, "claim", err)) == NULL || stopped(o, err))
 			goto out;
 		if (PQntuples(res) != 1) {
 			rb_seterr(err, RB_EXIT_SOFTWARE, "claim: expected 1 delivery, got %d", PQntuples(res));
@@ -730,14 +666,14 @@ run_row_lease(struct rb_store *s, const char *url, const struct rb_inspect_opts 
 	{
 		const char *p[2] = { did, token };
 
-		if (q_cmd(c, baseline_complete, 2, p, "complete", err) < 0 || stopped(o, err))
+		if (pg_cmd_on(s, c, baseline_complete, 2, p, "complete", err) < 0 || stopped(o, err))
 			goto out;
 	}
 	json_object_set_new(report, "event_id", json_string(id));
 	json_object_set_new(report, "handler", json_string(RB_INSPECT_HANDLER));
 	json_object_set_new(report, "lane", json_null());
 	json_object_set_new(report, "steps", json_pack("[s, s, s]", "publish", "claim", "complete"));
-	rc = inspect(c, RB_INSPECT_HANDLER, -1, report, err);
+	rc = inspect(s, c, RB_INSPECT_HANDLER, -1, report, err);
 out:
 	PQclear(res);
 	free(did);
@@ -764,15 +700,15 @@ rb_inspect_lifecycle(const char *url, const struct rb_inspect_opts *o, json_t **
 	snprintf(schema, sizeof schema, "rb_inspect_%s%ld", o->baseline ? "base_" : "", (long)getpid());
 	if ((s = rb_store_open(url, schema, app, err)) == NULL)
 		return -1;
-	c = rb_pg_conn(s);
+	c = pg_be(s)->conn;
 	/* no NOTICEs of CREATE ... IF NOT EXISTS and DROP ... CASCADE on stderr */
-	if (q_cmd(c, "SET client_min_messages = warning", 0, NULL, "set-up", err) < 0 ||
-	    use_pageinspect(c, schema, err) < 0)
+	if (pg_cmd_on(s, c, "SET client_min_messages = warning", 0, NULL, "set-up", err) < 0 ||
+	    use_pageinspect(s, c, schema, err) < 0)
 		goto out;
 	{
 		const char *p[1] = { schema };
 
-		if ((res = q(c, "SELECT 1 FROM pg_namespace WHERE nspname = $1", 1, p, "scratch schema",
+		if ((res = pg_query(s, c, "SELECT 1 FROM pg_namespace WHERE nspname = $1", 1, p, "scratch schema",
 		    err)) == NULL)
 			goto out;
 		if (PQntuples(res) > 0) {
@@ -784,7 +720,7 @@ rb_inspect_lifecycle(const char *url, const struct rb_inspect_opts *o, json_t **
 		PQclear(res);
 	}
 	snprintf(sql, sizeof sql, "CREATE SCHEMA \"%s\"", schema);
-	if (q_cmd(c, sql, 0, NULL, "scratch schema", err) < 0)
+	if (pg_cmd_on(s, c, sql, 0, NULL, "scratch schema", err) < 0)
 		goto out;
 	created = true;
 	report = json_pack("{s:s, s:s, s:s}", "design", o->baseline ? "row-lease" : "lane-lease",
@@ -801,7 +737,7 @@ out:
 		if (PQtransactionStatus(c) != PQTRANS_IDLE)
 			PQclear(PQexec(c, "ROLLBACK"));
 		snprintf(sql, sizeof sql, "DROP SCHEMA \"%s\" CASCADE", schema);
-		if (q_cmd(c, sql, 0, NULL, "drop scratch schema", &derr) < 0 && rc == 0) {
+		if (pg_cmd_on(s, c, sql, 0, NULL, "drop scratch schema", &derr) < 0 && rc == 0) {
 			*err = derr;
 			rc = -1;
 		}
@@ -819,15 +755,15 @@ out:
 int
 rb_inspect_sample(struct rb_store *s, json_t **sample, struct rb_error *err)
 {
-	PGconn *c = rb_pg_conn(s);
+	PGconn *c = pg_be(s)->conn;
 	const char *p[1] = { s->schema };
 	PGresult *res;
 	json_t *tables;
 
 	/* each sample in its own transaction, so the statistics snapshot is new */
-	if (q_cmd(c, "SELECT pg_stat_clear_snapshot()", 0, NULL, "statistics", err) < 0)
+	if (pg_cmd_on(s, c, "SELECT pg_stat_clear_snapshot()", 0, NULL, "statistics", err) < 0)
 		return -1;
-	res = q(c, "SELECT t.relname::text, t.n_tup_ins, t.n_tup_upd, t.n_tup_hot_upd, t.n_tup_del, "
+	res = pg_query(s, c, "SELECT t.relname::text, t.n_tup_ins, t.n_tup_upd, t.n_tup_hot_upd, t.n_tup_del, "
 	    "t.n_dead_tup, t.autovacuum_count, w.lsn::text, w.at::text "
 	    "FROM (SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0') AS lsn, "
 	    "      extract(epoch FROM clock_timestamp()) AS at) w "
@@ -843,9 +779,9 @@ rb_inspect_sample(struct rb_store *s, json_t **sample, struct rb_error *err)
 	tables = json_object();
 	for (int i = 0; i < PQntuples(res); i++)
 		json_object_set_new(tables, PQgetvalue(res, i, 0), json_pack(
-		    "{s:I, s:I, s:I, s:I, s:I, s:I}", "ins", num(res, i, 1), "upd", num(res, i, 2),
-		    "hot_upd", num(res, i, 3), "del", num(res, i, 4), "dead", num(res, i, 5),
-		    "autovacuum_count", num(res, i, 6)));
+		    "{s:I, s:I, s:I, s:I, s:I, s:I}", "ins", pg_num(res, i, 1), "upd", pg_num(res, i, 2),
+		    "hot_upd", pg_num(res, i, 3), "del", pg_num(res, i, 4), "dead", pg_num(res, i, 5),
+		    "autovacuum_count", pg_num(res, i, 6)));
 	*sample = json_pack("{s:f, s:f, s:o}", "at", strtod(PQgetvalue(res, 0, 8), NULL),
 	    "wal_lsn_bytes", strtod(PQgetvalue(res, 0, 7), NULL), "tables", tables);
 	PQclear(res);
