@@ -147,7 +147,8 @@ pg_fail_on(struct rb_store *s, PGconn *c, const PGresult *res, const char *what,
 	} else if (strncmp(state, "08", 2) == 0 || strncmp(state, "40", 2) == 0 ||
 	    strncmp(state, "53", 2) == 0 || strncmp(state, "57", 2) == 0)
 		code = RB_EXIT_TEMPFAIL;
-	else if (strcmp(state, "42501") == 0)
+	else if (strcmp(state, "42501") == 0 || strcmp(state, "28000") == 0 ||
+	    strcmp(state, "28P01") == 0)
 		code = RB_EXIT_NOPERM;
 	else if (strncmp(state, "22", 2) == 0 || strncmp(state, "23", 2) == 0)
 		code = RB_EXIT_DATAERR;
@@ -369,6 +370,20 @@ notice_to_log(void *arg, const char *msg)
 		rb_info("server: %.*s", len, msg);
 }
 
+/*
+ * Did the server refuse the role (SQLSTATE 28P01 or 28000 at connect: a
+ * wrong or missing password, or pg_hba.conf)?  libpq gives a failed
+ * connection no SQLSTATE: it says itself when a password was needed and
+ * none given, the rest is only in the server's message (English unless
+ * the server's lc_messages says otherwise).
+ */
+static bool
+refused_role(PGconn *c, const char *msg)
+{
+	return PQconnectionNeedsPassword(c) || strstr(msg, "authentication failed") != NULL ||
+	    strstr(msg, "no password supplied") != NULL || strstr(msg, "pg_hba.conf") != NULL;
+}
+
 int
 pg_connect_to(struct rb_store *s, PGconn **conn, struct rb_error *err)
 {
@@ -392,8 +407,8 @@ pg_connect_to(struct rb_store *s, PGconn **conn, struct rb_error *err)
 
 		snprintf(msg, sizeof msg, "%s", PQerrorMessage(*conn));
 		msg[strcspn(msg, "\n")] = '\0';
-		return rb_seterr(err, RB_EXIT_UNAVAILABLE, "cannot connect to %s: %s",
-		    s->url_redacted, msg);
+		return rb_seterr(err, refused_role(*conn, msg) ? RB_EXIT_NOPERM : RB_EXIT_UNAVAILABLE,
+		    "cannot connect to %s: %s", s->url_redacted, msg);
 	}
 	return 0;
 }

@@ -101,8 +101,9 @@ void	pg_arr_end(struct rb_sbuf *b);
  * of the backend: c is the connection it happened on, res its result (NULL:
  * none), what prefixes the message.  A lost connection, 08/40/53/57 are
  * RB_EXIT_TEMPFAIL; an undefined table, function or schema means "schema
- * not set up" (RB_EXIT_CONFIG); 42501 RB_EXIT_NOPERM; 22/23
- * RB_EXIT_DATAERR; anything else RB_EXIT_SOFTWARE.  Returns -1.
+ * not set up" (RB_EXIT_CONFIG); 42501 and authentication failures (28000,
+ * 28P01) RB_EXIT_NOPERM; 22/23 RB_EXIT_DATAERR; anything else
+ * RB_EXIT_SOFTWARE.  Returns -1.
  */
 int	pg_fail_on(struct rb_store *, PGconn *c, const PGresult *res, const char *what,
 	    struct rb_error *err);
@@ -171,7 +172,8 @@ int	pg_history(struct rb_store *, PGconn *c, const char *what, struct rb_error *
 
 /**
  * Connect *conn to the store's URL (application_name: the store's app,
- * server notices to the log).  -1 + err (RB_EXIT_UNAVAILABLE).
+ * server notices to the log).  -1 + err: RB_EXIT_NOPERM when the server
+ * refused the role (its password, or pg_hba.conf), else RB_EXIT_UNAVAILABLE.
  */
 int	pg_connect_to(struct rb_store *, PGconn **conn, struct rb_error *err);
 /**
