@@ -1,20 +1,59 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * store.c: URL scheme -> backend, and the front functions of rb_store.h:
- * each checks its slot (NULL: not supported by the backend) and calls it.
- * The backend-neutral records are in records.c and delivery.c.
+ * store.c: the front of the store library.  It picks the backend of a URL
+ * from backends[] (by each one's schemes), and every function of
+ * rb_store.h, rb_admin.h and rb_inspect.h checks its slot (NEED_OP: a NULL
+ * slot is "not supported by the X backend", RB_EXIT_UNAVAILABLE) and calls
+ * it.  Nothing here knows a backend's insides; the backend-neutral records
+ * are in records.c and delivery.c.
  */
 #include "config.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "rb_admin.h"
 #include "rb_exit.h"
+#include "rb_inspect.h"
 #include "rb_records.h"
 #include "rb_store.h"
 #include "rb_util.h"
 #include "store_int.h"
+
+/*
+ * The backends of this build, in the order --version lists them.  The
+ * first also takes what has no scheme: no URL at all and a libpq conninfo
+ * string ("host=db dbname=app").  A new backend is one entry here (under
+ * its configure conditional), its store_<name>.c and one Makefile.am line.
+ */
+static const struct rb_store_ops *const backends[] = {
+	&rb_store_pg_ops,
+};
+#define N_BACKENDS	(sizeof backends / sizeof backends[0])
+
+/* Backends relaybus knows of that this build lacks: their URLs are refused
+ * with "not part of this build" (69), not as an unknown scheme (78). */
+static const struct {
+	const char		*name;
+	const char *const	 schemes[3];
+} absent[] = {
+	{ "mongodb", { "mongodb", "mongodb+srv", NULL } },
+};
+
+static int
+unsupported(const struct rb_store_ops *ops, const char *op, struct rb_error *err)
+{
+	return rb_seterr(err, RB_EXIT_UNAVAILABLE, "%s not supported by the %s backend", op, ops->name);
+}
+
+/* The one way a front function refuses a NULL slot (returns -1). */
+#define NEED_OP(s, op, err)						\
+	do {								\
+		if ((s)->ops->op == NULL)				\
+			return unsupported((s)->ops, #op, (err));	\
+	} while (0)
 
 static bool
 has_scheme(const char *url, const char *scheme)
@@ -24,42 +63,74 @@ has_scheme(const char *url, const char *scheme)
 	return strncmp(url, scheme, n) == 0 && strncmp(url + n, "://", 3) == 0;
 }
 
-struct rb_store *
-rb_store_open(const char *url, const char *schema, const char *app, struct rb_error *err)
+static bool
+takes(const char *const *schemes, const char *url)
 {
-	struct rb_store *s;
+	for (; *schemes != NULL; schemes++)
+		if (has_scheme(url, *schemes))
+			return true;
+	return false;
+}
 
-	if (url == NULL || *url == '\0')
-		url = getenv("RELAYBUS_URL");
-	if (url != NULL && *url == '\0')
-		url = NULL;
-	if (schema == NULL || *schema == '\0')
-		schema = getenv("RELAYBUS_SCHEMA");
-	if (schema == NULL || *schema == '\0')
-		schema = RB_DEFAULT_SCHEMA;
-	if (!rb_ident_valid(schema)) {
-		rb_seterr(err, RB_EXIT_CONFIG,
-		    "invalid schema name '%s': use lowercase letters, digits and _ (at most 50)", schema);
-		return NULL;
-	}
-	if (url != NULL && strstr(url, "://") != NULL) {
-		if (has_scheme(url, "mongodb") || has_scheme(url, "mongodb+srv")) {
-			char *r = rb_url_redact(url);
-			rb_seterr(err, RB_EXIT_UNAVAILABLE,
-			    "%s: the mongodb backend is not part of this build", r);
+/* $RELAYBUS_URL and $RELAYBUS_SCHEMA for what is not given, the schema
+ * checked: the same for every function that takes a URL. */
+static int
+resolve(const char **url, const char **schema, struct rb_error *err)
+{
+	if (*url == NULL || **url == '\0')
+		*url = getenv("RELAYBUS_URL");
+	if (*url != NULL && **url == '\0')
+		*url = NULL;
+	if (*schema == NULL || **schema == '\0')
+		*schema = getenv("RELAYBUS_SCHEMA");
+	if (*schema == NULL || **schema == '\0')
+		*schema = RB_DEFAULT_SCHEMA;
+	if (!rb_ident_valid(*schema))
+		return rb_seterr(err, RB_EXIT_CONFIG,
+		    "invalid schema name '%s': use lowercase letters, digits and _ (at most 50)", *schema);
+	return 0;
+}
+
+/* The backend of url (resolved: NULL is the environment), or NULL + err. */
+static const struct rb_store_ops *
+backend_of(const char *url, struct rb_error *err)
+{
+	struct rb_sbuf known = { 0 };
+	char *r;
+
+	if (url == NULL || strstr(url, "://") == NULL)
+		return backends[0];
+	for (size_t i = 0; i < N_BACKENDS; i++)
+		if (takes(backends[i]->schemes, url))
+			return backends[i];
+	r = rb_url_redact(url);
+	for (size_t i = 0; i < sizeof absent / sizeof absent[0]; i++)
+		if (takes(absent[i].schemes, url)) {
+			rb_seterr(err, RB_EXIT_UNAVAILABLE, "%s: the %s backend is not part of this build",
+			    r, absent[i].name);
 			free(r);
 			return NULL;
 		}
-		if (!has_scheme(url, "postgres") && !has_scheme(url, "postgresql")) {
-			char *r = rb_url_redact(url);
-			rb_seterr(err, RB_EXIT_CONFIG,
-			    "unsupported URL scheme in %s: use postgresql:// (or a libpq conninfo)", r);
-			free(r);
-			return NULL;
-		}
+	for (size_t i = 0; i < N_BACKENDS; i++) {
+		rb_sb_puts(&known, i > 0 ? ", " : "");
+		rb_sb_puts(&known, backends[i]->schemes[0]);
+		rb_sb_puts(&known, "://");
 	}
-	s = xcalloc(1, sizeof *s);
-	s->ops = &rb_store_pg_ops;
+	rb_seterr(err, RB_EXIT_CONFIG, "unsupported URL scheme in %s: use %s (or a libpq conninfo)", r,
+	    known.s);
+	free(known.s);
+	free(r);
+	return NULL;
+}
+
+/* Open a store of ops (url and schema resolved). */
+static struct rb_store *
+open_with(const struct rb_store_ops *ops, const char *url, const char *schema, const char *app,
+    struct rb_error *err)
+{
+	struct rb_store *s = xcalloc(1, sizeof *s);
+
+	s->ops = ops;
 	s->url = url != NULL ? xstrdup(url) : NULL;
 	s->url_redacted = rb_url_redact(url);
 	s->schema = xstrdup(schema);
@@ -69,6 +140,16 @@ rb_store_open(const char *url, const char *schema, const char *app, struct rb_er
 		return NULL;
 	}
 	return s;
+}
+
+struct rb_store *
+rb_store_open(const char *url, const char *schema, const char *app, struct rb_error *err)
+{
+	const struct rb_store_ops *ops;
+
+	if (resolve(&url, &schema, err) < 0 || (ops = backend_of(url, err)) == NULL)
+		return NULL;
+	return open_with(ops, url, schema, app, err);
 }
 
 void
@@ -103,14 +184,6 @@ rb_store_url_redacted(const struct rb_store *s)
 	return s->url_redacted;
 }
 
-#define NEED_OP(s, op, err)						\
-	do {								\
-		if ((s)->ops->op == NULL)				\
-			return rb_seterr((err), RB_EXIT_UNAVAILABLE,	\
-			    "%s not supported by the %s backend", #op,	\
-			    (s)->ops->name);				\
-	} while (0)
-
 int
 rb_store_reconnect(struct rb_store *s, struct rb_error *err)
 {
@@ -129,6 +202,21 @@ rb_store_setup(struct rb_store *s, const struct rb_setup_opts *o, struct rb_erro
 {
 	NEED_OP(s, setup, err);
 	return s->ops->setup(s, o, err);
+}
+
+char *
+rb_store_setup_script(const char *url, const char *schema, const struct rb_setup_opts *o,
+    struct rb_error *err)
+{
+	const struct rb_store_ops *ops;
+
+	if (resolve(&url, &schema, err) < 0 || (ops = backend_of(url, err)) == NULL)
+		return NULL;
+	if (ops->setup_script == NULL) {
+		unsupported(ops, "setup_script", err);
+		return NULL;
+	}
+	return ops->setup_script(schema, o, err);
 }
 
 int
@@ -298,3 +386,95 @@ rb_store_notified(struct rb_store *s, const char *handler, int timeout_ms, struc
 	return s->ops->notified(s, handler, timeout_ms, err);
 }
 
+/* ---- rb_admin.h ---------------------------------------------------------- */
+
+int
+rb_admin_stats(struct rb_store *s, json_t **stats, struct rb_error *err)
+{
+	*stats = NULL;
+	NEED_OP(s, admin_stats, err);
+	return s->ops->admin_stats(s, stats, err);
+}
+
+int
+rb_admin_list(struct rb_store *s, const struct rb_admin_filter *f, json_t **rows, struct rb_error *err)
+{
+	*rows = NULL;
+	NEED_OP(s, admin_list, err);
+	return s->ops->admin_list(s, f, rows, err);
+}
+
+int
+rb_admin_show(struct rb_store *s, const char *event_id, json_t **event, struct rb_error *err)
+{
+	*event = NULL;
+	NEED_OP(s, admin_show, err);
+	return s->ops->admin_show(s, event_id, event, err);
+}
+
+int
+rb_admin_apply(struct rb_store *s, enum rb_admin_action action, const json_t *targets,
+    const char *reason, json_t **outcomes, struct rb_error *err)
+{
+	*outcomes = NULL;
+	NEED_OP(s, admin_apply, err);
+	return s->ops->admin_apply(s, action, targets, reason, outcomes, err);
+}
+
+int
+rb_admin_purge(struct rb_store *s, enum rb_admin_purge kind, int64_t older_than_ms, int batch,
+    struct rb_error *err)
+{
+	NEED_OP(s, admin_purge, err);
+	return s->ops->admin_purge(s, kind, older_than_ms, batch, err);
+}
+
+int
+rb_admin_lanes(struct rb_store *s, const char *handler, bool all, json_t **rows, struct rb_error *err)
+{
+	*rows = NULL;
+	NEED_OP(s, admin_lanes, err);
+	return s->ops->admin_lanes(s, handler, all, rows, err);
+}
+
+int
+rb_admin_subscriptions(struct rb_store *s, const char *handler, json_t **rows, struct rb_error *err)
+{
+	*rows = NULL;
+	NEED_OP(s, admin_subscriptions, err);
+	return s->ops->admin_subscriptions(s, handler, rows, err);
+}
+
+/* ---- rb_inspect.h -------------------------------------------------------- */
+
+int
+rb_inspect_lifecycle(const char *url, const struct rb_inspect_opts *o, json_t **report,
+    struct rb_error *err)
+{
+	const struct rb_store_ops *ops;
+	const char *schema = RB_DEFAULT_SCHEMA;
+	char scratch[64];
+	struct rb_store *s;
+	int rc;
+
+	*report = NULL;
+	if (resolve(&url, &schema, err) < 0 || (ops = backend_of(url, err)) == NULL)
+		return -1;
+	if (ops->inspect_lifecycle == NULL)
+		return unsupported(ops, "inspect_lifecycle", err);
+	/* the run's own scratch schema, never the user's */
+	snprintf(scratch, sizeof scratch, "rb_inspect_%s%ld", o->baseline ? "base_" : "", (long)getpid());
+	if ((s = open_with(ops, url, scratch, o->app != NULL ? o->app : "rb-pageinspect", err)) == NULL)
+		return -1;
+	rc = ops->inspect_lifecycle(s, o, report, err);
+	rb_store_close(s);
+	return rc;
+}
+
+int
+rb_inspect_sample(struct rb_store *s, json_t **sample, struct rb_error *err)
+{
+	*sample = NULL;
+	NEED_OP(s, inspect_sample, err);
+	return s->ops->inspect_sample(s, sample, err);
+}

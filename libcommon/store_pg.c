@@ -180,7 +180,7 @@ pg_notified(struct rb_store *s, const char *handler, int timeout_ms, struct rb_e
 	return hit;
 }
 
-static const char *const pg_schemes[] = { "postgres", "postgresql", NULL };
+static const char *const pg_schemes[] = { "postgresql", "postgres", NULL };
 
 const struct rb_store_ops rb_store_pg_ops = {
 	.name = "postgresql",
@@ -190,6 +190,7 @@ const struct rb_store_ops rb_store_pg_ops = {
 	.reconnect = pg_reconnect,
 	.broken = pg_broken,
 	.setup = pg_setup,
+	.setup_script = pg_setup_script,
 	.publish = pg_publish,
 	.claim = pg_claim,
 	.claim_send = pg_claim_send,
@@ -208,4 +209,13 @@ const struct rb_store_ops rb_store_pg_ops = {
 	.fetch_socket = pg_fetch_socket,
 	.complete_socket = pg_complete_socket,
 	.notified = pg_notified,
+	.admin_stats = pg_admin_stats,
+	.admin_list = pg_admin_list,
+	.admin_show = pg_admin_show,
+	.admin_apply = pg_admin_apply,
+	.admin_purge = pg_admin_purge,
+	.admin_lanes = pg_admin_lanes,
+	.admin_subscriptions = pg_admin_subscriptions,
+	.inspect_lifecycle = pg_inspect_lifecycle,
+	.inspect_sample = pg_inspect_sample,
 };

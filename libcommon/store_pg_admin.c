@@ -29,17 +29,6 @@
 
 /* ---- helpers ------------------------------------------------------------- */
 
-static bool
-is_pg(struct rb_store *s, struct rb_error *err)
-{
-	if (s->ops != &rb_store_pg_ops) {
-		rb_seterr(err, RB_EXIT_UNAVAILABLE, "admin not supported by the %s backend",
-		    rb_store_backend(s));
-		return false;
-	}
-	return true;
-}
-
 /* Render tmpl and run it on the main connection (pg_exec + pg_expect). */
 static PGresult *
 q(struct rb_store *s, const char *tmpl, int n, const char *const *params, ExecStatusType want,
@@ -100,7 +89,7 @@ add_count(json_t *total, const char *field, const json_t *v)
 }
 
 int
-rb_admin_stats(struct rb_store *s, json_t **out, struct rb_error *err)
+pg_admin_stats(struct rb_store *s, json_t **out, struct rb_error *err)
 {
 	static const char *const counts[] = { "pending", "due", "delayed", "processing", "dead",
 	    "completed" };
@@ -110,8 +99,6 @@ rb_admin_stats(struct rb_store *s, json_t **out, struct rb_error *err)
 	int hist, rc = -1;
 
 	*out = NULL;
-	if (!is_pg(s, err))
-		return -1;
 	/* one snapshot, one now(), for every number */
 	if (pg_run_cmd(s, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", "stats", err) < 0)
 		return -1;
@@ -274,15 +261,13 @@ list_into(struct rb_store *s, const struct rb_admin_filter *f, bool flags[RB_ADM
 }
 
 int
-rb_admin_list(struct rb_store *s, const struct rb_admin_filter *f, json_t **out, struct rb_error *err)
+pg_admin_list(struct rb_store *s, const struct rb_admin_filter *f, json_t **out, struct rb_error *err)
 {
 	bool flags[RB_ADMIN_NSTATUS];
 	int hist = 0;
 	json_t *rows;
 
 	*out = NULL;
-	if (!is_pg(s, err))
-		return -1;
 	if (rb_admin_status_flags(f->status, flags) < 0)
 		return rb_seterr(err, RB_EXIT_USAGE,
 		    "unknown status '%s': use pending, processing, dead or completed", f->status);
@@ -291,7 +276,7 @@ rb_admin_list(struct rb_store *s, const struct rb_admin_filter *f, json_t **out,
 			return -1;
 		if (!hist)
 			return rb_seterr(err, RB_EXIT_CONFIG, "schema \"%s\" keeps no completion history "
-			    "(rb-setup --completion-history)", rb_store_schema(s));
+			    "(rb-setup --completion-history)", s->schema);
 	}
 	rows = json_array();
 	if (list_into(s, f, flags, hist, rows, err) < 0) {
@@ -307,7 +292,7 @@ static const char show_sql[] =
     "  @S@.relaybus_ts(created_at) FROM @S@.relaybus_events WHERE id = $1";
 
 int
-rb_admin_show(struct rb_store *s, const char *event_id, json_t **out, struct rb_error *err)
+pg_admin_show(struct rb_store *s, const char *event_id, json_t **out, struct rb_error *err)
 {
 	struct rb_admin_filter f = { .event_id = event_id };
 	bool flags[RB_ADMIN_NSTATUS] = { true, true, true, true };
@@ -316,8 +301,6 @@ rb_admin_show(struct rb_store *s, const char *event_id, json_t **out, struct rb_
 	int hist;
 
 	*out = NULL;
-	if (!is_pg(s, err))
-		return -1;
 	if ((hist = pg_history(s, pg_be(s)->conn, "history", err)) < 0)
 		return -1;
 	const char *params[1] = { event_id };
@@ -407,7 +390,7 @@ target_array(const json_t *targets, const char *field)
 }
 
 int
-rb_admin_apply(struct rb_store *s, enum rb_admin_action action, const json_t *targets,
+pg_admin_apply(struct rb_store *s, enum rb_admin_action action, const json_t *targets,
     const char *reason, json_t **out, struct rb_error *err)
 {
 	static const char *const what[] = { "requeue", "bury", "cancel" };
@@ -420,8 +403,6 @@ rb_admin_apply(struct rb_store *s, enum rb_admin_action action, const json_t *ta
 	int rc = -1, changed = 0;
 
 	*out = NULL;
-	if (!is_pg(s, err))
-		return -1;
 	if (json_array_size(targets) == 0) {
 		*out = json_array();
 		return 0;
@@ -493,7 +474,7 @@ static const char purge_history_sql[] =
     "  ORDER BY completed_at LIMIT $2::integer FOR UPDATE SKIP LOCKED))";
 
 int
-rb_admin_purge(struct rb_store *s, enum rb_admin_purge kind, int64_t older_than_ms, int batch,
+pg_admin_purge(struct rb_store *s, enum rb_admin_purge kind, int64_t older_than_ms, int batch,
     struct rb_error *err)
 {
 	char age[32], lim[16];
@@ -501,8 +482,6 @@ rb_admin_purge(struct rb_store *s, enum rb_admin_purge kind, int64_t older_than_
 	PGresult *res;
 	int n;
 
-	if (!is_pg(s, err))
-		return -1;
 	if (batch < 1 || older_than_ms < 0)
 		return rb_seterr(err, RB_EXIT_USAGE, "purge: invalid batch or age");
 	if (kind == RB_PURGE_HISTORY) {
@@ -533,15 +512,13 @@ static const char lanes_sql[] =
     "ORDER BY handler, lane";
 
 int
-rb_admin_lanes(struct rb_store *s, const char *handler, bool all, json_t **out, struct rb_error *err)
+pg_admin_lanes(struct rb_store *s, const char *handler, bool all, json_t **out, struct rb_error *err)
 {
 	const char *params[2] = { handler, all ? "true" : "false" };
 	PGresult *res;
 	json_t *rows;
 
 	*out = NULL;
-	if (!is_pg(s, err))
-		return -1;
 	res = q(s, lanes_sql, 2, params, PGRES_TUPLES_OK, "lanes", NULL, err);
 	if (res == NULL)
 		return -1;
@@ -569,15 +546,13 @@ static const char subs_sql[] =
     "WHERE $1::text IS NULL OR handler = $1 ORDER BY handler, pattern";
 
 int
-rb_admin_subscriptions(struct rb_store *s, const char *handler, json_t **out, struct rb_error *err)
+pg_admin_subscriptions(struct rb_store *s, const char *handler, json_t **out, struct rb_error *err)
 {
 	const char *params[1] = { handler };
 	PGresult *res;
 	json_t *rows;
 
 	*out = NULL;
-	if (!is_pg(s, err))
-		return -1;
 	res = q(s, subs_sql, 1, params, PGRES_TUPLES_OK, "subscriptions", NULL, err);
 	if (res == NULL)
 		return -1;

@@ -2,9 +2,10 @@
 /*
  * store_pg_inspect.c: the SQL of rb-pageinspect (see rb_inspect.h).
  *
- * The lifecycle runs in a scratch schema, never in the user's: the lane-lease
- * design gets the real set-up (rb_store_setup) and the real delivery path
- * (rb_store_publish/claim/complete/relinquish_leases); the row-lease
+ * The lifecycle runs in a scratch schema, never in the user's (the front,
+ * rb_inspect_lifecycle in store.c, opens the store on it): the lane-lease
+ * design gets the real set-up (pg_setup) and the real delivery path
+ * (pg_publish/claim/complete/relinquish_leases); the row-lease
  * baseline gets the 0.1.0 table with its ten indexes and the three updates
  * of the seed's "The problem".  Two things keep the evidence on the pages:
  * autovacuum is off on the scratch tables, and a second connection holds
@@ -16,8 +17,8 @@
  * All inspection statements are unqualified: the connection's search_path
  * is set to the scratch schema and the schema of pageinspect.  Identifiers
  * that must be spliced into SQL (the scratch schema in CREATE/DROP SCHEMA)
- * come from rb_ident_valid() names built here; everything else is a
- * parameter.
+ * are the store's schema, a name rb_store_open checked with
+ * rb_ident_valid(); everything else is a parameter.
  */
 #include "config.h"
 
@@ -36,20 +37,6 @@
 #include "rb_util.h"
 #include "store_int.h"
 #include "store_pg_int.h"
-
-/* t_infomask and t_infomask2 bits (src/include/access/htup_details.h) */
-#define HEAP_XMAX_KEYSHR_LOCK	0x0010
-#define HEAP_XMAX_EXCL_LOCK	0x0040
-#define HEAP_XMAX_LOCK_ONLY	0x0080
-#define HEAP_XMIN_COMMITTED	0x0100
-#define HEAP_XMIN_INVALID	0x0200
-#define HEAP_XMAX_COMMITTED	0x0400
-#define HEAP_XMAX_INVALID	0x0800
-#define HEAP_XMAX_IS_MULTI	0x1000
-#define HEAP_UPDATED		0x2000
-#define HEAP_KEYS_UPDATED	0x2000	/* infomask2 */
-#define HEAP_HOT_UPDATED	0x4000	/* infomask2 */
-#define HEAP_ONLY_TUPLE		0x8000	/* infomask2 */
 
 /* the 0.1.0 row-lease table of the seed ("The problem"), rebuilt: claim and
  * completion update the row, and eight indexes besides the two keys cover
@@ -115,44 +102,6 @@ stopped(const struct rb_inspect_opts *o, struct rb_error *err)
 		return true;
 	}
 	return false;
-}
-
-json_t *
-rb_inspect_flags(long infomask, long infomask2)
-{
-	json_t *f = json_array();
-
-	if (infomask2 & HEAP_HOT_UPDATED)
-		json_array_append_new(f, json_string("HOT_UPDATED"));
-	if (infomask2 & HEAP_ONLY_TUPLE)
-		json_array_append_new(f, json_string("HEAP_ONLY"));
-	if ((infomask & (HEAP_XMIN_COMMITTED | HEAP_XMIN_INVALID)) ==
-	    (HEAP_XMIN_COMMITTED | HEAP_XMIN_INVALID))
-		json_array_append_new(f, json_string("XMIN_FROZEN"));
-	else if (infomask & HEAP_XMIN_COMMITTED)
-		json_array_append_new(f, json_string("XMIN_COMMITTED"));
-	else if (infomask & HEAP_XMIN_INVALID)
-		json_array_append_new(f, json_string("XMIN_INVALID"));
-	if (infomask & HEAP_XMAX_COMMITTED)
-		json_array_append_new(f, json_string("XMAX_COMMITTED"));
-	if (infomask & HEAP_XMAX_INVALID)
-		json_array_append_new(f, json_string("XMAX_INVALID"));
-	if (infomask & HEAP_XMAX_IS_MULTI)
-		json_array_append_new(f, json_string("XMAX_IS_MULTI"));
-	if (infomask & HEAP_XMAX_LOCK_ONLY)
-		json_array_append_new(f, json_string("XMAX_LOCK_ONLY"));
-	if ((infomask & (HEAP_XMAX_KEYSHR_LOCK | HEAP_XMAX_EXCL_LOCK)) ==
-	    (HEAP_XMAX_KEYSHR_LOCK | HEAP_XMAX_EXCL_LOCK))
-		json_array_append_new(f, json_string("XMAX_SHR_LOCK"));
-	else if (infomask & HEAP_XMAX_KEYSHR_LOCK)
-		json_array_append_new(f, json_string("XMAX_KEYSHR_LOCK"));
-	else if (infomask & HEAP_XMAX_EXCL_LOCK)
-		json_array_append_new(f, json_string("XMAX_EXCL_LOCK"));
-	if (infomask2 & HEAP_KEYS_UPDATED)
-		json_array_append_new(f, json_string("KEYS_UPDATED"));
-	if (infomask & HEAP_UPDATED)
-		json_array_append_new(f, json_string("UPDATED"));
-	return f;
 }
 
 /* ---- pageinspect ----------------------------------------------------------- */
@@ -542,26 +491,21 @@ inspect(struct rb_store *s, PGconn *c, const char *handler, int lane, json_t *re
 
 /* ---- the lifecycle --------------------------------------------------------- */
 
-/* Hold a snapshot on a second connection so that no dead version is removed. */
-static struct rb_store *
-hold_snapshot(const char *url, const char *schema, const char *app, struct rb_error *err)
+/* Hold a snapshot on a second connection so that no dead version is
+ * removed: *holder, for PQfinish (also on failure). */
+static int
+hold_snapshot(struct rb_store *s, PGconn **holder, struct rb_error *err)
 {
-	struct rb_store *h = rb_store_open(url, schema, app, err);
-
-	if (h == NULL)
-		return NULL;
-	if (pg_cmd_on(h, pg_be(h)->conn, "BEGIN ISOLATION LEVEL REPEATABLE READ", 0, NULL, "snapshot", err) < 0 ||
-	    pg_cmd_on(h, pg_be(h)->conn, "SELECT 1", 0, NULL, "snapshot", err) < 0) {
-		rb_store_close(h);
-		return NULL;
-	}
-	return h;
+	if (pg_connect_to(s, holder, err) < 0 ||
+	    pg_cmd_on(s, *holder, "BEGIN ISOLATION LEVEL REPEATABLE READ", 0, NULL, "snapshot", err) < 0 ||
+	    pg_cmd_on(s, *holder, "SELECT 1", 0, NULL, "snapshot", err) < 0)
+		return -1;
+	return 0;
 }
 
 /* The lane-lease design: the real set-up and the real delivery path. */
 static int
-run_lane_lease(struct rb_store *s, const char *url, const struct rb_inspect_opts *o,
-    json_t *report, struct rb_error *err)
+run_lane_lease(struct rb_store *s, const struct rb_inspect_opts *o, json_t *report, struct rb_error *err)
 {
 	static const char *const subs[] = { RB_INSPECT_HANDLER ":" RB_INSPECT_EVENT };
 	static const char *const tables[] = { "relaybus_deliveries", "relaybus_lanes",
@@ -572,13 +516,14 @@ run_lane_lease(struct rb_store *s, const char *url, const struct rb_inspect_opts
 	struct rb_complete_opts cpo = { .max_attempts = RB_DEFAULT_MAX_ATTEMPTS,
 	    .backoff = { .base_ms = 1000, .max_ms = 300000, .factor = 2 } };
 	PGconn *c = pg_be(s)->conn;
-	struct rb_store *holder = NULL;
-	json_t *events = NULL, *acks = NULL, *dl = NULL, *outcomes = NULL, *leases = NULL;
+	PGconn *holder = NULL;
+	struct rb_publish_acks acks = { 0 };
+	json_t *events = NULL, *dl = NULL, *outcomes = NULL, *leases = NULL;
 	const char *oc;
-	char id[64];
-	int lane, rc = -1;
+	char id[64], *text;
+	int lane, pub, rc = -1;
 
-	if (rb_store_setup(s, &so, err) < 0)
+	if (pg_setup(s, &so, err) < 0)
 		return -1;
 	for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++) {
 		char sql[160];
@@ -587,21 +532,26 @@ run_lane_lease(struct rb_store *s, const char *url, const struct rb_inspect_opts
 		if (pg_cmd_on(s, c, sql, 0, NULL, "autovacuum off", err) < 0)
 			return -1;
 	}
-	if (stopped(o, err) || (holder = hold_snapshot(url, s->schema, o->app, err)) == NULL)
-		return -1;
+	if (stopped(o, err) || hold_snapshot(s, &holder, err) < 0)
+		goto out;
 	snprintf(id, sizeof id, "inspect-%ld", (long)getpid());
 	events = json_pack("[{s:s, s:s, s:{s:s}}]", "id", id, "name", RB_INSPECT_EVENT,
 	    "payload", "rb-pageinspect", "lifecycle");
-	if (rb_store_publish(s, events, &acks, err) < 0 || stopped(o, err))
+	/* (this backend's own slots, as the front would call them) */
+	text = json_dumps(events, JSON_COMPACT);
+	pub = pg_publish(s, text, json_array_size(events), &acks, err);
+	rb_publish_acks_clear(&acks);
+	free(text);
+	if (pub < 0 || stopped(o, err))
 		goto out;
-	if (rb_store_claim(s, &co, &dl, err) < 0 || stopped(o, err))
+	if (pg_claim(s, &co, &dl, err) < 0 || stopped(o, err))
 		goto out;
 	if (json_array_size(dl) != 1) {
 		rb_seterr(err, RB_EXIT_SOFTWARE, "claim: expected 1 delivery, got %zu", json_array_size(dl));
 		goto out;
 	}
 	lane = (int)json_integer_value(json_object_get(json_array_get(dl, 0), "lane"));
-	if (rb_store_complete(s, &cpo, dl, &outcomes, err) < 0 || stopped(o, err))
+	if (pg_complete(s, &cpo, dl, &outcomes, err) < 0 || stopped(o, err))
 		goto out;
 	oc = json_string_value(json_object_get(json_array_get(outcomes, 0), "outcome"));
 	if (oc == NULL || strcmp(oc, "completed") != 0) {
@@ -611,7 +561,7 @@ run_lane_lease(struct rb_store *s, const char *url, const struct rb_inspect_opts
 	/* rb-complete hands the lanes back at end of input: so do we */
 	leases = json_pack("[{s:O, s:O}]", "handler", json_object_get(json_array_get(dl, 0), "handler"),
 	    "lease", json_object_get(json_array_get(dl, 0), "lease"));
-	if (rb_store_relinquish_leases(s, leases, err) < 0 || stopped(o, err))
+	if (pg_relinquish_leases(s, leases, err) < 0 || stopped(o, err))
 		goto out;
 	json_object_set_new(report, "event_id", json_string(id));
 	json_object_set_new(report, "handler", json_string(RB_INSPECT_HANDLER));
@@ -620,9 +570,9 @@ run_lane_lease(struct rb_store *s, const char *url, const struct rb_inspect_opts
 	    "relinquish"));
 	rc = inspect(s, c, RB_INSPECT_HANDLER, lane, report, err);
 out:
-	rb_store_close(holder);
+	if (holder != NULL)
+		PQfinish(holder);
 	json_decref(events);
-	json_decref(acks);
 	json_decref(dl);
 	json_decref(outcomes);
 	json_decref(leases);
@@ -631,18 +581,17 @@ out:
 
 /* The 0.1.0 row-lease design: its table, its three writes. */
 static int
-run_row_lease(struct rb_store *s, const char *url, const struct rb_inspect_opts *o,
-    json_t *report, struct rb_error *err)
+run_row_lease(struct rb_store *s, const struct rb_inspect_opts *o, json_t *report, struct rb_error *err)
 {
 	PGconn *c = pg_be(s)->conn;
-	struct rb_store *holder = NULL;
+	PGconn *holder = NULL;
 	PGresult *res = NULL;
 	char id[64], *did = NULL, *token = NULL;
 	int rc = -1;
 
 	if (pg_cmd_on(s, c, baseline_ddl, 0, NULL, "baseline schema", err) < 0 || stopped(o, err) ||
-	    (holder = hold_snapshot(url, s->schema, o->app, err)) == NULL)
-		return -1;
+	    hold_snapshot(s, &holder, err) < 0)
+		goto out;
 	snprintf(id, sizeof id, "inspect-%ld", (long)getpid());
 	{
 		const char *p[4] = { id, RB_INSPECT_EVENT, "{\"rb-pageinspect\":\"lifecycle\"}",
@@ -678,29 +627,23 @@ out:
 	PQclear(res);
 	free(did);
 	free(token);
-	rb_store_close(holder);
+	if (holder != NULL)
+		PQfinish(holder);
 	return rc;
 }
 
 int
-rb_inspect_lifecycle(const char *url, const struct rb_inspect_opts *o, json_t **report_out,
+pg_inspect_lifecycle(struct rb_store *s, const struct rb_inspect_opts *o, json_t **report_out,
     struct rb_error *err)
 {
-	char schema[64], sql[128];
-	const char *app = o->app != NULL ? o->app : "rb-pageinspect";
-	struct rb_inspect_opts oo = *o;
-	struct rb_store *s;
-	PGconn *c;
+	const char *schema = s->schema;
+	char sql[128];
+	PGconn *c = pg_be(s)->conn;
 	PGresult *res;
 	json_t *report = NULL;
 	bool created = false;
 	int rc = -1;
 
-	oo.app = app;
-	snprintf(schema, sizeof schema, "rb_inspect_%s%ld", o->baseline ? "base_" : "", (long)getpid());
-	if ((s = rb_store_open(url, schema, app, err)) == NULL)
-		return -1;
-	c = pg_be(s)->conn;
 	/* no NOTICEs of CREATE ... IF NOT EXISTS and DROP ... CASCADE on stderr */
 	if (pg_cmd_on(s, c, "SET client_min_messages = warning", 0, NULL, "set-up", err) < 0 ||
 	    use_pageinspect(s, c, schema, err) < 0)
@@ -727,22 +670,21 @@ rb_inspect_lifecycle(const char *url, const struct rb_inspect_opts *o, json_t **
 	    "schema", schema, "server_version", PQparameterStatus(c, "server_version") != NULL ?
 	    PQparameterStatus(c, "server_version") : "");
 	if (o->baseline)
-		rc = run_row_lease(s, url, &oo, report, err);
+		rc = run_row_lease(s, o, report, err);
 	else
-		rc = run_lane_lease(s, url, &oo, report, err);
+		rc = run_lane_lease(s, o, report, err);
 out:
 	if (created) {
 		struct rb_error derr = { 0 };
 
 		if (PQtransactionStatus(c) != PQTRANS_IDLE)
-			PQclear(PQexec(c, "ROLLBACK"));
+			pg_rollback_quietly(s);
 		snprintf(sql, sizeof sql, "DROP SCHEMA \"%s\" CASCADE", schema);
 		if (pg_cmd_on(s, c, sql, 0, NULL, "drop scratch schema", &derr) < 0 && rc == 0) {
 			*err = derr;
 			rc = -1;
 		}
 	}
-	rb_store_close(s);
 	if (rc == 0)
 		*report_out = report;
 	else
@@ -753,7 +695,7 @@ out:
 /* ---- watch ----------------------------------------------------------------- */
 
 int
-rb_inspect_sample(struct rb_store *s, json_t **sample, struct rb_error *err)
+pg_inspect_sample(struct rb_store *s, json_t **sample, struct rb_error *err)
 {
 	PGconn *c = pg_be(s)->conn;
 	const char *p[1] = { s->schema };
@@ -786,44 +728,4 @@ rb_inspect_sample(struct rb_store *s, json_t **sample, struct rb_error *err)
 	    "wal_lsn_bytes", strtod(PQgetvalue(res, 0, 7), NULL), "tables", tables);
 	PQclear(res);
 	return 0;
-}
-
-static json_int_t
-counter(const json_t *sample, const char *table, const char *field)
-{
-	return json_integer_value(json_object_get(json_object_get(json_object_get(sample, "tables"),
-	    table), field));
-}
-
-json_t *
-rb_inspect_delta(const json_t *prev, const json_t *cur)
-{
-	double secs = json_real_value(json_object_get(cur, "at")) -
-	    json_real_value(json_object_get(prev, "at"));
-	double wal = json_real_value(json_object_get(cur, "wal_lsn_bytes")) -
-	    json_real_value(json_object_get(prev, "wal_lsn_bytes"));
-	json_int_t done = counter(cur, "relaybus_deliveries", "del") -
-	    counter(prev, "relaybus_deliveries", "del");
-	json_int_t lupd = counter(cur, "relaybus_lanes", "upd") - counter(prev, "relaybus_lanes", "upd");
-	json_int_t lhot = counter(cur, "relaybus_lanes", "hot_upd") -
-	    counter(prev, "relaybus_lanes", "hot_upd");
-	json_int_t dupd = counter(cur, "relaybus_deliveries", "upd") -
-	    counter(prev, "relaybus_deliveries", "upd");
-	json_t *dead = json_object(), *av = json_object(), *v;
-	const char *name;
-
-	json_object_foreach(json_object_get((json_t *)cur, "tables"), name, v) {
-		json_object_set_new(dead, name, json_integer(counter(cur, name, "dead")));
-		json_object_set_new(av, name, json_integer(counter(cur, name, "autovacuum_count") -
-		    counter(prev, name, "autovacuum_count")));
-	}
-	if (secs <= 0)
-		secs = 1e-9;
-	return json_pack("{s:f, s:I, s:f, s:I, s:o, s:I, s:I, s:o, s:I, s:o, s:o}",
-	    "seconds", secs, "completed", done, "completed_per_sec", (double)done / secs,
-	    "wal_bytes", (json_int_t)wal,
-	    "wal_bytes_per_delivery", done > 0 ? json_real(wal / (double)done) : json_null(),
-	    "lane_updates", lupd, "lane_hot_updates", lhot,
-	    "lane_hot_share", lupd > 0 ? json_real((double)lhot / (double)lupd) : json_null(),
-	    "delivery_updates", dupd, "dead_tuples", dead, "autovacuum_runs", av);
 }

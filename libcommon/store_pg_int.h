@@ -215,6 +215,7 @@ extern const char pg_tmpl_complete[], pg_tmpl_complete_hist[], pg_tmpl_fail[], p
 /* ---- the slots, by file ------------------------------------------------ */
 
 /* store_pg_setup.c */
+char	*pg_setup_script(const char *schema, const struct rb_setup_opts *, struct rb_error *);
 int	pg_setup(struct rb_store *, const struct rb_setup_opts *, struct rb_error *);
 /* store_pg_publish.c */
 int	pg_publish(struct rb_store *, const char *events, size_t n, struct rb_publish_acks *,
@@ -243,5 +244,19 @@ int	pg_complete_socket(const struct rb_store *);
 void	pg_complete_forget(struct pg_be *);
 /** Close the third connection, and with it the completion out on it. */
 void	pg_close_conn3(struct pg_be *);
+/* store_pg_admin.c */
+int	pg_admin_stats(struct rb_store *, json_t **, struct rb_error *);
+int	pg_admin_list(struct rb_store *, const struct rb_admin_filter *, json_t **, struct rb_error *);
+int	pg_admin_show(struct rb_store *, const char *event_id, json_t **, struct rb_error *);
+int	pg_admin_apply(struct rb_store *, enum rb_admin_action, const json_t *targets, const char *reason,
+	    json_t **, struct rb_error *);
+int	pg_admin_purge(struct rb_store *, enum rb_admin_purge, int64_t older_than_ms, int batch,
+	    struct rb_error *);
+int	pg_admin_lanes(struct rb_store *, const char *handler, bool all, json_t **, struct rb_error *);
+int	pg_admin_subscriptions(struct rb_store *, const char *handler, json_t **, struct rb_error *);
+/* store_pg_inspect.c */
+int	pg_inspect_lifecycle(struct rb_store *, const struct rb_inspect_opts *, json_t **,
+	    struct rb_error *);
+int	pg_inspect_sample(struct rb_store *, json_t **, struct rb_error *);
 
 #endif

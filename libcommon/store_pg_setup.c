@@ -134,14 +134,10 @@ check_subscriptions(const struct rb_setup_opts *o, struct rb_error *err)
 }
 
 char *
-rb_setup_sql(const char *schema, const struct rb_setup_opts *o, struct rb_error *err)
+pg_setup_script(const char *schema, const struct rb_setup_opts *o, struct rb_error *err)
 {
 	struct rb_sbuf b;
 
-	if (schema == NULL || !rb_ident_valid(schema)) {
-		rb_seterr(err, RB_EXIT_USAGE, "invalid schema name");
-		return NULL;
-	}
 	if (check_subscriptions(o, err) < 0)
 		return NULL;
 	rb_sb_init(&b);
