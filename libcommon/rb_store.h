@@ -41,6 +41,9 @@ struct rb_store	*rb_store_open(const char *url, const char *schema, const char *
 		    struct rb_error *err);
 void		 rb_store_close(struct rb_store *);
 const char	*rb_store_backend(const struct rb_store *);
+/** The backends of this build and their client libraries, for --version:
+ * "postgresql; libpq 15.18" (names, then versions).  New string. */
+char		*rb_store_backends(void);
 const char	*rb_store_schema(const struct rb_store *);
 /** The URL with any password masked (for messages). */
 const char	*rb_store_url_redacted(const struct rb_store *);

@@ -184,6 +184,24 @@ rb_store_url_redacted(const struct rb_store *s)
 	return s->url_redacted;
 }
 
+char *
+rb_store_backends(void)
+{
+	struct rb_sbuf b = { 0 };
+	char v[128];
+
+	for (size_t i = 0; i < N_BACKENDS; i++) {
+		rb_sb_puts(&b, i > 0 ? ", " : "");
+		rb_sb_puts(&b, backends[i]->name);
+	}
+	for (size_t i = 0; i < N_BACKENDS; i++) {
+		backends[i]->version(v, sizeof v);
+		rb_sb_puts(&b, i > 0 ? ", " : "; ");
+		rb_sb_puts(&b, v);
+	}
+	return b.s;
+}
+
 int
 rb_store_reconnect(struct rb_store *s, struct rb_error *err)
 {

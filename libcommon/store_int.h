@@ -14,8 +14,8 @@
  *
  * A NULL slot means "not supported by this backend": the front answers
  * RB_EXIT_UNAVAILABLE, "<slot> not supported by the <name> backend", the
- * same way for every slot (NEED_OP in store.c).  Only name, schemes, open
- * and close are required.
+ * same way for every slot (NEED_OP in store.c).  Only name, schemes,
+ * version, open and close are required.
  *
  * Adding a backend is one new file, libcommon/store_<name>.c, defining
  * `const struct rb_store_ops rb_store_<name>_ops` (declared below); one
@@ -42,6 +42,9 @@ struct rb_store_ops {
 	 * backend of backends[] also takes a URL without a scheme and none at
 	 * all (libpq conninfo and environment). */
 	const char *const	*schemes;
+	/* Write the client library's name and version ("libpq 15.18") into buf
+	 * (len bytes, at least 64), for --version.  Needs no store. */
+	void	(*version)(char *buf, size_t len);
 
 	/* ---- the store ---------------------------------------------------- */
 

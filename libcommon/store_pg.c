@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * store_pg.c: the PostgreSQL backend's ops table (rb_store_pg_ops) and its
- * connection: open, close, reconnect, LISTEN/NOTIFY.  The work is in the
+ * connection: open, close, reconnect, LISTEN/NOTIFY, libpq's version.  The work is in the
  * files by job (store_pg_int.h lists them) over one exec/error layer
  * (store_pg_exec.c); the set-up script and the server-side functions
  * (publish, claim, fail) are in schema_pg.sql.  The hot path is one round
@@ -180,11 +180,24 @@ pg_notified(struct rb_store *s, const char *handler, int timeout_ms, struct rb_e
 	return hit;
 }
 
+static void
+pg_version(char *buf, size_t len)
+{
+	int v = PQlibVersion();
+
+	/* 150018 is 15.18; before 10, 90624 was 9.6.24 */
+	if (v >= 100000)
+		snprintf(buf, len, "libpq %d.%d", v / 10000, v % 10000);
+	else
+		snprintf(buf, len, "libpq %d.%d.%d", v / 10000, v / 100 % 100, v % 100);
+}
+
 static const char *const pg_schemes[] = { "postgresql", "postgres", NULL };
 
 const struct rb_store_ops rb_store_pg_ops = {
 	.name = "postgresql",
 	.schemes = pg_schemes,
+	.version = pg_version,
 	.open = pg_open,
 	.close = pg_close,
 	.reconnect = pg_reconnect,
