@@ -28,6 +28,8 @@
  * string ("host=db dbname=app").  A new backend is one entry here (under
  * its configure conditional), its store_<name>.c and one Makefile.am line.
  */
+extern const struct rb_store_ops rb_store_pg_ops;	/* store_pg.c */
+
 static const struct rb_store_ops *const backends[] = {
 	&rb_store_pg_ops,
 };

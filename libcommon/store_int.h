@@ -18,10 +18,10 @@
  * version, open and close are required.
  *
  * Adding a backend is one new file, libcommon/store_<name>.c, defining
- * `const struct rb_store_ops rb_store_<name>_ops` (declared below); one
- * entry in backends[] in store.c; and one line in Makefile.am (under the
- * configure conditional of its client library, as HAVE_MONGO is for
- * libmongoc).  Its records go through rb_records.h, so that its delivery
+ * `const struct rb_store_ops rb_store_<name>_ops`; one entry in backends[]
+ * in store.c (with its extern declaration there); and one line in
+ * Makefile.am (under the configure conditional of its client library, as
+ * HAVE_MONGO is for libmongoc).  Its records go through rb_records.h, so that its delivery
  * lines, validation messages and error text are those of every backend.
  */
 #ifndef STORE_INT_H
@@ -175,7 +175,5 @@ struct rb_store {
 	char	*app;
 	void	*be;		/* backend state */
 };
-
-extern const struct rb_store_ops rb_store_pg_ops;
 
 #endif

@@ -72,6 +72,9 @@ struct pg_be {
 	bool	 complete_apart;	/* the completion out is on conn3 */
 };
 
+/* store_pg.c: the backend's slots */
+extern const struct rb_store_ops rb_store_pg_ops;
+
 static inline struct pg_be *
 pg_be(const struct rb_store *s)
 {
