@@ -117,14 +117,9 @@ main(int argc, char **argv)
 		.unsubscribe = opt.unsubscribe, .n_unsubscribe = opt.n_unsubscribe,
 	};
 	if (opt.print_sql) {
-		const char *schema = opt.common.schema;
-		char *sql;
+		/* the script of the backend --db picks, for the schema rb_store_open would use */
+		char *sql = rb_store_setup_script(opt.common.db, opt.common.schema, &so, &err);
 
-		if (schema == NULL)
-			schema = getenv("RELAYBUS_SCHEMA");
-		if (schema == NULL || *schema == '\0')
-			schema = RB_DEFAULT_SCHEMA;
-		sql = rb_setup_sql(schema, &so, &err);
 		if (sql == NULL)
 			rb_cli_die(&err);
 		fputs(sql, stdout);

@@ -9,7 +9,9 @@
  * receive a new reference.  IDs are strings, times RFC 3339 UTC strings.
  * A delivery's status is "pending", "processing" (its id is in its lane's
  * in_flight list), "dead", or "completed" (only with completion history).
- * Only the PostgreSQL backend implements these (others: RB_EXIT_UNAVAILABLE).
+ * Each is a slot of the backend (store_int.h): one that lacks it answers
+ * RB_EXIT_UNAVAILABLE, "admin_stats not supported by the X backend".
+ * rb_admin_status_valid needs no store.
  */
 #ifndef RB_ADMIN_H
 #define RB_ADMIN_H

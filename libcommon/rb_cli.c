@@ -12,11 +12,11 @@
 #include <unistd.h>
 
 #include <jansson.h>
-#include <libpq-fe.h>
 
 #include "rb_cli.h"
 #include "rb_exit.h"
 #include "rb_log.h"
+#include "rb_store.h"
 #include "rb_util.h"
 
 void
@@ -87,10 +87,14 @@ rb_cli_common(int c, const char *arg, struct rb_common *cm, const char *usage)
 	case 'h':
 		fputs(usage, stdout);
 		exit(RB_EXIT_OK);
-	case 'V':
-		printf("%s %s (backends: postgresql; libpq %d, jansson %s)\n", rb_log_prog(),
-		    PACKAGE_VERSION, PQlibVersion(), JANSSON_VERSION);
+	case 'V': {
+		char *b = rb_store_backends();
+
+		printf("%s %s (backends: %s, jansson %s)\n", rb_log_prog(), PACKAGE_VERSION, b,
+		    JANSSON_VERSION);
+		free(b);
 		exit(RB_EXIT_OK);
+	}
 	default:
 		return false;
 	}

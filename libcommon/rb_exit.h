@@ -19,7 +19,7 @@ enum rb_exit {
 	RB_EXIT_CANTCREAT = 73,		/* an output file cannot be created */
 	RB_EXIT_IOERR = 74,		/* stdout/stdin I/O failure */
 	RB_EXIT_TEMPFAIL = 75,		/* connection lost, serialization failure: retry */
-	RB_EXIT_NOPERM = 77,		/* the role lacks a privilege */
+	RB_EXIT_NOPERM = 77,		/* the role lacks a privilege, or its password was refused */
 	RB_EXIT_CONFIG = 78,		/* bad URL or environment */
 };
 

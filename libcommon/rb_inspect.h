@@ -1,6 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * rb_inspect.h: WAL/HOT diagnostics for rb-pageinspect (PostgreSQL only).
+ * rb_inspect.h: WAL/HOT diagnostics for rb-pageinspect.  The lifecycle and
+ * the sample are slots of the backend (store_int.h; the PostgreSQL backend
+ * has them, one that lacks them answers RB_EXIT_UNAVAILABLE); the flags and
+ * the delta are pure functions (inspect.c).
  *
  * rb_inspect_lifecycle() runs the life of one delivery in a scratch schema
  * and reads what it left behind with the pageinspect extension: the heap
@@ -10,7 +13,7 @@
  *
  * Conventions as in rb_store.h: 0 on success, -1 with err filled; json_t
  * parameters are borrowed, json_t ** out-parameters receive a new
- * reference.  The library never prints and never exits.
+ * reference.
  */
 #ifndef RB_INSPECT_H
 #define RB_INSPECT_H

@@ -7,7 +7,8 @@
  * with err filled (err->exit_code is an RB_EXIT_* value, err->msg one line
  * without a final period, passwords redacted).  json_t parameters are
  * borrowed; json_t ** out-parameters receive a new reference.  The library
- * never prints and never exits.
+ * never exits but on out-of-memory (xmalloc, rb_util.h), and prints only
+ * through rb_log.h (the server's notices, as diagnostics).
  */
 #ifndef RB_STORE_H
 #define RB_STORE_H
@@ -40,6 +41,9 @@ struct rb_store	*rb_store_open(const char *url, const char *schema, const char *
 		    struct rb_error *err);
 void		 rb_store_close(struct rb_store *);
 const char	*rb_store_backend(const struct rb_store *);
+/** The backends of this build and their client libraries, for --version:
+ * "postgresql; libpq 15.18" (names, then versions).  New string. */
+char		*rb_store_backends(void);
 const char	*rb_store_schema(const struct rb_store *);
 /** The URL with any password masked (for messages). */
 const char	*rb_store_url_redacted(const struct rb_store *);
@@ -61,8 +65,15 @@ struct rb_setup_opts {
 /** Validate "handler:pattern"; on success split it (pointers into a copy in *buf, caller frees *buf). */
 int	rb_subscription_parse(const char *spec, char **buf, const char **handler,
 	    const char **pattern, struct rb_error *err);
-/** Render the set-up as one SQL script (new string, caller frees) for schema. NULL + err on bad input. */
-char	*rb_setup_sql(const char *schema, const struct rb_setup_opts *, struct rb_error *err);
+/**
+ * The set-up as one script (rb-setup --print-sql), from the backend url
+ * picks (as rb_store_open: NULL for $RELAYBUS_URL, no URL or a conninfo
+ * string for PostgreSQL) for schema (as rb_store_open: NULL for
+ * $RELAYBUS_SCHEMA, else "public"), without connecting.  A new string,
+ * the caller's; NULL + err on bad input or a backend that has no script.
+ */
+char	*rb_store_setup_script(const char *url, const char *schema, const struct rb_setup_opts *,
+	    struct rb_error *err);
 /** Create or upgrade the schema in one transaction under an advisory lock; idempotent. */
 int	rb_store_setup(struct rb_store *, const struct rb_setup_opts *, struct rb_error *err);
 

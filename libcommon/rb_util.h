@@ -1,9 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * rb_util.h: small pure helpers shared by every program: allocation that
- * dies on failure (programs only; the store library returns errors),
- * number and duration parsing, URL redaction, the lane hash and the lease
- * token.  Returned char * are the caller's to free.
+ * rb_util.h: small pure helpers shared by every program and the store
+ * library: allocation that dies on failure, number and duration parsing,
+ * URL redaction, the lane hash and the lease token.  Returned char * are
+ * the caller's to free.
+ *
+ * The rule (as tmux's xmalloc): running out of memory is not an error to
+ * return but the end of the process, in a program and in the library
+ * alike: x* print one line and exit RB_EXIT_OSERR.  Everything else the
+ * library reports as an error (struct rb_error) and never exits on.
  */
 #ifndef RB_UTIL_H
 #define RB_UTIL_H

@@ -1,36 +1,61 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * store.c: URL scheme -> backend, NULL-op checks, and the backend-neutral
- * validation of the JSON-lines records (events, results, subscriptions).
+ * store.c: the front of the store library.  It picks the backend of a URL
+ * from backends[] (by each one's schemes), and every function of
+ * rb_store.h, rb_admin.h and rb_inspect.h checks its slot (NEED_OP: a NULL
+ * slot is "not supported by the X backend", RB_EXIT_UNAVAILABLE) and calls
+ * it.  Nothing here knows a backend's insides; the backend-neutral records
+ * are in records.c and delivery.c.
  */
 #include "config.h"
 
-#include <ctype.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "rb_admin.h"
 #include "rb_exit.h"
+#include "rb_inspect.h"
+#include "rb_records.h"
 #include "rb_store.h"
 #include "rb_util.h"
 #include "store_int.h"
 
-int
-rb_seterr(struct rb_error *err, int code, const char *fmt, ...)
-{
-	va_list ap;
+/*
+ * The backends of this build, in the order --version lists them.  The
+ * first also takes what has no scheme: no URL at all and a libpq conninfo
+ * string ("host=db dbname=app").  A new backend is one entry here (under
+ * its configure conditional), its store_<name>.c and one Makefile.am line.
+ */
+extern const struct rb_store_ops rb_store_pg_ops;	/* store_pg.c */
 
-	if (err == NULL)
-		return -1;
-	err->exit_code = code;
-	va_start(ap, fmt);
-	vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-	va_end(ap);
-	/* one line: cut at the first newline */
-	err->msg[strcspn(err->msg, "\n")] = '\0';
-	return -1;
+static const struct rb_store_ops *const backends[] = {
+	&rb_store_pg_ops,
+};
+#define N_BACKENDS	(sizeof backends / sizeof backends[0])
+
+/* Backends relaybus knows of that this build lacks: their URLs are refused
+ * with "not part of this build" (69), not as an unknown scheme (78). */
+static const struct {
+	const char		*name;
+	const char *const	 schemes[3];
+} absent[] = {
+	{ "mongodb", { "mongodb", "mongodb+srv", NULL } },
+};
+
+static int
+unsupported(const struct rb_store_ops *ops, const char *op, struct rb_error *err)
+{
+	return rb_seterr(err, RB_EXIT_UNAVAILABLE, "%s not supported by the %s backend", op, ops->name);
 }
+
+/* The one way a front function refuses a NULL slot (returns -1). */
+#define NEED_OP(s, op, err)						\
+	do {								\
+		if ((s)->ops->op == NULL)				\
+			return unsupported((s)->ops, #op, (err));	\
+	} while (0)
 
 static bool
 has_scheme(const char *url, const char *scheme)
@@ -40,42 +65,74 @@ has_scheme(const char *url, const char *scheme)
 	return strncmp(url, scheme, n) == 0 && strncmp(url + n, "://", 3) == 0;
 }
 
-struct rb_store *
-rb_store_open(const char *url, const char *schema, const char *app, struct rb_error *err)
+static bool
+takes(const char *const *schemes, const char *url)
 {
-	struct rb_store *s;
+	for (; *schemes != NULL; schemes++)
+		if (has_scheme(url, *schemes))
+			return true;
+	return false;
+}
 
-	if (url == NULL || *url == '\0')
-		url = getenv("RELAYBUS_URL");
-	if (url != NULL && *url == '\0')
-		url = NULL;
-	if (schema == NULL || *schema == '\0')
-		schema = getenv("RELAYBUS_SCHEMA");
-	if (schema == NULL || *schema == '\0')
-		schema = RB_DEFAULT_SCHEMA;
-	if (!rb_ident_valid(schema)) {
-		rb_seterr(err, RB_EXIT_CONFIG,
-		    "invalid schema name '%s': use lowercase letters, digits and _ (at most 50)", schema);
-		return NULL;
-	}
-	if (url != NULL && strstr(url, "://") != NULL) {
-		if (has_scheme(url, "mongodb") || has_scheme(url, "mongodb+srv")) {
-			char *r = rb_url_redact(url);
-			rb_seterr(err, RB_EXIT_UNAVAILABLE,
-			    "%s: the mongodb backend is not part of this build", r);
+/* $RELAYBUS_URL and $RELAYBUS_SCHEMA for what is not given, the schema
+ * checked: the same for every function that takes a URL. */
+static int
+resolve(const char **url, const char **schema, struct rb_error *err)
+{
+	if (*url == NULL || **url == '\0')
+		*url = getenv("RELAYBUS_URL");
+	if (*url != NULL && **url == '\0')
+		*url = NULL;
+	if (*schema == NULL || **schema == '\0')
+		*schema = getenv("RELAYBUS_SCHEMA");
+	if (*schema == NULL || **schema == '\0')
+		*schema = RB_DEFAULT_SCHEMA;
+	if (!rb_ident_valid(*schema))
+		return rb_seterr(err, RB_EXIT_CONFIG,
+		    "invalid schema name '%s': use lowercase letters, digits and _ (at most 50)", *schema);
+	return 0;
+}
+
+/* The backend of url (resolved: NULL is the environment), or NULL + err. */
+static const struct rb_store_ops *
+backend_of(const char *url, struct rb_error *err)
+{
+	struct rb_sbuf known = { 0 };
+	char *r;
+
+	if (url == NULL || strstr(url, "://") == NULL)
+		return backends[0];
+	for (size_t i = 0; i < N_BACKENDS; i++)
+		if (takes(backends[i]->schemes, url))
+			return backends[i];
+	r = rb_url_redact(url);
+	for (size_t i = 0; i < sizeof absent / sizeof absent[0]; i++)
+		if (takes(absent[i].schemes, url)) {
+			rb_seterr(err, RB_EXIT_UNAVAILABLE, "%s: the %s backend is not part of this build",
+			    r, absent[i].name);
 			free(r);
 			return NULL;
 		}
-		if (!has_scheme(url, "postgres") && !has_scheme(url, "postgresql")) {
-			char *r = rb_url_redact(url);
-			rb_seterr(err, RB_EXIT_CONFIG,
-			    "unsupported URL scheme in %s: use postgresql:// (or a libpq conninfo)", r);
-			free(r);
-			return NULL;
-		}
+	for (size_t i = 0; i < N_BACKENDS; i++) {
+		rb_sb_puts(&known, i > 0 ? ", " : "");
+		rb_sb_puts(&known, backends[i]->schemes[0]);
+		rb_sb_puts(&known, "://");
 	}
-	s = xcalloc(1, sizeof *s);
-	s->ops = &rb_store_pg_ops;
+	rb_seterr(err, RB_EXIT_CONFIG, "unsupported URL scheme in %s: use %s (or a libpq conninfo)", r,
+	    known.s);
+	free(known.s);
+	free(r);
+	return NULL;
+}
+
+/* Open a store of ops (url and schema resolved). */
+static struct rb_store *
+open_with(const struct rb_store_ops *ops, const char *url, const char *schema, const char *app,
+    struct rb_error *err)
+{
+	struct rb_store *s = xcalloc(1, sizeof *s);
+
+	s->ops = ops;
 	s->url = url != NULL ? xstrdup(url) : NULL;
 	s->url_redacted = rb_url_redact(url);
 	s->schema = xstrdup(schema);
@@ -85,6 +142,16 @@ rb_store_open(const char *url, const char *schema, const char *app, struct rb_er
 		return NULL;
 	}
 	return s;
+}
+
+struct rb_store *
+rb_store_open(const char *url, const char *schema, const char *app, struct rb_error *err)
+{
+	const struct rb_store_ops *ops;
+
+	if (resolve(&url, &schema, err) < 0 || (ops = backend_of(url, err)) == NULL)
+		return NULL;
+	return open_with(ops, url, schema, app, err);
 }
 
 void
@@ -119,13 +186,23 @@ rb_store_url_redacted(const struct rb_store *s)
 	return s->url_redacted;
 }
 
-#define NEED_OP(s, op, err)						\
-	do {								\
-		if ((s)->ops->op == NULL)				\
-			return rb_seterr((err), RB_EXIT_UNAVAILABLE,	\
-			    "%s not supported by the %s backend", #op,	\
-			    (s)->ops->name);				\
-	} while (0)
+char *
+rb_store_backends(void)
+{
+	struct rb_sbuf b = { 0 };
+	char v[128];
+
+	for (size_t i = 0; i < N_BACKENDS; i++) {
+		rb_sb_puts(&b, i > 0 ? ", " : "");
+		rb_sb_puts(&b, backends[i]->name);
+	}
+	for (size_t i = 0; i < N_BACKENDS; i++) {
+		backends[i]->version(v, sizeof v);
+		rb_sb_puts(&b, i > 0 ? ", " : "; ");
+		rb_sb_puts(&b, v);
+	}
+	return b.s;
+}
 
 int
 rb_store_reconnect(struct rb_store *s, struct rb_error *err)
@@ -147,6 +224,21 @@ rb_store_setup(struct rb_store *s, const struct rb_setup_opts *o, struct rb_erro
 	return s->ops->setup(s, o, err);
 }
 
+char *
+rb_store_setup_script(const char *url, const char *schema, const struct rb_setup_opts *o,
+    struct rb_error *err)
+{
+	const struct rb_store_ops *ops;
+
+	if (resolve(&url, &schema, err) < 0 || (ops = backend_of(url, err)) == NULL)
+		return NULL;
+	if (ops->setup_script == NULL) {
+		unsupported(ops, "setup_script", err);
+		return NULL;
+	}
+	return ops->setup_script(schema, o, err);
+}
+
 int
 rb_store_publish_text(struct rb_store *s, const char *events_json, size_t n,
     struct rb_publish_acks *acks, struct rb_error *err)
@@ -154,30 +246,6 @@ rb_store_publish_text(struct rb_store *s, const char *events_json, size_t n,
 	memset(acks, 0, sizeof *acks);
 	NEED_OP(s, publish, err);
 	return s->ops->publish(s, events_json, n, acks, err);
-}
-
-void
-rb_publish_acks_clear(struct rb_publish_acks *a)
-{
-	if (a->free_priv != NULL)
-		a->free_priv(a->priv);
-	free(a->v);
-	memset(a, 0, sizeof *a);
-}
-
-json_t *
-rb_publish_acks_json(const struct rb_publish_acks *a)
-{
-	json_t *out = json_array();
-
-	for (size_t i = 0; i < a->n; i++) {
-		json_t *h = json_loads(a->v[i].handlers, 0, NULL);
-
-		json_array_append_new(out, json_pack("{s:s, s:i, s:b, s:o}", "id", a->v[i].id,
-		    "deliveries", a->v[i].deliveries, "duplicate", a->v[i].duplicate,
-		    "handlers", h != NULL ? h : json_array()));
-	}
-	return out;
 }
 
 int
@@ -296,49 +364,6 @@ rb_store_complete_recv(struct rb_store *s, bool wait, unsigned char *outcome, st
 	return s->ops->complete_recv(s, wait, outcome, err);
 }
 
-void
-rb_dl_free(struct rb_dl *d)
-{
-	if (d == NULL)
-		return;
-	json_decref(d->line);
-	free(d->mem);
-	free(d);
-}
-
-json_t *
-rb_dl_result(const struct rb_dl *d)
-{
-	json_t *r;
-	char id[32];
-
-	if (d->line != NULL) {
-		r = json_copy(d->line);
-		json_object_del(r, RB_LINE_TEXT_KEY);
-		return r;
-	}
-	id[rb_fmt_int(id, d->id)] = '\0';
-	r = json_object();
-	json_object_set_new(r, "event_id", json_string(d->event_id));
-	json_object_set_new(r, "handler", json_string(d->handler));
-	json_object_set_new(r, "key", d->key != NULL ? json_string(d->key) : json_null());
-	json_object_set_new(r, "attempt", json_integer(d->attempt));
-	json_object_set_new(r, "lease", json_string(d->lease));
-	json_object_set_new(r, "delivery_id", json_string(id));
-	json_object_set_new(r, "lane", json_integer(d->lane));
-	return r;
-}
-
-bool
-rb_result_completes(const json_t *r)
-{
-	const json_t *ok = json_object_get(r, "ok");
-
-	if (json_is_true(json_object_get(r, "release")) || json_is_true(json_object_get(r, "dead")))
-		return false;
-	return ok == NULL || json_is_true(ok);
-}
-
 int
 rb_store_relinquish(struct rb_store *s, const char *handler, const char *owner, struct rb_error *err)
 {
@@ -381,153 +406,95 @@ rb_store_notified(struct rb_store *s, const char *handler, int timeout_ms, struc
 	return s->ops->notified(s, handler, timeout_ms, err);
 }
 
-/* ---- record validation ------------------------------------------------ */
+/* ---- rb_admin.h ---------------------------------------------------------- */
 
-/* RFC 3339: 2026-11-30T05:44:09Z, fractions and offsets allowed. */
-static bool
-rfc3339_valid(const char *s)
+int
+rb_admin_stats(struct rb_store *s, json_t **stats, struct rb_error *err)
 {
-	const char *shape = "dddd-dd-ddTdd:dd:dd";
-	size_t i;
-
-	for (i = 0; shape[i] != '\0'; i++) {
-		if (shape[i] == 'd' ? !isdigit((unsigned char)s[i]) :
-		    (shape[i] == 'T' ? (s[i] != 'T' && s[i] != 't' && s[i] != ' ') : s[i] != shape[i]))
-			return false;
-	}
-	s += i;
-	if (*s == '.') {
-		s++;
-		if (!isdigit((unsigned char)*s))
-			return false;
-		while (isdigit((unsigned char)*s))
-			s++;
-	}
-	if (*s == 'Z' || *s == 'z')
-		return s[1] == '\0';
-	if ((*s == '+' || *s == '-') && isdigit((unsigned char)s[1]) && isdigit((unsigned char)s[2]) &&
-	    s[3] == ':' && isdigit((unsigned char)s[4]) && isdigit((unsigned char)s[5]) && s[6] == '\0')
-		return true;
-	return false;
-}
-
-static int
-want_string(const json_t *o, const char *field, bool required, size_t max, struct rb_error *err)
-{
-	const json_t *v = json_object_get(o, field);
-
-	if (v == NULL || json_is_null(v)) {
-		if (required)
-			return rb_seterr(err, RB_EXIT_DATAERR, "missing field '%s'", field);
-		return 0;
-	}
-	if (!json_is_string(v))
-		return rb_seterr(err, RB_EXIT_DATAERR, "field '%s' must be a string", field);
-	if (json_string_length(v) == 0)
-		return rb_seterr(err, RB_EXIT_DATAERR, "field '%s' must not be empty", field);
-	if (json_string_length(v) > max)
-		return rb_seterr(err, RB_EXIT_DATAERR, "field '%s' is longer than %zu bytes", field, max);
-	return 0;
+	*stats = NULL;
+	NEED_OP(s, admin_stats, err);
+	return s->ops->admin_stats(s, stats, err);
 }
 
 int
-rb_event_validate(const json_t *e, struct rb_error *err)
+rb_admin_list(struct rb_store *s, const struct rb_admin_filter *f, json_t **rows, struct rb_error *err)
 {
-	const json_t *v;
-
-	if (want_string(e, "name", true, 1000, err) < 0 || want_string(e, "id", false, 1000, err) < 0 ||
-	    want_string(e, "key", false, 1000, err) < 0)
-		return -1;
-	if (json_object_get(e, "payload") == NULL)
-		return rb_seterr(err, RB_EXIT_DATAERR, "missing field 'payload'");
-	v = json_object_get(e, "headers");
-	if (v != NULL && !json_is_null(v) && !json_is_object(v))
-		return rb_seterr(err, RB_EXIT_DATAERR, "field 'headers' must be an object");
-	v = json_object_get(e, "delay_ms");
-	if (v != NULL && !json_is_null(v) && (!json_is_integer(v) || json_integer_value(v) < 0))
-		return rb_seterr(err, RB_EXIT_DATAERR, "field 'delay_ms' must be a whole number >= 0");
-	v = json_object_get(e, "available_at");
-	if (v != NULL && !json_is_null(v) &&
-	    (!json_is_string(v) || !rfc3339_valid(json_string_value(v))))
-		return rb_seterr(err, RB_EXIT_DATAERR,
-		    "field 'available_at' must be an RFC 3339 time such as 2026-01-31T12:00:00Z");
-	if (json_object_get(e, "delay_ms") != NULL && json_object_get(e, "available_at") != NULL &&
-	    !json_is_null(json_object_get(e, "delay_ms")) && !json_is_null(json_object_get(e, "available_at")))
-		return rb_seterr(err, RB_EXIT_DATAERR, "give 'delay_ms' or 'available_at', not both");
-	v = json_object_get(e, "handlers");
-	if (v != NULL && !json_is_null(v)) {
-		size_t i;
-		json_t *h;
-
-		if (!json_is_array(v))
-			return rb_seterr(err, RB_EXIT_DATAERR, "field 'handlers' must be an array of names");
-		json_array_foreach(v, i, h) {
-			if (!json_is_string(h) || !rb_handler_valid(json_string_value(h)))
-				return rb_seterr(err, RB_EXIT_DATAERR,
-				    "field 'handlers' must hold handler names ([A-Za-z0-9_.:-])");
-		}
-	}
-	return 0;
+	*rows = NULL;
+	NEED_OP(s, admin_list, err);
+	return s->ops->admin_list(s, f, rows, err);
 }
 
 int
-rb_result_validate(const json_t *r, struct rb_error *err)
+rb_admin_show(struct rb_store *s, const char *event_id, json_t **event, struct rb_error *err)
 {
-	const json_t *v;
-	struct rb_lease lease;
-
-	if (want_string(r, "event_id", true, 1000, err) < 0 || want_string(r, "handler", true, 200, err) < 0)
-		return -1;
-	if (!rb_handler_valid(json_string_value(json_object_get(r, "handler"))))
-		return rb_seterr(err, RB_EXIT_DATAERR, "field 'handler' is not a handler name");
-	v = json_object_get(r, "lease");
-	if (v == NULL)
-		return rb_seterr(err, RB_EXIT_DATAERR, "missing field 'lease'");
-	if (!json_is_string(v) || rb_lease_parse(json_string_value(v), &lease) < 0)
-		return rb_seterr(err, RB_EXIT_DATAERR, "field 'lease' is not a lease token (lane:epoch:claims)");
-	v = json_object_get(r, "ok");
-	if (v != NULL && !json_is_boolean(v))
-		return rb_seterr(err, RB_EXIT_DATAERR, "field 'ok' must be true or false");
-	v = json_object_get(r, "dead");
-	if (v != NULL && !json_is_boolean(v))
-		return rb_seterr(err, RB_EXIT_DATAERR, "field 'dead' must be true or false");
-	v = json_object_get(r, "release");
-	if (v != NULL && !json_is_boolean(v))
-		return rb_seterr(err, RB_EXIT_DATAERR, "field 'release' must be true or false");
-	v = json_object_get(r, "retry_ms");
-	if (v != NULL && !json_is_null(v) && (!json_is_integer(v) || json_integer_value(v) < 0))
-		return rb_seterr(err, RB_EXIT_DATAERR, "field 'retry_ms' must be a whole number >= 0");
-	v = json_object_get(r, "error");
-	if (v != NULL && !json_is_null(v) && !json_is_string(v))
-		return rb_seterr(err, RB_EXIT_DATAERR, "field 'error' must be a string");
-	return 0;
+	*event = NULL;
+	NEED_OP(s, admin_show, err);
+	return s->ops->admin_show(s, event_id, event, err);
 }
 
 int
-rb_subscription_parse(const char *spec, char **buf, const char **handler, const char **pattern,
+rb_admin_apply(struct rb_store *s, enum rb_admin_action action, const json_t *targets,
+    const char *reason, json_t **outcomes, struct rb_error *err)
+{
+	*outcomes = NULL;
+	NEED_OP(s, admin_apply, err);
+	return s->ops->admin_apply(s, action, targets, reason, outcomes, err);
+}
+
+int
+rb_admin_purge(struct rb_store *s, enum rb_admin_purge kind, int64_t older_than_ms, int batch,
     struct rb_error *err)
 {
-	char *copy, *colon;
+	NEED_OP(s, admin_purge, err);
+	return s->ops->admin_purge(s, kind, older_than_ms, batch, err);
+}
 
-	*buf = NULL;
-	colon = strchr(spec, ':');
-	if (colon == NULL)
-		return rb_seterr(err, RB_EXIT_USAGE, "'%s' is not HANDLER:PATTERN", spec);
-	copy = xstrdup(spec);
-	/* the handler is up to the last ':' that leaves a non-empty pattern?  No:
-	 * handler names may hold ':', patterns may not, so split at the last ':' */
-	colon = strrchr(copy, ':');
-	*colon = '\0';
-	if (!rb_handler_valid(copy)) {
-		free(copy);
-		return rb_seterr(err, RB_EXIT_USAGE, "'%s': invalid handler name ([A-Za-z0-9_.:-], at most 200)", spec);
-	}
-	if (colon[1] == '\0' || strlen(colon + 1) > 1000) {
-		free(copy);
-		return rb_seterr(err, RB_EXIT_USAGE, "'%s': the pattern must not be empty", spec);
-	}
-	*buf = copy;
-	*handler = copy;
-	*pattern = colon + 1;
-	return 0;
+int
+rb_admin_lanes(struct rb_store *s, const char *handler, bool all, json_t **rows, struct rb_error *err)
+{
+	*rows = NULL;
+	NEED_OP(s, admin_lanes, err);
+	return s->ops->admin_lanes(s, handler, all, rows, err);
+}
+
+int
+rb_admin_subscriptions(struct rb_store *s, const char *handler, json_t **rows, struct rb_error *err)
+{
+	*rows = NULL;
+	NEED_OP(s, admin_subscriptions, err);
+	return s->ops->admin_subscriptions(s, handler, rows, err);
+}
+
+/* ---- rb_inspect.h -------------------------------------------------------- */
+
+int
+rb_inspect_lifecycle(const char *url, const struct rb_inspect_opts *o, json_t **report,
+    struct rb_error *err)
+{
+	const struct rb_store_ops *ops;
+	const char *schema = RB_DEFAULT_SCHEMA;
+	char scratch[64];
+	struct rb_store *s;
+	int rc;
+
+	*report = NULL;
+	if (resolve(&url, &schema, err) < 0 || (ops = backend_of(url, err)) == NULL)
+		return -1;
+	if (ops->inspect_lifecycle == NULL)
+		return unsupported(ops, "inspect_lifecycle", err);
+	/* the run's own scratch schema, never the user's */
+	snprintf(scratch, sizeof scratch, "rb_inspect_%s%ld", o->baseline ? "base_" : "", (long)getpid());
+	if ((s = open_with(ops, url, scratch, o->app != NULL ? o->app : "rb-pageinspect", err)) == NULL)
+		return -1;
+	rc = ops->inspect_lifecycle(s, o, report, err);
+	rb_store_close(s);
+	return rc;
+}
+
+int
+rb_inspect_sample(struct rb_store *s, json_t **sample, struct rb_error *err)
+{
+	*sample = NULL;
+	NEED_OP(s, inspect_sample, err);
+	return s->ops->inspect_sample(s, sample, err);
 }

@@ -22,112 +22,24 @@
 
 #include "rb_admin.h"
 #include "rb_exit.h"
+#include "rb_records.h"
 #include "rb_store.h"
 #include "store_int.h"
 #include "store_pg_int.h"
 
 /* ---- helpers ------------------------------------------------------------- */
 
-static bool
-is_pg(struct rb_store *s, struct rb_error *err)
-{
-	if (rb_pg_conn(s) == NULL) {
-		rb_seterr(err, RB_EXIT_UNAVAILABLE, "admin not supported by the %s backend",
-		    rb_store_backend(s));
-		return false;
-	}
-	return true;
-}
-
-static bool
-retryable(const PGresult *res)
-{
-	const char *st = res != NULL ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
-
-	return st != NULL && (strcmp(st, "40001") == 0 || strcmp(st, "40P01") == 0);
-}
-
-/* Render tmpl and run it with text parameters; NULL + err unless the
- * result has status want.  *retry (may be NULL) is set when the failure
- * was a deadlock or serialization failure. */
+/* Render tmpl and run it on the main connection (pg_exec + pg_expect). */
 static PGresult *
 q(struct rb_store *s, const char *tmpl, int n, const char *const *params, ExecStatusType want,
     const char *what, bool *retry, struct rb_error *err)
 {
-	char *sql = rb_pg_render(s, tmpl);
-	PGresult *res = PQexecParams(rb_pg_conn(s), sql, n, NULL, params, NULL, NULL, 0);
+	PGconn *c = pg_be(s)->conn;
+	char *sql = pg_render(tmpl, s->schema);
+	PGresult *res = pg_expect(s, c, pg_exec(pg_be(s), c, sql, n, params), want, what, retry, err);
 
 	free(sql);
-	if (retry != NULL)
-		*retry = false;
-	if (res != NULL && PQresultStatus(res) == want)
-		return res;
-	if (retry != NULL)
-		*retry = retryable(res);
-	rb_pg_fail(s, res, what, err);
-	PQclear(res);
-	return NULL;
-}
-
-static int
-cmd(struct rb_store *s, const char *sql, const char *what, struct rb_error *err)
-{
-	PGresult *res = q(s, sql, 0, NULL, PGRES_COMMAND_OK, what, NULL, err);
-
-	PQclear(res);
-	return res != NULL ? 0 : -1;
-}
-
-static void
-rollback(struct rb_store *s)
-{
-	PQclear(PQexec(rb_pg_conn(s), "ROLLBACK"));
-}
-
-static json_t *
-col_str(const PGresult *res, int i, int j)
-{
-	return PQgetisnull(res, i, j) ? json_null() : json_string(PQgetvalue(res, i, j));
-}
-
-static json_t *
-col_int(const PGresult *res, int i, int j)
-{
-	return PQgetisnull(res, i, j) ? json_null() :
-	    json_integer(strtoll(PQgetvalue(res, i, j), NULL, 10));
-}
-
-static json_t *
-col_bool(const PGresult *res, int i, int j)
-{
-	return PQgetisnull(res, i, j) ? json_null() : json_boolean(PQgetvalue(res, i, j)[0] == 't');
-}
-
-/* A jsonb/json column as JSON (the text form from the server is valid JSON). */
-static json_t *
-col_json(const PGresult *res, int i, int j)
-{
-	json_t *v;
-
-	if (PQgetisnull(res, i, j))
-		return json_null();
-	v = json_loads(PQgetvalue(res, i, j), JSON_DECODE_ANY, NULL);
-	return v != NULL ? v : json_string(PQgetvalue(res, i, j));
-}
-
-/* 1 if the schema has the completion history table, 0 if not, -1 error. */
-static int
-has_history(struct rb_store *s, struct rb_error *err)
-{
-	PGresult *res = q(s, "SELECT to_regclass('@S@.relaybus_completions') IS NOT NULL", 0, NULL,
-	    PGRES_TUPLES_OK, "history", NULL, err);
-	int h;
-
-	if (res == NULL)
-		return -1;
-	h = PQgetvalue(res, 0, 0)[0] == 't';
-	PQclear(res);
-	return h;
+	return res;
 }
 
 /* ---- statistics ---------------------------------------------------------- */
@@ -177,7 +89,7 @@ add_count(json_t *total, const char *field, const json_t *v)
 }
 
 int
-rb_admin_stats(struct rb_store *s, json_t **out, struct rb_error *err)
+pg_admin_stats(struct rb_store *s, json_t **out, struct rb_error *err)
 {
 	static const char *const counts[] = { "pending", "due", "delayed", "processing", "dead",
 	    "completed" };
@@ -187,12 +99,10 @@ rb_admin_stats(struct rb_store *s, json_t **out, struct rb_error *err)
 	int hist, rc = -1;
 
 	*out = NULL;
-	if (!is_pg(s, err))
-		return -1;
 	/* one snapshot, one now(), for every number */
-	if (cmd(s, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", "stats", err) < 0)
+	if (pg_run_cmd(s, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", "stats", err) < 0)
 		return -1;
-	if ((hist = has_history(s, err)) < 0)
+	if ((hist = pg_history(s, pg_be(s)->conn, "history", err)) < 0)
 		goto out;
 	res = q(s, hist ? stats_sql_hist : stats_sql_nohist, 0, NULL, PGRES_TUPLES_OK, "stats", NULL, err);
 	if (res == NULL)
@@ -209,15 +119,15 @@ rb_admin_stats(struct rb_store *s, json_t **out, struct rb_error *err)
 		int64_t delayed = strtoll(PQgetvalue(res, i, 2), NULL, 10);
 		json_t *h = json_object();
 
-		json_object_set_new(h, "handler", col_str(res, i, 0));
+		json_object_set_new(h, "handler", pg_jstr(res, i, 0));
 		json_object_set_new(h, "pending", json_integer(due + delayed));
 		json_object_set_new(h, "due", json_integer(due));
 		json_object_set_new(h, "delayed", json_integer(delayed));
-		json_object_set_new(h, "processing", col_int(res, i, 3));
-		json_object_set_new(h, "dead", col_int(res, i, 4));
+		json_object_set_new(h, "processing", pg_jint(res, i, 3));
+		json_object_set_new(h, "dead", pg_jint(res, i, 4));
 		json_object_set_new(h, "completed", !hist ? json_null() :
-		    (PQgetisnull(res, i, 5) ? json_integer(0) : col_int(res, i, 5)));
-		json_object_set_new(h, "oldest_pending_age_ms", col_int(res, i, 6));
+		    (PQgetisnull(res, i, 5) ? json_integer(0) : pg_jint(res, i, 5)));
+		json_object_set_new(h, "oldest_pending_age_ms", pg_jint(res, i, 6));
 		if (!PQgetisnull(res, i, 6) && strtoll(PQgetvalue(res, i, 6), NULL, 10) > oldest)
 			oldest = strtoll(PQgetvalue(res, i, 6), NULL, 10);
 		for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++)
@@ -236,9 +146,9 @@ out:
 	json_decref(handlers);
 	json_decref(total);
 	if (rc == 0)
-		rc = cmd(s, "COMMIT", "stats", err);
+		rc = pg_run_cmd(s, "COMMIT", "stats", err);
 	else
-		rollback(s);
+		pg_rollback_quietly(s);
 	if (rc < 0) {
 		json_decref(*out);
 		*out = NULL;
@@ -247,42 +157,6 @@ out:
 }
 
 /* ---- listings ------------------------------------------------------------ */
-
-static const char *const statuses[] = { "pending", "processing", "dead", "completed" };
-
-/* Parse "a,b" into flags per statuses[]; -1 on an unknown word. */
-static int
-status_flags(const char *status, bool flags[4])
-{
-	const char *p = status;
-
-	memset(flags, 0, 4 * sizeof flags[0]);
-	if (status == NULL) {
-		flags[0] = flags[1] = flags[2] = true;
-		return 0;
-	}
-	for (;;) {
-		size_t n = strcspn(p, ","), k;
-
-		for (k = 0; k < 4; k++)
-			if (strlen(statuses[k]) == n && strncmp(p, statuses[k], n) == 0)
-				break;
-		if (k == 4)
-			return -1;
-		flags[k] = true;
-		if (p[n] == '\0')
-			return 0;
-		p += n + 1;
-	}
-}
-
-bool
-rb_admin_status_valid(const char *status)
-{
-	bool f[4];
-
-	return status != NULL && status_flags(status, f) == 0;
-}
 
 static const char list_sql[] =
     "WITH " IN_FLIGHT_CTE ", "
@@ -311,7 +185,7 @@ static const char list_completed_sql[] =
 
 /* Append the rows matching f to rows; history: whether the table exists. */
 static int
-list_into(struct rb_store *s, const struct rb_admin_filter *f, bool flags[4], int history,
+list_into(struct rb_store *s, const struct rb_admin_filter *f, bool flags[RB_ADMIN_NSTATUS], int history,
     json_t *rows, struct rb_error *err)
 {
 	char limit[32], states[64] = "{";
@@ -326,7 +200,7 @@ list_into(struct rb_store *s, const struct rb_admin_filter *f, bool flags[4], in
 		if (flags[k]) {
 			if (states[1] != '\0')
 				strcat(states, ",");
-			strcat(states, statuses[k]);
+			strcat(states, rb_admin_statuses[k]);
 		}
 	strcat(states, "}");
 	if (flags[0] || flags[1] || flags[2]) {
@@ -338,20 +212,20 @@ list_into(struct rb_store *s, const struct rb_admin_filter *f, bool flags[4], in
 		for (int i = 0; i < PQntuples(res); i++) {
 			json_t *o = json_object();
 
-			json_object_set_new(o, "delivery_id", col_str(res, i, 0));
-			json_object_set_new(o, "event_id", col_str(res, i, 1));
-			json_object_set_new(o, "handler", col_str(res, i, 2));
-			json_object_set_new(o, "name", col_str(res, i, 3));
-			json_object_set_new(o, "key", col_str(res, i, 4));
-			json_object_set_new(o, "status", col_str(res, i, 5));
-			json_object_set_new(o, "attempts", col_int(res, i, 6));
-			json_object_set_new(o, "last_error", col_str(res, i, 7));
-			json_object_set_new(o, "available_at", col_str(res, i, 8));
-			json_object_set_new(o, "lane", col_int(res, i, 9));
-			json_object_set_new(o, "owner", col_str(res, i, 10));
-			json_object_set_new(o, "lease_expires_at", col_str(res, i, 11));
-			json_object_set_new(o, "created_at", col_str(res, i, 12));
-			json_object_set_new(o, "updated_at", col_str(res, i, 13));
+			json_object_set_new(o, "delivery_id", pg_jstr(res, i, 0));
+			json_object_set_new(o, "event_id", pg_jstr(res, i, 1));
+			json_object_set_new(o, "handler", pg_jstr(res, i, 2));
+			json_object_set_new(o, "name", pg_jstr(res, i, 3));
+			json_object_set_new(o, "key", pg_jstr(res, i, 4));
+			json_object_set_new(o, "status", pg_jstr(res, i, 5));
+			json_object_set_new(o, "attempts", pg_jint(res, i, 6));
+			json_object_set_new(o, "last_error", pg_jstr(res, i, 7));
+			json_object_set_new(o, "available_at", pg_jstr(res, i, 8));
+			json_object_set_new(o, "lane", pg_jint(res, i, 9));
+			json_object_set_new(o, "owner", pg_jstr(res, i, 10));
+			json_object_set_new(o, "lease_expires_at", pg_jstr(res, i, 11));
+			json_object_set_new(o, "created_at", pg_jstr(res, i, 12));
+			json_object_set_new(o, "updated_at", pg_jstr(res, i, 13));
 			json_array_append_new(rows, o);
 		}
 		PQclear(res);
@@ -372,13 +246,13 @@ list_into(struct rb_store *s, const struct rb_admin_filter *f, bool flags[4], in
 			json_t *o = json_object();
 
 			json_object_set_new(o, "delivery_id", json_null());
-			json_object_set_new(o, "event_id", col_str(res, i, 0));
-			json_object_set_new(o, "handler", col_str(res, i, 1));
-			json_object_set_new(o, "name", col_str(res, i, 2));
-			json_object_set_new(o, "key", col_str(res, i, 3));
+			json_object_set_new(o, "event_id", pg_jstr(res, i, 0));
+			json_object_set_new(o, "handler", pg_jstr(res, i, 1));
+			json_object_set_new(o, "name", pg_jstr(res, i, 2));
+			json_object_set_new(o, "key", pg_jstr(res, i, 3));
 			json_object_set_new(o, "status", json_string("completed"));
-			json_object_set_new(o, "attempts", col_int(res, i, 4));
-			json_object_set_new(o, "completed_at", col_str(res, i, 5));
+			json_object_set_new(o, "attempts", pg_jint(res, i, 4));
+			json_object_set_new(o, "completed_at", pg_jstr(res, i, 5));
 			json_array_append_new(rows, o);
 		}
 		PQclear(res);
@@ -387,24 +261,22 @@ list_into(struct rb_store *s, const struct rb_admin_filter *f, bool flags[4], in
 }
 
 int
-rb_admin_list(struct rb_store *s, const struct rb_admin_filter *f, json_t **out, struct rb_error *err)
+pg_admin_list(struct rb_store *s, const struct rb_admin_filter *f, json_t **out, struct rb_error *err)
 {
-	bool flags[4];
+	bool flags[RB_ADMIN_NSTATUS];
 	int hist = 0;
 	json_t *rows;
 
 	*out = NULL;
-	if (!is_pg(s, err))
-		return -1;
-	if (status_flags(f->status, flags) < 0)
+	if (rb_admin_status_flags(f->status, flags) < 0)
 		return rb_seterr(err, RB_EXIT_USAGE,
 		    "unknown status '%s': use pending, processing, dead or completed", f->status);
 	if (flags[3]) {
-		if ((hist = has_history(s, err)) < 0)
+		if ((hist = pg_history(s, pg_be(s)->conn, "history", err)) < 0)
 			return -1;
 		if (!hist)
 			return rb_seterr(err, RB_EXIT_CONFIG, "schema \"%s\" keeps no completion history "
-			    "(rb-setup --completion-history)", rb_store_schema(s));
+			    "(rb-setup --completion-history)", s->schema);
 	}
 	rows = json_array();
 	if (list_into(s, f, flags, hist, rows, err) < 0) {
@@ -420,18 +292,16 @@ static const char show_sql[] =
     "  @S@.relaybus_ts(created_at) FROM @S@.relaybus_events WHERE id = $1";
 
 int
-rb_admin_show(struct rb_store *s, const char *event_id, json_t **out, struct rb_error *err)
+pg_admin_show(struct rb_store *s, const char *event_id, json_t **out, struct rb_error *err)
 {
 	struct rb_admin_filter f = { .event_id = event_id };
-	bool flags[4] = { true, true, true, true };
+	bool flags[RB_ADMIN_NSTATUS] = { true, true, true, true };
 	PGresult *res;
 	json_t *ev, *dels;
 	int hist;
 
 	*out = NULL;
-	if (!is_pg(s, err))
-		return -1;
-	if ((hist = has_history(s, err)) < 0)
+	if ((hist = pg_history(s, pg_be(s)->conn, "history", err)) < 0)
 		return -1;
 	const char *params[1] = { event_id };
 	res = q(s, show_sql, 1, params, PGRES_TUPLES_OK, "show", NULL, err);
@@ -440,12 +310,12 @@ rb_admin_show(struct rb_store *s, const char *event_id, json_t **out, struct rb_
 	ev = json_object();
 	json_object_set_new(ev, "id", json_string(event_id));
 	if (PQntuples(res) > 0) {
-		json_object_set_new(ev, "name", col_str(res, 0, 1));
-		json_object_set_new(ev, "key", col_str(res, 0, 2));
-		json_object_set_new(ev, "payload", col_json(res, 0, 3));
-		json_object_set_new(ev, "headers", col_json(res, 0, 4));
-		json_object_set_new(ev, "handlers", col_json(res, 0, 5));
-		json_object_set_new(ev, "created_at", col_str(res, 0, 6));
+		json_object_set_new(ev, "name", pg_jstr(res, 0, 1));
+		json_object_set_new(ev, "key", pg_jstr(res, 0, 2));
+		json_object_set_new(ev, "payload", pg_jjson(res, 0, 3));
+		json_object_set_new(ev, "headers", pg_jjson(res, 0, 4));
+		json_object_set_new(ev, "handlers", pg_jjson(res, 0, 5));
+		json_object_set_new(ev, "created_at", pg_jstr(res, 0, 6));
 	}
 	dels = json_array();
 	if (list_into(s, &f, flags, hist, dels, err) < 0) {
@@ -504,53 +374,23 @@ static const char cancel_sql[] = APPLY_SQL(
     "  WHERE d.id = m.id AND m.status = 'pending' AND NOT m.in_flight",
     "cancelled", "NULL");
 
-/* text[] literal of one field of every target (NULL elements for a missing one). */
+/* text[] literal of one field of every target (NULL elements for a missing one); new string. */
 static char *
 target_array(const json_t *targets, const char *field)
 {
-	size_t i, cap = 64, n = 0;
+	struct rb_sbuf b = { 0 };
+	size_t i;
 	const json_t *t;
-	char *buf = malloc(cap);
 
-	if (buf == NULL)
-		return NULL;
-	buf[n++] = '{';
-	json_array_foreach(targets, i, t) {
-		const char *v = json_string_value(json_object_get(t, field));
-		size_t need = (v != NULL ? 2 * strlen(v) : 0) + 8;
-
-		if (n + need + 2 > cap) {
-			char *nb;
-
-			cap = (n + need + 2) * 2;
-			if ((nb = realloc(buf, cap)) == NULL) {
-				free(buf);
-				return NULL;
-			}
-			buf = nb;
-		}
-		if (i > 0)
-			buf[n++] = ',';
-		if (v == NULL) {
-			memcpy(buf + n, "NULL", 4);
-			n += 4;
-			continue;
-		}
-		buf[n++] = '"';
-		for (; *v != '\0'; v++) {
-			if (*v == '"' || *v == '\\')
-				buf[n++] = '\\';
-			buf[n++] = *v;
-		}
-		buf[n++] = '"';
-	}
-	buf[n++] = '}';
-	buf[n] = '\0';
-	return buf;
+	pg_arr_start(&b);
+	json_array_foreach(targets, i, t)
+		pg_arr_text(&b, json_string_value(json_object_get(t, field)));
+	pg_arr_end(&b);
+	return b.s;
 }
 
 int
-rb_admin_apply(struct rb_store *s, enum rb_admin_action action, const json_t *targets,
+pg_admin_apply(struct rb_store *s, enum rb_admin_action action, const json_t *targets,
     const char *reason, json_t **out, struct rb_error *err)
 {
 	static const char *const what[] = { "requeue", "bury", "cancel" };
@@ -563,24 +403,18 @@ rb_admin_apply(struct rb_store *s, enum rb_admin_action action, const json_t *ta
 	int rc = -1, changed = 0;
 
 	*out = NULL;
-	if (!is_pg(s, err))
-		return -1;
 	if (json_array_size(targets) == 0) {
 		*out = json_array();
 		return 0;
 	}
 	evs = target_array(targets, "event_id");
 	hs = target_array(targets, "handler");
-	if (evs == NULL || hs == NULL) {
-		rb_seterr(err, RB_EXIT_OSERR, "out of memory");
-		goto out;
-	}
 	const char *params[3] = { evs, hs, reason != NULL ? reason : "buried by rb-admin" };
 	/* a deadlock with a claim locking the same lanes: run it again */
 	for (int attempt = 0; attempt < 5; attempt++) {
 		PGresult *lk;
 
-		if (cmd(s, "BEGIN", what[action], err) < 0)
+		if (pg_run_cmd(s, "BEGIN", what[action], err) < 0)
 			goto out;
 		lk = q(s, lock_lanes_sql, 2, params, PGRES_TUPLES_OK, what[action], &retry, err);
 		if (lk != NULL) {
@@ -590,23 +424,23 @@ rb_admin_apply(struct rb_store *s, enum rb_admin_action action, const json_t *ta
 		}
 		if (res != NULL)
 			break;
-		rollback(s);
+		pg_rollback_quietly(s);
 		if (!retry)
 			goto out;
 	}
 	if (res == NULL)
 		goto out;
-	if (cmd(s, "COMMIT", what[action], err) < 0)
+	if (pg_run_cmd(s, "COMMIT", what[action], err) < 0)
 		goto out;
 	outcomes = json_array();
 	for (int i = 0; i < PQntuples(res); i++) {
 		json_t *o = json_object();
 
-		json_object_set_new(o, "event_id", col_str(res, i, 0));
-		json_object_set_new(o, "handler", col_str(res, i, 1));
-		json_object_set_new(o, "delivery_id", col_str(res, i, 2));
-		json_object_set_new(o, "outcome", col_str(res, i, 3));
-		json_object_set_new(o, "status", col_str(res, i, 4));
+		json_object_set_new(o, "event_id", pg_jstr(res, i, 0));
+		json_object_set_new(o, "handler", pg_jstr(res, i, 1));
+		json_object_set_new(o, "delivery_id", pg_jstr(res, i, 2));
+		json_object_set_new(o, "outcome", pg_jstr(res, i, 3));
+		json_object_set_new(o, "status", pg_jstr(res, i, 4));
 		if (strcmp(PQgetvalue(res, i, 3), "skipped") != 0 &&
 		    strcmp(PQgetvalue(res, i, 3), "missing") != 0)
 			changed++;
@@ -640,7 +474,7 @@ static const char purge_history_sql[] =
     "  ORDER BY completed_at LIMIT $2::integer FOR UPDATE SKIP LOCKED))";
 
 int
-rb_admin_purge(struct rb_store *s, enum rb_admin_purge kind, int64_t older_than_ms, int batch,
+pg_admin_purge(struct rb_store *s, enum rb_admin_purge kind, int64_t older_than_ms, int batch,
     struct rb_error *err)
 {
 	char age[32], lim[16];
@@ -648,12 +482,10 @@ rb_admin_purge(struct rb_store *s, enum rb_admin_purge kind, int64_t older_than_
 	PGresult *res;
 	int n;
 
-	if (!is_pg(s, err))
-		return -1;
 	if (batch < 1 || older_than_ms < 0)
 		return rb_seterr(err, RB_EXIT_USAGE, "purge: invalid batch or age");
 	if (kind == RB_PURGE_HISTORY) {
-		int h = has_history(s, err);
+		int h = pg_history(s, pg_be(s)->conn, "history", err);
 
 		if (h <= 0)
 			return h;
@@ -680,15 +512,13 @@ static const char lanes_sql[] =
     "ORDER BY handler, lane";
 
 int
-rb_admin_lanes(struct rb_store *s, const char *handler, bool all, json_t **out, struct rb_error *err)
+pg_admin_lanes(struct rb_store *s, const char *handler, bool all, json_t **out, struct rb_error *err)
 {
 	const char *params[2] = { handler, all ? "true" : "false" };
 	PGresult *res;
 	json_t *rows;
 
 	*out = NULL;
-	if (!is_pg(s, err))
-		return -1;
 	res = q(s, lanes_sql, 2, params, PGRES_TUPLES_OK, "lanes", NULL, err);
 	if (res == NULL)
 		return -1;
@@ -696,14 +526,14 @@ rb_admin_lanes(struct rb_store *s, const char *handler, bool all, json_t **out, 
 	for (int i = 0; i < PQntuples(res); i++) {
 		json_t *o = json_object();
 
-		json_object_set_new(o, "handler", col_str(res, i, 0));
-		json_object_set_new(o, "lane", col_int(res, i, 1));
-		json_object_set_new(o, "epoch", col_int(res, i, 2));
-		json_object_set_new(o, "owner", col_str(res, i, 3));
-		json_object_set_new(o, "lease_expires_at", col_str(res, i, 4));
-		json_object_set_new(o, "expired", col_bool(res, i, 5));
-		json_object_set_new(o, "in_flight", col_int(res, i, 6));
-		json_object_set_new(o, "in_flight_ids", col_json(res, i, 7));
+		json_object_set_new(o, "handler", pg_jstr(res, i, 0));
+		json_object_set_new(o, "lane", pg_jint(res, i, 1));
+		json_object_set_new(o, "epoch", pg_jint(res, i, 2));
+		json_object_set_new(o, "owner", pg_jstr(res, i, 3));
+		json_object_set_new(o, "lease_expires_at", pg_jstr(res, i, 4));
+		json_object_set_new(o, "expired", pg_jbool(res, i, 5));
+		json_object_set_new(o, "in_flight", pg_jint(res, i, 6));
+		json_object_set_new(o, "in_flight_ids", pg_jjson(res, i, 7));
 		json_array_append_new(rows, o);
 	}
 	PQclear(res);
@@ -716,22 +546,20 @@ static const char subs_sql[] =
     "WHERE $1::text IS NULL OR handler = $1 ORDER BY handler, pattern";
 
 int
-rb_admin_subscriptions(struct rb_store *s, const char *handler, json_t **out, struct rb_error *err)
+pg_admin_subscriptions(struct rb_store *s, const char *handler, json_t **out, struct rb_error *err)
 {
 	const char *params[1] = { handler };
 	PGresult *res;
 	json_t *rows;
 
 	*out = NULL;
-	if (!is_pg(s, err))
-		return -1;
 	res = q(s, subs_sql, 1, params, PGRES_TUPLES_OK, "subscriptions", NULL, err);
 	if (res == NULL)
 		return -1;
 	rows = json_array();
 	for (int i = 0; i < PQntuples(res); i++)
-		json_array_append_new(rows, json_pack("{s:o, s:o, s:o}", "handler", col_str(res, i, 0),
-		    "pattern", col_str(res, i, 1), "created_at", col_str(res, i, 2)));
+		json_array_append_new(rows, json_pack("{s:o, s:o, s:o}", "handler", pg_jstr(res, i, 0),
+		    "pattern", pg_jstr(res, i, 1), "created_at", pg_jstr(res, i, 2)));
 	PQclear(res);
 	*out = rows;
 	return (int)json_array_size(rows);

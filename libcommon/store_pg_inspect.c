@@ -2,9 +2,10 @@
 /*
  * store_pg_inspect.c: the SQL of rb-pageinspect (see rb_inspect.h).
  *
- * The lifecycle runs in a scratch schema, never in the user's: the lane-lease
- * design gets the real set-up (rb_store_setup) and the real delivery path
- * (rb_store_publish/claim/complete/relinquish_leases); the row-lease
+ * The lifecycle runs in a scratch schema, never in the user's (the front,
+ * rb_inspect_lifecycle in store.c, opens the store on it): the lane-lease
+ * design gets the real set-up (pg_setup) and the real delivery path
+ * (pg_publish/claim/complete/relinquish_leases); the row-lease
  * baseline gets the 0.1.0 table with its ten indexes and the three updates
  * of the seed's "The problem".  Two things keep the evidence on the pages:
  * autovacuum is off on the scratch tables, and a second connection holds
@@ -16,8 +17,8 @@
  * All inspection statements are unqualified: the connection's search_path
  * is set to the scratch schema and the schema of pageinspect.  Identifiers
  * that must be spliced into SQL (the scratch schema in CREATE/DROP SCHEMA)
- * come from rb_ident_valid() names built here; everything else is a
- * parameter.
+ * are the store's schema, a name rb_store_open checked with
+ * rb_ident_valid(); everything else is a parameter.
  */
 #include "config.h"
 
@@ -30,25 +31,12 @@
 #include <libpq-fe.h>
 
 #include "rb_exit.h"
+#include "rb_records.h"
 #include "rb_inspect.h"
 #include "rb_store.h"
 #include "rb_util.h"
 #include "store_int.h"
 #include "store_pg_int.h"
-
-/* t_infomask and t_infomask2 bits (src/include/access/htup_details.h) */
-#define HEAP_XMAX_KEYSHR_LOCK	0x0010
-#define HEAP_XMAX_EXCL_LOCK	0x0040
-#define HEAP_XMAX_LOCK_ONLY	0x0080
-#define HEAP_XMIN_COMMITTED	0x0100
-#define HEAP_XMIN_INVALID	0x0200
-#define HEAP_XMAX_COMMITTED	0x0400
-#define HEAP_XMAX_INVALID	0x0800
-#define HEAP_XMAX_IS_MULTI	0x1000
-#define HEAP_UPDATED		0x2000
-#define HEAP_KEYS_UPDATED	0x2000	/* infomask2 */
-#define HEAP_HOT_UPDATED	0x4000	/* infomask2 */
-#define HEAP_ONLY_TUPLE		0x8000	/* infomask2 */
 
 /* the 0.1.0 row-lease table of the seed ("The problem"), rebuilt: claim and
  * completion update the row, and eight indexes besides the two keys cover
@@ -106,70 +94,6 @@ static const char baseline_complete[] =
 
 /* ---- helpers --------------------------------------------------------------- */
 
-static void
-trim_msg(char *msg)
-{
-	msg[strcspn(msg, "\n")] = '\0';
-}
-
-static const char *
-sqlstate(const PGresult *res)
-{
-	const char *st = res != NULL ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
-
-	return st != NULL ? st : "";
-}
-
-/* Fill err from a failed result; -1. */
-static int
-fail(PGconn *c, const PGresult *res, const char *what, struct rb_error *err)
-{
-	const char *m = res != NULL ? PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY) : NULL;
-	const char *st = sqlstate(res);
-	char msg[400];
-	int code = RB_EXIT_SOFTWARE;
-
-	snprintf(msg, sizeof msg, "%s", m != NULL ? m : PQerrorMessage(c));
-	trim_msg(msg);
-	if (PQstatus(c) == CONNECTION_BAD || strncmp(st, "08", 2) == 0 ||
-	    strncmp(st, "40", 2) == 0 || strncmp(st, "57", 2) == 0)
-		code = RB_EXIT_TEMPFAIL;
-	else if (strcmp(st, "42501") == 0)
-		code = RB_EXIT_NOPERM;
-	return rb_seterr(err, code, "%s: %s", what, msg);
-}
-
-/* Run a statement; NULL + err unless its status is COMMAND_OK or TUPLES_OK. */
-static PGresult *
-q(PGconn *c, const char *sql, int n, const char *const *params, const char *what,
-    struct rb_error *err)
-{
-	PGresult *res = n > 0 ? PQexecParams(c, sql, n, NULL, params, NULL, NULL, 0) : PQexec(c, sql);
-
-	if (res != NULL && (PQresultStatus(res) == PGRES_COMMAND_OK ||
-	    PQresultStatus(res) == PGRES_TUPLES_OK))
-		return res;
-	fail(c, res, what, err);
-	PQclear(res);
-	return NULL;
-}
-
-static int
-q_cmd(PGconn *c, const char *sql, int n, const char *const *params, const char *what,
-    struct rb_error *err)
-{
-	PGresult *res = q(c, sql, n, params, what, err);
-
-	PQclear(res);
-	return res != NULL ? 0 : -1;
-}
-
-static json_int_t
-num(const PGresult *res, int row, int col)
-{
-	return PQgetisnull(res, row, col) ? 0 : (json_int_t)strtoll(PQgetvalue(res, row, col), NULL, 10);
-}
-
 static bool
 stopped(const struct rb_inspect_opts *o, struct rb_error *err)
 {
@@ -180,44 +104,6 @@ stopped(const struct rb_inspect_opts *o, struct rb_error *err)
 	return false;
 }
 
-json_t *
-rb_inspect_flags(long infomask, long infomask2)
-{
-	json_t *f = json_array();
-
-	if (infomask2 & HEAP_HOT_UPDATED)
-		json_array_append_new(f, json_string("HOT_UPDATED"));
-	if (infomask2 & HEAP_ONLY_TUPLE)
-		json_array_append_new(f, json_string("HEAP_ONLY"));
-	if ((infomask & (HEAP_XMIN_COMMITTED | HEAP_XMIN_INVALID)) ==
-	    (HEAP_XMIN_COMMITTED | HEAP_XMIN_INVALID))
-		json_array_append_new(f, json_string("XMIN_FROZEN"));
-	else if (infomask & HEAP_XMIN_COMMITTED)
-		json_array_append_new(f, json_string("XMIN_COMMITTED"));
-	else if (infomask & HEAP_XMIN_INVALID)
-		json_array_append_new(f, json_string("XMIN_INVALID"));
-	if (infomask & HEAP_XMAX_COMMITTED)
-		json_array_append_new(f, json_string("XMAX_COMMITTED"));
-	if (infomask & HEAP_XMAX_INVALID)
-		json_array_append_new(f, json_string("XMAX_INVALID"));
-	if (infomask & HEAP_XMAX_IS_MULTI)
-		json_array_append_new(f, json_string("XMAX_IS_MULTI"));
-	if (infomask & HEAP_XMAX_LOCK_ONLY)
-		json_array_append_new(f, json_string("XMAX_LOCK_ONLY"));
-	if ((infomask & (HEAP_XMAX_KEYSHR_LOCK | HEAP_XMAX_EXCL_LOCK)) ==
-	    (HEAP_XMAX_KEYSHR_LOCK | HEAP_XMAX_EXCL_LOCK))
-		json_array_append_new(f, json_string("XMAX_SHR_LOCK"));
-	else if (infomask & HEAP_XMAX_KEYSHR_LOCK)
-		json_array_append_new(f, json_string("XMAX_KEYSHR_LOCK"));
-	else if (infomask & HEAP_XMAX_EXCL_LOCK)
-		json_array_append_new(f, json_string("XMAX_EXCL_LOCK"));
-	if (infomask2 & HEAP_KEYS_UPDATED)
-		json_array_append_new(f, json_string("KEYS_UPDATED"));
-	if (infomask & HEAP_UPDATED)
-		json_array_append_new(f, json_string("UPDATED"));
-	return f;
-}
-
 /* ---- pageinspect ----------------------------------------------------------- */
 
 /*
@@ -226,7 +112,7 @@ rb_inspect_flags(long infomask, long infomask2)
  * page functions answer (they need a superuser).
  */
 static int
-use_pageinspect(PGconn *c, const char *schema, struct rb_error *err)
+use_pageinspect(struct rb_store *s, PGconn *c, const char *schema, struct rb_error *err)
 {
 	static const char find[] =
 	    "SELECT extnamespace::regnamespace::text FROM pg_extension WHERE extname = 'pageinspect'";
@@ -236,7 +122,7 @@ use_pageinspect(PGconn *c, const char *schema, struct rb_error *err)
 
 	for (int attempt = 0; attempt < 2; attempt++) {
 		PQclear(res);
-		if ((res = q(c, find, 0, NULL, "pageinspect", err)) == NULL)
+		if ((res = pg_query(s, c, find, 0, NULL, "pageinspect", err)) == NULL)
 			return -1;
 		if (PQntuples(res) > 0)
 			break;
@@ -244,20 +130,20 @@ use_pageinspect(PGconn *c, const char *schema, struct rb_error *err)
 		res = PQexec(c, "CREATE EXTENSION IF NOT EXISTS pageinspect");
 		if (res != NULL && PQresultStatus(res) == PGRES_COMMAND_OK)
 			continue;
-		if (strcmp(sqlstate(res), "23505") == 0)	/* created by someone else meanwhile */
+		if (strcmp(pg_sqlstate(res), "23505") == 0)	/* created by someone else meanwhile */
 			continue;
-		if (strcmp(sqlstate(res), "42501") == 0) {
+		if (strcmp(pg_sqlstate(res), "42501") == 0) {
 			rb_seterr(err, RB_EXIT_UNAVAILABLE,
 			    "the pageinspect extension is not installed in database \"%s\" and role "
 			    "\"%s\" may not create it: run 'CREATE EXTENSION pageinspect;' there as a "
 			    "superuser", PQdb(c), PQuser(c));
-		} else if (strcmp(sqlstate(res), "58P01") == 0 || strcmp(sqlstate(res), "0A000") == 0) {
+		} else if (strcmp(pg_sqlstate(res), "58P01") == 0 || strcmp(pg_sqlstate(res), "0A000") == 0) {
 			rb_seterr(err, RB_EXIT_UNAVAILABLE,
 			    "the pageinspect extension is not available on the server: install "
 			    "PostgreSQL's contrib modules (Debian: postgresql-contrib), then run "
 			    "'CREATE EXTENSION pageinspect;'");
 		} else {
-			fail(c, res, "cannot create the pageinspect extension", err);
+			pg_fail_on(s, c, res, "cannot create the pageinspect extension", err);
 			err->exit_code = RB_EXIT_UNAVAILABLE;
 		}
 		goto out;
@@ -272,7 +158,7 @@ use_pageinspect(PGconn *c, const char *schema, struct rb_error *err)
 		const char *p[2] = { schema, ns };
 
 		/* ns is regnamespace text, already quoted where needed */
-		if (q_cmd(c, "SELECT set_config('search_path', quote_ident($1) || ', ' || $2, false)",
+		if (pg_cmd_on(s, c, "SELECT set_config('search_path', quote_ident($1) || ', ' || $2, false)",
 		    2, p, "search_path", err) < 0) {
 			res = NULL;
 			goto out;
@@ -280,12 +166,12 @@ use_pageinspect(PGconn *c, const char *schema, struct rb_error *err)
 	}
 	res = PQexec(c, "SELECT lsn FROM page_header(get_raw_page('pg_catalog.pg_class', 0))");
 	if (res == NULL || PQresultStatus(res) != PGRES_TUPLES_OK) {
-		if (strcmp(sqlstate(res), "42501") == 0)
+		if (strcmp(pg_sqlstate(res), "42501") == 0)
 			rb_seterr(err, RB_EXIT_UNAVAILABLE,
 			    "pageinspect's page functions need a superuser and role \"%s\" is not "
 			    "one: connect as a superuser (for example --db 'user=postgres')", PQuser(c));
 		else {
-			fail(c, res, "pageinspect", err);
+			pg_fail_on(s, c, res, "pageinspect", err);
 			err->exit_code = RB_EXIT_UNAVAILABLE;
 		}
 		goto out;
@@ -311,7 +197,7 @@ lp_state(int flags)
 
 /* The line pointers of one heap page of table, as an array of tuple objects. */
 static json_t *
-heap_tuples(PGconn *c, const char *table, int page, struct rb_error *err)
+heap_tuples(struct rb_store *s, PGconn *c, const char *table, int page, struct rb_error *err)
 {
 	char pg[16];
 	const char *p[2] = { table, pg };
@@ -319,27 +205,27 @@ heap_tuples(PGconn *c, const char *table, int page, struct rb_error *err)
 	json_t *arr;
 
 	snprintf(pg, sizeof pg, "%d", page);
-	res = q(c, "SELECT lp, lp_flags, lp_off, t_xmin::text, t_xmax::text, t_ctid::text, "
+	res = pg_query(s, c, "SELECT lp, lp_flags, lp_off, t_xmin::text, t_xmax::text, t_ctid::text, "
 	    "t_infomask, t_infomask2 FROM heap_page_items(get_raw_page($1, $2::int)) ORDER BY lp",
 	    2, p, "heap_page_items", err);
 	if (res == NULL)
 		return NULL;
 	arr = json_array();
 	for (int i = 0; i < PQntuples(res); i++) {
-		int flags = (int)num(res, i, 1);
-		json_t *t = json_pack("{s:I, s:s}", "lp", num(res, i, 0), "state", lp_state(flags));
+		int flags = (int)pg_num(res, i, 1);
+		json_t *t = json_pack("{s:I, s:s}", "lp", pg_num(res, i, 0), "state", lp_state(flags));
 
 		if (flags == 1) {
-			long im = (long)num(res, i, 6), im2 = (long)num(res, i, 7);
+			long im = (long)pg_num(res, i, 6), im2 = (long)pg_num(res, i, 7);
 
-			json_object_set_new(t, "xmin", json_integer(num(res, i, 3)));
-			json_object_set_new(t, "xmax", json_integer(num(res, i, 4)));
+			json_object_set_new(t, "xmin", json_integer(pg_num(res, i, 3)));
+			json_object_set_new(t, "xmax", json_integer(pg_num(res, i, 4)));
 			json_object_set_new(t, "ctid", json_string(PQgetvalue(res, i, 5)));
 			json_object_set_new(t, "infomask", json_integer(im));
 			json_object_set_new(t, "infomask2", json_integer(im2));
 			json_object_set_new(t, "flags", rb_inspect_flags(im, im2));
 		} else if (flags == 2) {
-			json_object_set_new(t, "redirect_to", json_integer(num(res, i, 2)));
+			json_object_set_new(t, "redirect_to", json_integer(pg_num(res, i, 2)));
 		}
 		json_array_append_new(arr, t);
 	}
@@ -349,22 +235,22 @@ heap_tuples(PGconn *c, const char *table, int page, struct rb_error *err)
 
 /* Every heap page of table: {"table", "pages": [...]}; *ntuples counts normal tuples. */
 static json_t *
-heap_pages(PGconn *c, const char *table, json_int_t *ntuples, struct rb_error *err)
+heap_pages(struct rb_store *s, PGconn *c, const char *table, json_int_t *ntuples, struct rb_error *err)
 {
 	const char *p[1] = { table };
-	PGresult *res = q(c, "SELECT (pg_relation_size($1::regclass) / "
+	PGresult *res = pg_query(s, c, "SELECT (pg_relation_size($1::regclass) / "
 	    "current_setting('block_size')::int)::int", 1, p, "heap pages", err);
 	json_t *pages, *out;
 	int n;
 
 	if (res == NULL)
 		return NULL;
-	n = (int)num(res, 0, 0);
+	n = (int)pg_num(res, 0, 0);
 	PQclear(res);
 	pages = json_array();
 	*ntuples = 0;
 	for (int pg = 0; pg < n; pg++) {
-		json_t *t = heap_tuples(c, table, pg, err), *v;
+		json_t *t = heap_tuples(s, c, table, pg, err), *v;
 		size_t i;
 
 		if (t == NULL) {
@@ -387,10 +273,10 @@ heap_pages(PGconn *c, const char *table, json_int_t *ntuples, struct rb_error *e
  * tid of a deduplicated posting list counted.
  */
 static json_t *
-index_entries(PGconn *c, const char *table, json_int_t *total, struct rb_error *err)
+index_entries(struct rb_store *s, PGconn *c, const char *table, json_int_t *total, struct rb_error *err)
 {
 	const char *p[1] = { table };
-	PGresult *ix = q(c, "SELECT c.relname::text, (pg_relation_size(c.oid) / "
+	PGresult *ix = pg_query(s, c, "SELECT c.relname::text, (pg_relation_size(c.oid) / "
 	    "current_setting('block_size')::int)::int, am.amname::text "
 	    "FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am am ON am.oid = c.relam "
 	    "WHERE i.indrelid = $1::regclass ORDER BY c.relname", 1, p, "indexes", err);
@@ -412,7 +298,7 @@ index_entries(PGconn *c, const char *table, json_int_t *total, struct rb_error *
 			continue;
 		}
 		const char *ip[2] = { name, PQgetvalue(ix, k, 1) };
-		PGresult *res = q(c,
+		PGresult *res = pg_query(s, c,
 		    "SELECT coalesce(to_jsonb(i)->>'htid', to_jsonb(i)->>'ctid'), "
 		    "(to_jsonb(i)->'tids')::text "
 		    "FROM generate_series(1, $2::int - 1) AS s(blkno) "
@@ -463,7 +349,7 @@ parse_tid(const char *s, long *blk, long *off)
  * (t_ctid within the page, or a redirect) leads to it, oldest first.
  */
 static json_t *
-lane_versions(PGconn *c, const char *handler, int lane, struct rb_error *err)
+lane_versions(struct rb_store *s, PGconn *c, const char *handler, int lane, struct rb_error *err)
 {
 	char ln[16];
 	const char *p[2] = { handler, ln };
@@ -474,7 +360,7 @@ lane_versions(PGconn *c, const char *handler, int lane, struct rb_error *err)
 	long *next;
 
 	snprintf(ln, sizeof ln, "%d", lane);
-	res = q(c, "SELECT ctid::text FROM relaybus_lanes WHERE handler = $1 AND lane = $2::smallint",
+	res = pg_query(s, c, "SELECT ctid::text FROM relaybus_lanes WHERE handler = $1 AND lane = $2::smallint",
 	    2, p, "lane row", err);
 	if (res == NULL)
 		return NULL;
@@ -484,7 +370,7 @@ lane_versions(PGconn *c, const char *handler, int lane, struct rb_error *err)
 		return NULL;
 	}
 	PQclear(res);
-	if ((tuples = heap_tuples(c, "relaybus_lanes", (int)blk, err)) == NULL)
+	if ((tuples = heap_tuples(s, c, "relaybus_lanes", (int)blk, err)) == NULL)
 		return NULL;
 	/* next[lp]: the line pointer a version leads to (0: none) */
 	n = json_array_size(tuples);
@@ -534,21 +420,21 @@ lane_versions(PGconn *c, const char *handler, int lane, struct rb_error *err)
 
 /* Make this backend's pending statistics visible, then read the counters. */
 static json_t *
-counters(PGconn *c, bool lanes, struct rb_error *err)
+counters(struct rb_store *s, PGconn *c, bool lanes, struct rb_error *err)
 {
 	PGresult *res;
 	json_t *out;
 
 	if (PQserverVersion(c) >= 150000) {
-		if (q_cmd(c, "SELECT pg_stat_force_next_flush()", 0, NULL, "statistics", err) < 0)
+		if (pg_cmd_on(s, c, "SELECT pg_stat_force_next_flush()", 0, NULL, "statistics", err) < 0)
 			return NULL;
 	} else {
 		/* before 15 the collector gets a backend's counts within 500 ms */
 		usleep(1200 * 1000);
 	}
-	if (q_cmd(c, "SELECT pg_stat_clear_snapshot()", 0, NULL, "statistics", err) < 0)
+	if (pg_cmd_on(s, c, "SELECT pg_stat_clear_snapshot()", 0, NULL, "statistics", err) < 0)
 		return NULL;
-	res = q(c, "SELECT relname::text, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del, n_live_tup, "
+	res = pg_query(s, c, "SELECT relname::text, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del, n_live_tup, "
 	    "n_dead_tup FROM pg_stat_user_tables WHERE schemaname = current_schema() "
 	    "AND relname IN ('relaybus_deliveries', 'relaybus_lanes') ORDER BY relname",
 	    0, NULL, "statistics", err);
@@ -559,8 +445,8 @@ counters(PGconn *c, bool lanes, struct rb_error *err)
 		if (!lanes && strcmp(PQgetvalue(res, i, 0), "relaybus_lanes") == 0)
 			continue;
 		json_object_set_new(out, PQgetvalue(res, i, 0), json_pack("{s:I, s:I, s:I, s:I, s:I, s:I}",
-		    "inserted", num(res, i, 1), "updated", num(res, i, 2), "hot_updated", num(res, i, 3),
-		    "deleted", num(res, i, 4), "live", num(res, i, 5), "dead", num(res, i, 6)));
+		    "inserted", pg_num(res, i, 1), "updated", pg_num(res, i, 2), "hot_updated", pg_num(res, i, 3),
+		    "deleted", pg_num(res, i, 4), "live", pg_num(res, i, 5), "dead", pg_num(res, i, 6)));
 	}
 	PQclear(res);
 	return out;
@@ -568,32 +454,32 @@ counters(PGconn *c, bool lanes, struct rb_error *err)
 
 /* Read everything the run left behind into report. */
 static int
-inspect(PGconn *c, const char *handler, int lane, json_t *report, struct rb_error *err)
+inspect(struct rb_store *s, PGconn *c, const char *handler, int lane, json_t *report, struct rb_error *err)
 {
 	json_t *heap, *idx, *lv = NULL, *cnt;
 	json_int_t ntup = 0, nent = 0, upd, hot;
 
 	/* one sequential scan per table sets the hint bits, as any reader would */
-	if (q_cmd(c, "BEGIN", 0, NULL, "hint bits", err) < 0)
+	if (pg_cmd_on(s, c, "BEGIN", 0, NULL, "hint bits", err) < 0)
 		return -1;
-	if (q_cmd(c, "SET LOCAL enable_indexscan = off; SET LOCAL enable_indexonlyscan = off; "
+	if (pg_cmd_on(s, c, "SET LOCAL enable_indexscan = off; SET LOCAL enable_indexonlyscan = off; "
 	    "SET LOCAL enable_bitmapscan = off", 0, NULL, "hint bits", err) < 0 ||
-	    q_cmd(c, "SELECT count(*) FROM relaybus_deliveries", 0, NULL, "hint bits", err) < 0 ||
-	    (lane >= 0 && q_cmd(c, "SELECT count(*) FROM relaybus_lanes", 0, NULL, "hint bits",
-	    err) < 0) || q_cmd(c, "COMMIT", 0, NULL, "hint bits", err) < 0) {
+	    pg_cmd_on(s, c, "SELECT count(*) FROM relaybus_deliveries", 0, NULL, "hint bits", err) < 0 ||
+	    (lane >= 0 && pg_cmd_on(s, c, "SELECT count(*) FROM relaybus_lanes", 0, NULL, "hint bits",
+	    err) < 0) || pg_cmd_on(s, c, "COMMIT", 0, NULL, "hint bits", err) < 0) {
 		PQclear(PQexec(c, "ROLLBACK"));
 		return -1;
 	}
-	if ((cnt = counters(c, lane >= 0, err)) == NULL)
+	if ((cnt = counters(s, c, lane >= 0, err)) == NULL)
 		return -1;
 	json_object_set_new(report, "counters", cnt);
-	if ((heap = heap_pages(c, "relaybus_deliveries", &ntup, err)) == NULL)
+	if ((heap = heap_pages(s, c, "relaybus_deliveries", &ntup, err)) == NULL)
 		return -1;
 	json_object_set_new(report, "heap", heap);
-	if ((idx = index_entries(c, "relaybus_deliveries", &nent, err)) == NULL)
+	if ((idx = index_entries(s, c, "relaybus_deliveries", &nent, err)) == NULL)
 		return -1;
 	json_object_set_new(report, "indexes", idx);
-	if (lane >= 0 && (lv = lane_versions(c, handler, lane, err)) == NULL)
+	if (lane >= 0 && (lv = lane_versions(s, c, handler, lane, err)) == NULL)
 		return -1;
 	json_object_set_new(report, "lane_versions", lv != NULL ? lv : json_null());
 	upd = json_integer_value(json_object_get(json_object_get(cnt, "relaybus_deliveries"), "updated"));
@@ -605,26 +491,21 @@ inspect(PGconn *c, const char *handler, int lane, json_t *report, struct rb_erro
 
 /* ---- the lifecycle --------------------------------------------------------- */
 
-/* Hold a snapshot on a second connection so that no dead version is removed. */
-static struct rb_store *
-hold_snapshot(const char *url, const char *schema, const char *app, struct rb_error *err)
+/* Hold a snapshot on a second connection so that no dead version is
+ * removed: *holder, for PQfinish (also on failure). */
+static int
+hold_snapshot(struct rb_store *s, PGconn **holder, struct rb_error *err)
 {
-	struct rb_store *h = rb_store_open(url, schema, app, err);
-
-	if (h == NULL)
-		return NULL;
-	if (q_cmd(rb_pg_conn(h), "BEGIN ISOLATION LEVEL REPEATABLE READ", 0, NULL, "snapshot", err) < 0 ||
-	    q_cmd(rb_pg_conn(h), "SELECT 1", 0, NULL, "snapshot", err) < 0) {
-		rb_store_close(h);
-		return NULL;
-	}
-	return h;
+	if (pg_connect_to(s, holder, err) < 0 ||
+	    pg_cmd_on(s, *holder, "BEGIN ISOLATION LEVEL REPEATABLE READ", 0, NULL, "snapshot", err) < 0 ||
+	    pg_cmd_on(s, *holder, "SELECT 1", 0, NULL, "snapshot", err) < 0)
+		return -1;
+	return 0;
 }
 
 /* The lane-lease design: the real set-up and the real delivery path. */
 static int
-run_lane_lease(struct rb_store *s, const char *url, const struct rb_inspect_opts *o,
-    json_t *report, struct rb_error *err)
+run_lane_lease(struct rb_store *s, const struct rb_inspect_opts *o, json_t *report, struct rb_error *err)
 {
 	static const char *const subs[] = { RB_INSPECT_HANDLER ":" RB_INSPECT_EVENT };
 	static const char *const tables[] = { "relaybus_deliveries", "relaybus_lanes",
@@ -634,37 +515,43 @@ run_lane_lease(struct rb_store *s, const char *url, const struct rb_inspect_opts
 	    .batch = 1, .lease_ms = RB_DEFAULT_LEASE_MS, .max_attempts = RB_DEFAULT_MAX_ATTEMPTS };
 	struct rb_complete_opts cpo = { .max_attempts = RB_DEFAULT_MAX_ATTEMPTS,
 	    .backoff = { .base_ms = 1000, .max_ms = 300000, .factor = 2 } };
-	PGconn *c = rb_pg_conn(s);
-	struct rb_store *holder = NULL;
-	json_t *events = NULL, *acks = NULL, *dl = NULL, *outcomes = NULL, *leases = NULL;
+	PGconn *c = pg_be(s)->conn;
+	PGconn *holder = NULL;
+	struct rb_publish_acks acks = { 0 };
+	json_t *events = NULL, *dl = NULL, *outcomes = NULL, *leases = NULL;
 	const char *oc;
-	char id[64];
-	int lane, rc = -1;
+	char id[64], *text;
+	int lane, pub, rc = -1;
 
-	if (rb_store_setup(s, &so, err) < 0)
+	if (pg_setup(s, &so, err) < 0)
 		return -1;
 	for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++) {
 		char sql[160];
 
 		snprintf(sql, sizeof sql, "ALTER TABLE %s SET (autovacuum_enabled = false)", tables[i]);
-		if (q_cmd(c, sql, 0, NULL, "autovacuum off", err) < 0)
+		if (pg_cmd_on(s, c, sql, 0, NULL, "autovacuum off", err) < 0)
 			return -1;
 	}
-	if (stopped(o, err) || (holder = hold_snapshot(url, s->schema, o->app, err)) == NULL)
-		return -1;
+	if (stopped(o, err) || hold_snapshot(s, &holder, err) < 0)
+		goto out;
 	snprintf(id, sizeof id, "inspect-%ld", (long)getpid());
 	events = json_pack("[{s:s, s:s, s:{s:s}}]", "id", id, "name", RB_INSPECT_EVENT,
 	    "payload", "rb-pageinspect", "lifecycle");
-	if (rb_store_publish(s, events, &acks, err) < 0 || stopped(o, err))
+	/* (this backend's own slots, as the front would call them) */
+	text = json_dumps(events, JSON_COMPACT);
+	pub = pg_publish(s, text, json_array_size(events), &acks, err);
+	rb_publish_acks_clear(&acks);
+	free(text);
+	if (pub < 0 || stopped(o, err))
 		goto out;
-	if (rb_store_claim(s, &co, &dl, err) < 0 || stopped(o, err))
+	if (pg_claim(s, &co, &dl, err) < 0 || stopped(o, err))
 		goto out;
 	if (json_array_size(dl) != 1) {
 		rb_seterr(err, RB_EXIT_SOFTWARE, "claim: expected 1 delivery, got %zu", json_array_size(dl));
 		goto out;
 	}
 	lane = (int)json_integer_value(json_object_get(json_array_get(dl, 0), "lane"));
-	if (rb_store_complete(s, &cpo, dl, &outcomes, err) < 0 || stopped(o, err))
+	if (pg_complete(s, &cpo, dl, &outcomes, err) < 0 || stopped(o, err))
 		goto out;
 	oc = json_string_value(json_object_get(json_array_get(outcomes, 0), "outcome"));
 	if (oc == NULL || strcmp(oc, "completed") != 0) {
@@ -674,18 +561,18 @@ run_lane_lease(struct rb_store *s, const char *url, const struct rb_inspect_opts
 	/* rb-complete hands the lanes back at end of input: so do we */
 	leases = json_pack("[{s:O, s:O}]", "handler", json_object_get(json_array_get(dl, 0), "handler"),
 	    "lease", json_object_get(json_array_get(dl, 0), "lease"));
-	if (rb_store_relinquish_leases(s, leases, err) < 0 || stopped(o, err))
+	if (pg_relinquish_leases(s, leases, err) < 0 || stopped(o, err))
 		goto out;
 	json_object_set_new(report, "event_id", json_string(id));
 	json_object_set_new(report, "handler", json_string(RB_INSPECT_HANDLER));
 	json_object_set_new(report, "lane", json_integer(lane));
 	json_object_set_new(report, "steps", json_pack("[s, s, s, s]", "publish", "claim", "complete",
 	    "relinquish"));
-	rc = inspect(c, RB_INSPECT_HANDLER, lane, report, err);
+	rc = inspect(s, c, RB_INSPECT_HANDLER, lane, report, err);
 out:
-	rb_store_close(holder);
+	if (holder != NULL)
+		PQfinish(holder);
 	json_decref(events);
-	json_decref(acks);
 	json_decref(dl);
 	json_decref(outcomes);
 	json_decref(leases);
@@ -694,30 +581,29 @@ out:
 
 /* The 0.1.0 row-lease design: its table, its three writes. */
 static int
-run_row_lease(struct rb_store *s, const char *url, const struct rb_inspect_opts *o,
-    json_t *report, struct rb_error *err)
+run_row_lease(struct rb_store *s, const struct rb_inspect_opts *o, json_t *report, struct rb_error *err)
 {
-	PGconn *c = rb_pg_conn(s);
-	struct rb_store *holder = NULL;
+	PGconn *c = pg_be(s)->conn;
+	PGconn *holder = NULL;
 	PGresult *res = NULL;
 	char id[64], *did = NULL, *token = NULL;
 	int rc = -1;
 
-	if (q_cmd(c, baseline_ddl, 0, NULL, "baseline schema", err) < 0 || stopped(o, err) ||
-	    (holder = hold_snapshot(url, s->schema, o->app, err)) == NULL)
-		return -1;
+	if (pg_cmd_on(s, c, baseline_ddl, 0, NULL, "baseline schema", err) < 0 || stopped(o, err) ||
+	    hold_snapshot(s, &holder, err) < 0)
+		goto out;
 	snprintf(id, sizeof id, "inspect-%ld", (long)getpid());
 	{
 		const char *p[4] = { id, RB_INSPECT_EVENT, "{\"rb-pageinspect\":\"lifecycle\"}",
 		    RB_INSPECT_HANDLER };
 
-		if (q_cmd(c, baseline_publish, 4, p, "publish", err) < 0 || stopped(o, err))
+		if (pg_cmd_on(s, c, baseline_publish, 4, p, "publish", err) < 0 || stopped(o, err))
 			goto out;
 	}
 	{
 		const char *p[2] = { RB_INSPECT_HANDLER, "rb-pageinspect" };
 
-		if ((res = q(c, baseline_claim, 2, p, "claim", err)) == NULL || stopped(o, err))
+		if ((res = pg_query(s, c, baseline_claim, 2, p, "claim", err)) == NULL || stopped(o, err))
 			goto out;
 		if (PQntuples(res) != 1) {
 			rb_seterr(err, RB_EXIT_SOFTWARE, "claim: expected 1 delivery, got %d", PQntuples(res));
@@ -729,49 +615,43 @@ run_row_lease(struct rb_store *s, const char *url, const struct rb_inspect_opts 
 	{
 		const char *p[2] = { did, token };
 
-		if (q_cmd(c, baseline_complete, 2, p, "complete", err) < 0 || stopped(o, err))
+		if (pg_cmd_on(s, c, baseline_complete, 2, p, "complete", err) < 0 || stopped(o, err))
 			goto out;
 	}
 	json_object_set_new(report, "event_id", json_string(id));
 	json_object_set_new(report, "handler", json_string(RB_INSPECT_HANDLER));
 	json_object_set_new(report, "lane", json_null());
 	json_object_set_new(report, "steps", json_pack("[s, s, s]", "publish", "claim", "complete"));
-	rc = inspect(c, RB_INSPECT_HANDLER, -1, report, err);
+	rc = inspect(s, c, RB_INSPECT_HANDLER, -1, report, err);
 out:
 	PQclear(res);
 	free(did);
 	free(token);
-	rb_store_close(holder);
+	if (holder != NULL)
+		PQfinish(holder);
 	return rc;
 }
 
 int
-rb_inspect_lifecycle(const char *url, const struct rb_inspect_opts *o, json_t **report_out,
+pg_inspect_lifecycle(struct rb_store *s, const struct rb_inspect_opts *o, json_t **report_out,
     struct rb_error *err)
 {
-	char schema[64], sql[128];
-	const char *app = o->app != NULL ? o->app : "rb-pageinspect";
-	struct rb_inspect_opts oo = *o;
-	struct rb_store *s;
-	PGconn *c;
+	const char *schema = s->schema;
+	char sql[128];
+	PGconn *c = pg_be(s)->conn;
 	PGresult *res;
 	json_t *report = NULL;
 	bool created = false;
 	int rc = -1;
 
-	oo.app = app;
-	snprintf(schema, sizeof schema, "rb_inspect_%s%ld", o->baseline ? "base_" : "", (long)getpid());
-	if ((s = rb_store_open(url, schema, app, err)) == NULL)
-		return -1;
-	c = rb_pg_conn(s);
 	/* no NOTICEs of CREATE ... IF NOT EXISTS and DROP ... CASCADE on stderr */
-	if (q_cmd(c, "SET client_min_messages = warning", 0, NULL, "set-up", err) < 0 ||
-	    use_pageinspect(c, schema, err) < 0)
+	if (pg_cmd_on(s, c, "SET client_min_messages = warning", 0, NULL, "set-up", err) < 0 ||
+	    use_pageinspect(s, c, schema, err) < 0)
 		goto out;
 	{
 		const char *p[1] = { schema };
 
-		if ((res = q(c, "SELECT 1 FROM pg_namespace WHERE nspname = $1", 1, p, "scratch schema",
+		if ((res = pg_query(s, c, "SELECT 1 FROM pg_namespace WHERE nspname = $1", 1, p, "scratch schema",
 		    err)) == NULL)
 			goto out;
 		if (PQntuples(res) > 0) {
@@ -783,29 +663,28 @@ rb_inspect_lifecycle(const char *url, const struct rb_inspect_opts *o, json_t **
 		PQclear(res);
 	}
 	snprintf(sql, sizeof sql, "CREATE SCHEMA \"%s\"", schema);
-	if (q_cmd(c, sql, 0, NULL, "scratch schema", err) < 0)
+	if (pg_cmd_on(s, c, sql, 0, NULL, "scratch schema", err) < 0)
 		goto out;
 	created = true;
 	report = json_pack("{s:s, s:s, s:s}", "design", o->baseline ? "row-lease" : "lane-lease",
 	    "schema", schema, "server_version", PQparameterStatus(c, "server_version") != NULL ?
 	    PQparameterStatus(c, "server_version") : "");
 	if (o->baseline)
-		rc = run_row_lease(s, url, &oo, report, err);
+		rc = run_row_lease(s, o, report, err);
 	else
-		rc = run_lane_lease(s, url, &oo, report, err);
+		rc = run_lane_lease(s, o, report, err);
 out:
 	if (created) {
 		struct rb_error derr = { 0 };
 
 		if (PQtransactionStatus(c) != PQTRANS_IDLE)
-			PQclear(PQexec(c, "ROLLBACK"));
+			pg_rollback_quietly(s);
 		snprintf(sql, sizeof sql, "DROP SCHEMA \"%s\" CASCADE", schema);
-		if (q_cmd(c, sql, 0, NULL, "drop scratch schema", &derr) < 0 && rc == 0) {
+		if (pg_cmd_on(s, c, sql, 0, NULL, "drop scratch schema", &derr) < 0 && rc == 0) {
 			*err = derr;
 			rc = -1;
 		}
 	}
-	rb_store_close(s);
 	if (rc == 0)
 		*report_out = report;
 	else
@@ -816,17 +695,17 @@ out:
 /* ---- watch ----------------------------------------------------------------- */
 
 int
-rb_inspect_sample(struct rb_store *s, json_t **sample, struct rb_error *err)
+pg_inspect_sample(struct rb_store *s, json_t **sample, struct rb_error *err)
 {
-	PGconn *c = rb_pg_conn(s);
+	PGconn *c = pg_be(s)->conn;
 	const char *p[1] = { s->schema };
 	PGresult *res;
 	json_t *tables;
 
 	/* each sample in its own transaction, so the statistics snapshot is new */
-	if (q_cmd(c, "SELECT pg_stat_clear_snapshot()", 0, NULL, "statistics", err) < 0)
+	if (pg_cmd_on(s, c, "SELECT pg_stat_clear_snapshot()", 0, NULL, "statistics", err) < 0)
 		return -1;
-	res = q(c, "SELECT t.relname::text, t.n_tup_ins, t.n_tup_upd, t.n_tup_hot_upd, t.n_tup_del, "
+	res = pg_query(s, c, "SELECT t.relname::text, t.n_tup_ins, t.n_tup_upd, t.n_tup_hot_upd, t.n_tup_del, "
 	    "t.n_dead_tup, t.autovacuum_count, w.lsn::text, w.at::text "
 	    "FROM (SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0') AS lsn, "
 	    "      extract(epoch FROM clock_timestamp()) AS at) w "
@@ -842,51 +721,11 @@ rb_inspect_sample(struct rb_store *s, json_t **sample, struct rb_error *err)
 	tables = json_object();
 	for (int i = 0; i < PQntuples(res); i++)
 		json_object_set_new(tables, PQgetvalue(res, i, 0), json_pack(
-		    "{s:I, s:I, s:I, s:I, s:I, s:I}", "ins", num(res, i, 1), "upd", num(res, i, 2),
-		    "hot_upd", num(res, i, 3), "del", num(res, i, 4), "dead", num(res, i, 5),
-		    "autovacuum_count", num(res, i, 6)));
+		    "{s:I, s:I, s:I, s:I, s:I, s:I}", "ins", pg_num(res, i, 1), "upd", pg_num(res, i, 2),
+		    "hot_upd", pg_num(res, i, 3), "del", pg_num(res, i, 4), "dead", pg_num(res, i, 5),
+		    "autovacuum_count", pg_num(res, i, 6)));
 	*sample = json_pack("{s:f, s:f, s:o}", "at", strtod(PQgetvalue(res, 0, 8), NULL),
 	    "wal_lsn_bytes", strtod(PQgetvalue(res, 0, 7), NULL), "tables", tables);
 	PQclear(res);
 	return 0;
-}
-
-static json_int_t
-counter(const json_t *sample, const char *table, const char *field)
-{
-	return json_integer_value(json_object_get(json_object_get(json_object_get(sample, "tables"),
-	    table), field));
-}
-
-json_t *
-rb_inspect_delta(const json_t *prev, const json_t *cur)
-{
-	double secs = json_real_value(json_object_get(cur, "at")) -
-	    json_real_value(json_object_get(prev, "at"));
-	double wal = json_real_value(json_object_get(cur, "wal_lsn_bytes")) -
-	    json_real_value(json_object_get(prev, "wal_lsn_bytes"));
-	json_int_t done = counter(cur, "relaybus_deliveries", "del") -
-	    counter(prev, "relaybus_deliveries", "del");
-	json_int_t lupd = counter(cur, "relaybus_lanes", "upd") - counter(prev, "relaybus_lanes", "upd");
-	json_int_t lhot = counter(cur, "relaybus_lanes", "hot_upd") -
-	    counter(prev, "relaybus_lanes", "hot_upd");
-	json_int_t dupd = counter(cur, "relaybus_deliveries", "upd") -
-	    counter(prev, "relaybus_deliveries", "upd");
-	json_t *dead = json_object(), *av = json_object(), *v;
-	const char *name;
-
-	json_object_foreach(json_object_get((json_t *)cur, "tables"), name, v) {
-		json_object_set_new(dead, name, json_integer(counter(cur, name, "dead")));
-		json_object_set_new(av, name, json_integer(counter(cur, name, "autovacuum_count") -
-		    counter(prev, name, "autovacuum_count")));
-	}
-	if (secs <= 0)
-		secs = 1e-9;
-	return json_pack("{s:f, s:I, s:f, s:I, s:o, s:I, s:I, s:o, s:I, s:o, s:o}",
-	    "seconds", secs, "completed", done, "completed_per_sec", (double)done / secs,
-	    "wal_bytes", (json_int_t)wal,
-	    "wal_bytes_per_delivery", done > 0 ? json_real(wal / (double)done) : json_null(),
-	    "lane_updates", lupd, "lane_hot_updates", lhot,
-	    "lane_hot_share", lupd > 0 ? json_real((double)lhot / (double)lupd) : json_null(),
-	    "delivery_updates", dupd, "dead_tuples", dead, "autovacuum_runs", av);
 }

@@ -152,6 +152,50 @@ mailer order.created" ]
   [[ "$stderr" != *hunter2* ]]
 }
 
+# A role with a password, and one pg_hba.conf line that asks for it (the
+# test cluster trusts everyone else), put back by teardown.
+_hba=
+teardown() {
+  [ -n "$_hba" ] || return 0
+  cat "$BATS_TEST_TMPDIR/hba.orig" >"$_hba"
+  q "SELECT pg_reload_conf()" >/dev/null
+  q "DROP ROLE IF EXISTS $_auth_role" >/dev/null
+}
+
+@test "a wrong or missing password: one line, exit 77, password redacted" {
+  need_pg
+  local hba port
+  hba=$(q "SHOW hba_file")
+  [ -w "$hba" ] || skip "cannot write the server's $hba"
+  port=$(q "SHOW port")
+  _auth_role="${RB_SCHEMA}_pw"
+  q "DROP ROLE IF EXISTS $_auth_role; CREATE ROLE $_auth_role LOGIN PASSWORD 'right-pw'"
+  cp "$hba" "$BATS_TEST_TMPDIR/hba.orig"
+  _hba=$hba
+  { echo "host all $_auth_role 127.0.0.1/32 scram-sha-256"; cat "$BATS_TEST_TMPDIR/hba.orig"; } >"$BATS_TEST_TMPDIR/hba.new"
+  cat "$BATS_TEST_TMPDIR/hba.new" >"$hba"   # (in place: the file stays the server's)
+  q "SELECT pg_reload_conf()" >/dev/null
+  # the server reads the file again soon after the signal
+  for _ in $(seq 50); do
+    PGPASSWORD=wrong psql -X -w "host=127.0.0.1 port=$port user=$_auth_role dbname=postgres" -c 'SELECT 1' \
+      >/dev/null 2>&1 || break
+    sleep 0.1
+  done
+  # (the right one is let in: the line asks for this role's password, nothing else)
+  [ "$(PGPASSWORD=right-pw psql -X -w -At "host=127.0.0.1 port=$port user=$_auth_role dbname=postgres" \
+    -c 'SELECT 1')" = 1 ]
+  run --separate-stderr rb-setup --db "postgresql://$_auth_role:hunter2@127.0.0.1:$port/postgres"
+  [ "$status" -eq 77 ]
+  [ "${#stderr_lines[@]}" -eq 1 ]
+  [[ "$stderr" == "rb-setup: cannot connect to postgresql://$_auth_role:xxxxx@127.0.0.1:$port/postgres: "* ]]
+  [[ "$stderr" == *"password authentication failed"* ]]
+  [[ "$stderr" != *hunter2* ]]
+  run --separate-stderr env PGPASSFILE="$BATS_TEST_TMPDIR/no-such-file" rb-admin stats --db "host=127.0.0.1 port=$port user=$_auth_role dbname=postgres"
+  [ "$status" -eq 77 ]
+  [ "${#stderr_lines[@]}" -eq 1 ]
+  [[ "$stderr" == "rb-admin: cannot connect to "* ]]
+}
+
 @test "RELAYBUS_URL is used and redacted too" {
   run --separate-stderr env RELAYBUS_URL='host=127.0.0.1 port=1 password=hunter2' rb-setup
   [ "$status" -eq 69 ]
@@ -190,4 +234,6 @@ mailer order.created" ]
   run rb-setup -V
   [ "$status" -eq 0 ]
   [[ "$output" == "rb-setup 0.1.0 (backends: postgresql;"* ]]
+  # libpq's version as its users write it (15.18, not 150018)
+  [[ "$output" =~ \;\ libpq\ [0-9]+\.[0-9]+(\.[0-9]+)?,\ jansson\  ]]
 }

@@ -1,0 +1,73 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * rb_records.h: PRIVATE to the store library.  The backend-neutral pieces
+ * every backend builds on, so that two backends report the same errors,
+ * accept the same records and print byte-identical delivery lines:
+ *
+ *   rb_seterr                     fill a struct rb_error
+ *   struct rb_delivery_fields     one claimed delivery, as text columns
+ *   rb_delivery_line/_object      the one place a delivery line is spelled
+ *   rb_dl_new, rb_dl_fill         a claimed delivery as struct rb_dl
+ *   rb_admin_status_flags         the status words of rb_admin.h
+ *
+ * The public record functions (rb_event_validate, rb_result_validate,
+ * rb_subscription_parse, rb_publish_acks_*, rb_dl_free, rb_dl_result,
+ * rb_result_completes, rb_admin_status_valid) are declared in rb_store.h
+ * and rb_admin.h and defined in records.c and delivery.c.  Nothing here
+ * knows a store or a backend.  Allocation dies on out-of-memory
+ * (rb_util.h).
+ */
+#ifndef RB_RECORDS_H
+#define RB_RECORDS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "rb_store.h"
+#include "rb_util.h"
+
+/** Fill err (NULL: nothing) with code and one line of text (cut at the first newline); returns -1. */
+int	rb_seterr(struct rb_error *, int code, const char *fmt, ...)
+	    __attribute__((format(printf, 3, 4)));
+
+/*
+ * One claimed delivery as a backend reads it: text as it comes from the
+ * store (NULL: absent).  payload and headers are JSON text (compacted when
+ * written into a line, never parsed for it); sequence is a decimal
+ * integer; the rest are plain strings.  Borrowed: nothing here is freed.
+ */
+struct rb_delivery_fields {
+	const char	*id, *event_id, *handler, *name, *key, *sequence, *payload, *headers, *created_at;
+	int		 lane, attempts;	/* attempts so far (the line says attempts + 1) */
+	int64_t		 epoch, claims;
+};
+
+/**
+ * The delivery line (DESIGN.md "delivery out"), newline-terminated, into
+ * b (reset first): event_id, handler, name, key, payload, headers,
+ * attempt, lease (token), created_at, delivery_id, lane, sequence.
+ */
+void	rb_delivery_line(const struct rb_delivery_fields *, const char *token, struct rb_sbuf *b);
+/**
+ * The delivery as a new JSON object.  With text, only the members a caller
+ * works with, plus the whole line (rb_delivery_line) under
+ * RB_LINE_TEXT_KEY instead of payload and headers.  b: scratch.
+ */
+json_t	*rb_delivery_object(const struct rb_delivery_fields *, bool text, struct rb_sbuf *b);
+/** A claimed delivery without its event yet (fetched false): one allocation, free with rb_dl_free. */
+struct rb_dl *rb_dl_new(const struct rb_delivery_fields *);
+/**
+ * Its event's part (f: the claim's fields and the event's): the key and
+ * the line (text) or the delivery object; sets fetched.  b: scratch.
+ */
+void	rb_dl_fill(struct rb_dl *, const struct rb_delivery_fields *f, bool text, struct rb_sbuf *b);
+
+/** The statuses of rb_admin.h, in the order of rb_admin_status_flags' flags. */
+#define RB_ADMIN_NSTATUS	4
+extern const char *const rb_admin_statuses[RB_ADMIN_NSTATUS];	/* pending, processing, dead, completed */
+/** Parse "a,b" into flags (NULL: the first three); -1 on an unknown word. */
+int	rb_admin_status_flags(const char *status, bool flags[RB_ADMIN_NSTATUS]);
+
+#endif

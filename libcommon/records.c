@@ -1,0 +1,258 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * records.c: the backend-neutral rules of the JSON-lines records (events,
+ * results, subscriptions, publish acks, admin statuses) and rb_seterr.
+ * Every backend checks and reports through these, so that the same bad
+ * line gets the same message whatever the store.  See rb_records.h.
+ */
+#include "config.h"
+
+#include <ctype.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rb_admin.h"
+#include "rb_exit.h"
+#include "rb_records.h"
+#include "rb_store.h"
+#include "rb_util.h"
+
+int
+rb_seterr(struct rb_error *err, int code, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (err == NULL)
+		return -1;
+	err->exit_code = code;
+	va_start(ap, fmt);
+	vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+	va_end(ap);
+	/* one line: cut at the first newline */
+	err->msg[strcspn(err->msg, "\n")] = '\0';
+	return -1;
+}
+
+void
+rb_publish_acks_clear(struct rb_publish_acks *a)
+{
+	if (a->free_priv != NULL)
+		a->free_priv(a->priv);
+	free(a->v);
+	memset(a, 0, sizeof *a);
+}
+
+json_t *
+rb_publish_acks_json(const struct rb_publish_acks *a)
+{
+	json_t *out = json_array();
+
+	for (size_t i = 0; i < a->n; i++) {
+		json_t *h = json_loads(a->v[i].handlers, 0, NULL);
+
+		json_array_append_new(out, json_pack("{s:s, s:i, s:b, s:o}", "id", a->v[i].id,
+		    "deliveries", a->v[i].deliveries, "duplicate", a->v[i].duplicate,
+		    "handlers", h != NULL ? h : json_array()));
+	}
+	return out;
+}
+
+bool
+rb_result_completes(const json_t *r)
+{
+	const json_t *ok = json_object_get(r, "ok");
+
+	if (json_is_true(json_object_get(r, "release")) || json_is_true(json_object_get(r, "dead")))
+		return false;
+	return ok == NULL || json_is_true(ok);
+}
+
+/* ---- record validation ------------------------------------------------ */
+
+/* RFC 3339: 2026-11-30T05:44:09Z, fractions and offsets allowed. */
+static bool
+rfc3339_valid(const char *s)
+{
+	const char *shape = "dddd-dd-ddTdd:dd:dd";
+	size_t i;
+
+	for (i = 0; shape[i] != '\0'; i++) {
+		if (shape[i] == 'd' ? !isdigit((unsigned char)s[i]) :
+		    (shape[i] == 'T' ? (s[i] != 'T' && s[i] != 't' && s[i] != ' ') : s[i] != shape[i]))
+			return false;
+	}
+	s += i;
+	if (*s == '.') {
+		s++;
+		if (!isdigit((unsigned char)*s))
+			return false;
+		while (isdigit((unsigned char)*s))
+			s++;
+	}
+	if (*s == 'Z' || *s == 'z')
+		return s[1] == '\0';
+	if ((*s == '+' || *s == '-') && isdigit((unsigned char)s[1]) && isdigit((unsigned char)s[2]) &&
+	    s[3] == ':' && isdigit((unsigned char)s[4]) && isdigit((unsigned char)s[5]) && s[6] == '\0')
+		return true;
+	return false;
+}
+
+static int
+want_string(const json_t *o, const char *field, bool required, size_t max, struct rb_error *err)
+{
+	const json_t *v = json_object_get(o, field);
+
+	if (v == NULL || json_is_null(v)) {
+		if (required)
+			return rb_seterr(err, RB_EXIT_DATAERR, "missing field '%s'", field);
+		return 0;
+	}
+	if (!json_is_string(v))
+		return rb_seterr(err, RB_EXIT_DATAERR, "field '%s' must be a string", field);
+	if (json_string_length(v) == 0)
+		return rb_seterr(err, RB_EXIT_DATAERR, "field '%s' must not be empty", field);
+	if (json_string_length(v) > max)
+		return rb_seterr(err, RB_EXIT_DATAERR, "field '%s' is longer than %zu bytes", field, max);
+	return 0;
+}
+
+int
+rb_event_validate(const json_t *e, struct rb_error *err)
+{
+	const json_t *v;
+
+	if (want_string(e, "name", true, 1000, err) < 0 || want_string(e, "id", false, 1000, err) < 0 ||
+	    want_string(e, "key", false, 1000, err) < 0)
+		return -1;
+	if (json_object_get(e, "payload") == NULL)
+		return rb_seterr(err, RB_EXIT_DATAERR, "missing field 'payload'");
+	v = json_object_get(e, "headers");
+	if (v != NULL && !json_is_null(v) && !json_is_object(v))
+		return rb_seterr(err, RB_EXIT_DATAERR, "field 'headers' must be an object");
+	v = json_object_get(e, "delay_ms");
+	if (v != NULL && !json_is_null(v) && (!json_is_integer(v) || json_integer_value(v) < 0))
+		return rb_seterr(err, RB_EXIT_DATAERR, "field 'delay_ms' must be a whole number >= 0");
+	v = json_object_get(e, "available_at");
+	if (v != NULL && !json_is_null(v) &&
+	    (!json_is_string(v) || !rfc3339_valid(json_string_value(v))))
+		return rb_seterr(err, RB_EXIT_DATAERR,
+		    "field 'available_at' must be an RFC 3339 time such as 2026-01-31T12:00:00Z");
+	if (json_object_get(e, "delay_ms") != NULL && json_object_get(e, "available_at") != NULL &&
+	    !json_is_null(json_object_get(e, "delay_ms")) && !json_is_null(json_object_get(e, "available_at")))
+		return rb_seterr(err, RB_EXIT_DATAERR, "give 'delay_ms' or 'available_at', not both");
+	v = json_object_get(e, "handlers");
+	if (v != NULL && !json_is_null(v)) {
+		size_t i;
+		json_t *h;
+
+		if (!json_is_array(v))
+			return rb_seterr(err, RB_EXIT_DATAERR, "field 'handlers' must be an array of names");
+		json_array_foreach(v, i, h) {
+			if (!json_is_string(h) || !rb_handler_valid(json_string_value(h)))
+				return rb_seterr(err, RB_EXIT_DATAERR,
+				    "field 'handlers' must hold handler names ([A-Za-z0-9_.:-])");
+		}
+	}
+	return 0;
+}
+
+int
+rb_result_validate(const json_t *r, struct rb_error *err)
+{
+	const json_t *v;
+	struct rb_lease lease;
+
+	if (want_string(r, "event_id", true, 1000, err) < 0 || want_string(r, "handler", true, 200, err) < 0)
+		return -1;
+	if (!rb_handler_valid(json_string_value(json_object_get(r, "handler"))))
+		return rb_seterr(err, RB_EXIT_DATAERR, "field 'handler' is not a handler name");
+	v = json_object_get(r, "lease");
+	if (v == NULL)
+		return rb_seterr(err, RB_EXIT_DATAERR, "missing field 'lease'");
+	if (!json_is_string(v) || rb_lease_parse(json_string_value(v), &lease) < 0)
+		return rb_seterr(err, RB_EXIT_DATAERR, "field 'lease' is not a lease token (lane:epoch:claims)");
+	v = json_object_get(r, "ok");
+	if (v != NULL && !json_is_boolean(v))
+		return rb_seterr(err, RB_EXIT_DATAERR, "field 'ok' must be true or false");
+	v = json_object_get(r, "dead");
+	if (v != NULL && !json_is_boolean(v))
+		return rb_seterr(err, RB_EXIT_DATAERR, "field 'dead' must be true or false");
+	v = json_object_get(r, "release");
+	if (v != NULL && !json_is_boolean(v))
+		return rb_seterr(err, RB_EXIT_DATAERR, "field 'release' must be true or false");
+	v = json_object_get(r, "retry_ms");
+	if (v != NULL && !json_is_null(v) && (!json_is_integer(v) || json_integer_value(v) < 0))
+		return rb_seterr(err, RB_EXIT_DATAERR, "field 'retry_ms' must be a whole number >= 0");
+	v = json_object_get(r, "error");
+	if (v != NULL && !json_is_null(v) && !json_is_string(v))
+		return rb_seterr(err, RB_EXIT_DATAERR, "field 'error' must be a string");
+	return 0;
+}
+
+int
+rb_subscription_parse(const char *spec, char **buf, const char **handler, const char **pattern,
+    struct rb_error *err)
+{
+	char *copy, *colon;
+
+	*buf = NULL;
+	colon = strchr(spec, ':');
+	if (colon == NULL)
+		return rb_seterr(err, RB_EXIT_USAGE, "'%s' is not HANDLER:PATTERN", spec);
+	copy = xstrdup(spec);
+	/* the handler is up to the last ':' that leaves a non-empty pattern?  No:
+	 * handler names may hold ':', patterns may not, so split at the last ':' */
+	colon = strrchr(copy, ':');
+	*colon = '\0';
+	if (!rb_handler_valid(copy)) {
+		free(copy);
+		return rb_seterr(err, RB_EXIT_USAGE, "'%s': invalid handler name ([A-Za-z0-9_.:-], at most 200)", spec);
+	}
+	if (colon[1] == '\0' || strlen(colon + 1) > 1000) {
+		free(copy);
+		return rb_seterr(err, RB_EXIT_USAGE, "'%s': the pattern must not be empty", spec);
+	}
+	*buf = copy;
+	*handler = copy;
+	*pattern = colon + 1;
+	return 0;
+}
+
+/* ---- admin statuses ---------------------------------------------------- */
+
+const char *const rb_admin_statuses[RB_ADMIN_NSTATUS] = { "pending", "processing", "dead", "completed" };
+
+int
+rb_admin_status_flags(const char *status, bool flags[RB_ADMIN_NSTATUS])
+{
+	const char *p = status;
+
+	memset(flags, 0, RB_ADMIN_NSTATUS * sizeof flags[0]);
+	if (status == NULL) {
+		flags[0] = flags[1] = flags[2] = true;
+		return 0;
+	}
+	for (;;) {
+		size_t n = strcspn(p, ","), k;
+
+		for (k = 0; k < RB_ADMIN_NSTATUS; k++)
+			if (strlen(rb_admin_statuses[k]) == n && strncmp(p, rb_admin_statuses[k], n) == 0)
+				break;
+		if (k == RB_ADMIN_NSTATUS)
+			return -1;
+		flags[k] = true;
+		if (p[n] == '\0')
+			return 0;
+		p += n + 1;
+	}
+}
+
+bool
+rb_admin_status_valid(const char *status)
+{
+	bool f[RB_ADMIN_NSTATUS];
+
+	return status != NULL && rb_admin_status_flags(status, f) == 0;
+}

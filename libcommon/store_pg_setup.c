@@ -1,0 +1,213 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * store_pg_setup.c: the set-up.  The script is schema_pg.sql (and
+ * schema_history_pg.sql) rendered for the schema, under an advisory lock,
+ * plus the subscriptions: rb_store_setup runs it in one transaction with
+ * the subscriptions as parameters, rb-setup --print-sql prints it with
+ * them as literals.
+ */
+#include "config.h"
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <libpq-fe.h>
+
+#include "rb_exit.h"
+#include "rb_records.h"
+#include "rb_store.h"
+#include "rb_util.h"
+#include "store_int.h"
+#include "store_pg_int.h"
+
+extern const char rb_schema_pg_sql[];
+extern const char rb_schema_history_pg_sql[];
+
+#define SETUP_LOCK_KEY	"7166535398124000001"
+
+/* A SQL string literal (standard_conforming_strings) for --print-sql. */
+static void
+sb_literal(struct rb_sbuf *b, const char *v)
+{
+	rb_sb_puts(b, "'");
+	for (; *v != '\0'; v++) {
+		if (*v == '\'')
+			rb_sb_putn(b, "'", 1);
+		rb_sb_putn(b, v, 1);
+	}
+	rb_sb_puts(b, "'");
+}
+
+/* glob (* and ?) -> LIKE pattern with \ as escape */
+static char *
+glob_to_like(const char *g)
+{
+	struct rb_sbuf b;
+
+	rb_sb_init(&b);
+	for (; *g != '\0'; g++) {
+		if (*g == '*')
+			rb_sb_puts(&b, "%");
+		else if (*g == '?')
+			rb_sb_puts(&b, "_");
+		else if (*g == '%' || *g == '_' || *g == '\\') {
+			rb_sb_puts(&b, "\\");
+			rb_sb_putn(&b, g, 1);
+		} else
+			rb_sb_putn(&b, g, 1);
+	}
+	return b.s;
+}
+
+static void
+setup_script(struct rb_sbuf *b, const char *schema, const struct rb_setup_opts *o, bool with_subs)
+{
+	char *sql;
+
+	rb_sb_puts(b, "SELECT pg_advisory_xact_lock(" SETUP_LOCK_KEY ");\n");
+	sql = pg_render(rb_schema_pg_sql, schema);
+	rb_sb_puts(b, sql);
+	free(sql);
+	if (o->completion_history) {
+		sql = pg_render(rb_schema_history_pg_sql, schema);
+		rb_sb_puts(b, sql);
+		free(sql);
+	}
+	if (!with_subs)
+		return;
+	for (size_t i = 0; i < o->n_subscribe; i++) {
+		char *buf, *like, *q;
+		const char *h, *p;
+
+		if (rb_subscription_parse(o->subscribe[i], &buf, &h, &p, NULL) < 0)
+			continue;
+		like = glob_to_like(p);
+		q = pg_render("INSERT INTO @S@.relaybus_subscriptions (handler, pattern, like_pattern) VALUES (", schema);
+		rb_sb_puts(b, q);
+		free(q);
+		sb_literal(b, h);
+		rb_sb_puts(b, ", ");
+		sb_literal(b, p);
+		rb_sb_puts(b, ", ");
+		sb_literal(b, like);
+		rb_sb_puts(b, ") ON CONFLICT DO NOTHING;\n");
+		q = pg_render("SELECT @S@.relaybus_seed_lanes(", schema);
+		rb_sb_puts(b, q);
+		free(q);
+		sb_literal(b, h);
+		rb_sb_puts(b, ");\n");
+		free(like);
+		free(buf);
+	}
+	for (size_t i = 0; i < o->n_unsubscribe; i++) {
+		char *buf, *q;
+		const char *h, *p;
+
+		if (rb_subscription_parse(o->unsubscribe[i], &buf, &h, &p, NULL) < 0)
+			continue;
+		q = pg_render("DELETE FROM @S@.relaybus_subscriptions WHERE handler = ", schema);
+		rb_sb_puts(b, q);
+		free(q);
+		sb_literal(b, h);
+		rb_sb_puts(b, " AND pattern = ");
+		sb_literal(b, p);
+		rb_sb_puts(b, ";\n");
+		free(buf);
+	}
+}
+
+static int
+check_subscriptions(const struct rb_setup_opts *o, struct rb_error *err)
+{
+	for (size_t i = 0; i < o->n_subscribe + o->n_unsubscribe; i++) {
+		const char *spec = i < o->n_subscribe ? o->subscribe[i] : o->unsubscribe[i - o->n_subscribe];
+		char *buf;
+		const char *h, *p;
+
+		if (rb_subscription_parse(spec, &buf, &h, &p, err) < 0)
+			return -1;
+		free(buf);
+	}
+	return 0;
+}
+
+char *
+pg_setup_script(const char *schema, const struct rb_setup_opts *o, struct rb_error *err)
+{
+	struct rb_sbuf b;
+
+	if (check_subscriptions(o, err) < 0)
+		return NULL;
+	rb_sb_init(&b);
+	rb_sb_puts(&b, "-- relaybus schema set-up; apply in one transaction with the workers stopped\n"
+	    "BEGIN;\n");
+	setup_script(&b, schema, o, true);
+	rb_sb_puts(&b, "COMMIT;\n");
+	return b.s;
+}
+
+int
+pg_setup(struct rb_store *s, const struct rb_setup_opts *o, struct rb_error *err)
+{
+	struct rb_sbuf b;
+	int rc = -1;
+
+	if (check_subscriptions(o, err) < 0)
+		return -1;
+	rb_sb_init(&b);
+	setup_script(&b, s->schema, o, false);
+	if (pg_run_cmd(s, "BEGIN", "set-up", err) < 0)
+		goto out;
+	/* quiet the NOTICEs of CREATE ... IF NOT EXISTS on a second run */
+	if (pg_run_cmd(s, "SET LOCAL client_min_messages = warning", "set-up", err) < 0 ||
+	    pg_run_cmd(s, b.s, "set-up", err) < 0)
+		goto fail;
+	for (size_t i = 0; i < o->n_subscribe; i++) {
+		char *buf, *like, *q1, *q2;
+		const char *h, *p;
+
+		rb_subscription_parse(o->subscribe[i], &buf, &h, &p, NULL);
+		like = glob_to_like(p);
+		const char *params[3] = { h, p, like };
+		q1 = pg_render("INSERT INTO @S@.relaybus_subscriptions (handler, pattern, like_pattern) "
+		    "VALUES ($1, $2, $3) ON CONFLICT DO NOTHING", s->schema);
+		q2 = pg_render("SELECT @S@.relaybus_seed_lanes($1)", s->schema);
+		PGresult *r1 = pg_run(s, q1, 3, params, PGRES_COMMAND_OK, "subscribe", false, err);
+		PGresult *r2 = r1 != NULL ? pg_run(s, q2, 1, params, PGRES_TUPLES_OK, "subscribe", false, err) : NULL;
+		bool ok = r1 != NULL && r2 != NULL;
+		PQclear(r1);
+		PQclear(r2);
+		free(q1);
+		free(q2);
+		free(like);
+		free(buf);
+		if (!ok)
+			goto fail;
+	}
+	for (size_t i = 0; i < o->n_unsubscribe; i++) {
+		char *buf, *q;
+		const char *h, *p;
+
+		rb_subscription_parse(o->unsubscribe[i], &buf, &h, &p, NULL);
+		const char *params[2] = { h, p };
+		q = pg_render("DELETE FROM @S@.relaybus_subscriptions WHERE handler = $1 AND pattern = $2", s->schema);
+		PGresult *r = pg_run(s, q, 2, params, PGRES_COMMAND_OK, "unsubscribe", false, err);
+		bool ok = r != NULL;
+		PQclear(r);
+		free(q);
+		free(buf);
+		if (!ok)
+			goto fail;
+	}
+	if (pg_run_cmd(s, "COMMIT", "set-up", err) < 0)
+		goto out;
+	rc = 0;
+	goto out;
+fail:
+	pg_rollback_quietly(s);
+out:
+	free(b.s);
+	return rc;
+}
