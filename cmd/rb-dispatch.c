@@ -115,11 +115,11 @@ static struct options {
 	int64_t			 stats_ms;
 	const char		*owner;
 	bool			 drain;
-	struct rb_complete_opts	 co;
+	struct rb_complete_opts	 complete;
 } opt = { .concurrency = 0, .batch = 0, .chain = 0, .procs = 1, .conns = 2,
 	  .lease_ms = RB_DEFAULT_LEASE_MS, .timeout_ms = 5 * 60 * 1000, .grace_ms = 30000,
 	  .poll_ms = 1000, .window_ms = 2,
-	  .co = { .max_attempts = RB_DEFAULT_MAX_ATTEMPTS,
+	  .complete = { .max_attempts = RB_DEFAULT_MAX_ATTEMPTS,
 		  .backoff = { .base_ms = 1000, .max_ms = 300000, .factor = 2.0 } } };
 
 /* The deliveries of one key behind the one that runs: v[at], v[at + 1], ... v[n - 1]. */
@@ -128,8 +128,8 @@ struct chain {
 	size_t		 n, at;
 };
 
-/* Claimed deliveries (an array of n, the array and them owned). */
-struct dlv {
+/* The deliveries one claim took (an array of n, the array and them owned). */
+struct claimed {
 	struct rb_dl	**v;
 	size_t		 n;
 };
@@ -178,7 +178,7 @@ struct owner {
 };
 
 /* A result waiting for the next group completion. */
-struct pending {
+struct queued {
 	struct rb_dl *d;
 	json_t	*r;		/* the result to apply; NULL: d succeeded (no --sql) */
 	unsigned gen;
@@ -203,7 +203,7 @@ static struct coproc	*procs;
 static struct owner	 owners[NOWNERS];
 static unsigned		 cur_gen;
 static char		*owner_base;
-static struct pending	*queue;
+static struct queued	*queue;
 static size_t		 nqueue, capqueue;
 static int		 nwait;		/* chain followers waiting for their turn */
 static int64_t		 queue_since;
@@ -223,22 +223,22 @@ static unsigned	claim_gen;		/* the owner generation it was sent for */
 /* A claim answers with ids; the delivery lines are read on the store's
  * second connection (rb_store_fetch_send) while the next claim runs. */
 static bool	fetching;		/* a fetch is out ... */
-static struct dlv fetch_cur;		/* ... of these claimed ... */
+static struct claimed fetch_out;	/* ... of these claimed ... */
 static unsigned	fetch_gen;		/* ... for this owner generation */
-static struct dlv fetch_next;		/* a claim's answer waiting for the fetch out */
-static unsigned	fetch_next_gen;
-static int	nfetch;			/* deliveries in fetch_cur and fetch_next */
+static struct claimed fetch_waiting;	/* a claim's answer waiting for the fetch out */
+static unsigned	fetch_waiting_gen;
+static int	nfetch;			/* deliveries in fetch_out and fetch_waiting */
 static int	claim_asked;
 static bool	claim_searched;		/* ... and whether it looked for more lanes */
 static bool	lanes_dry;		/* a look for more lanes found too few: do not look again until woken or polling */
 static void	claim_collect(bool wait);
 static void	complete_collect(bool wait);
 static void	fetch_collect(bool wait);
-static void	fetch_send(struct dlv got, unsigned gen);
-static void	start_chains(struct dlv got, unsigned gen);
+static void	fetch_send(struct claimed got, unsigned gen);
+static void	start_chains(struct claimed got, unsigned gen);
 static void	slot_unindex(struct slot *s);
-static void	start_claimed(struct dlv got, unsigned gen);
-static void	fetch_drop(struct dlv *got, unsigned gen);
+static void	start_claimed(struct claimed got, unsigned gen);
+static void	fetch_drop(struct claimed *got, unsigned gen);
 static void	db_settle(void);
 static void	start_delivery(struct rb_dl *d, unsigned gen, struct chain *followers);
 static void	chain_next(struct chain *followers, unsigned gen, bool go);
@@ -254,7 +254,7 @@ static int	fatal_code;
 static struct {
 	long	claimed, completed, rescheduled, buried, released, lost;
 	long	completed_at_last_stats;
-} st;
+} stats;
 
 /* ---- options ------------------------------------------------------------- */
 
@@ -268,7 +268,7 @@ set_mode(enum mode m, const char *arg)
 		    m == MODE_EXEC ? "--exec" : "--pipe");
 	opt.mode = m;
 	if (m == MODE_SQL)
-		opt.co.sql = arg;
+		opt.complete.sql = arg;
 	else
 		opt.cmd = arg;
 }
@@ -344,10 +344,10 @@ parse_args(int argc, char **argv)
 			opt.grace_ms = rb_cli_duration(usage_str, "--grace", optarg);
 			break;
 		case 'm':
-			opt.co.max_attempts = rb_cli_int(usage_str, "--max-attempts", optarg, 1, 1000000);
+			opt.complete.max_attempts = rb_cli_int(usage_str, "--max-attempts", optarg, 1, 1000000);
 			break;
 		case OPT_BACKOFF:
-			rb_cli_backoff(usage_str, "--backoff", optarg, &opt.co.backoff);
+			rb_cli_backoff(usage_str, "--backoff", optarg, &opt.complete.backoff);
 			break;
 		case OPT_POLL:
 			opt.poll_ms = rb_cli_duration(usage_str, "--poll", optarg);
@@ -532,8 +532,8 @@ db_error(const struct rb_error *err, const char *what)
 		/* claimed, never read: the new owner claims them again once the
 		 * old one's lanes are handed back */
 		fetching = false;
-		fetch_drop(&fetch_cur, fetch_gen);
-		fetch_drop(&fetch_next, fetch_next_gen);
+		fetch_drop(&fetch_out, fetch_gen);
+		fetch_drop(&fetch_waiting, fetch_waiting_gen);
 		reconnect_at = rb_mono_ms() + (reconnect_backoff > 200 ? 200 : reconnect_backoff);
 		return;
 	}
@@ -720,22 +720,22 @@ apply_outcomes(size_t n, json_t *arr, json_t *outcomes)
 		if (oc == NULL)
 			oc = "lost";
 		if (strcmp(oc, "completed") == 0) {
-			st.completed++;
+			stats.completed++;
 			progress = true;
 			if (i < n)
 				go[i] = true;	/* its chain goes on */
 		} else if (strcmp(oc, "rescheduled") == 0) {
-			st.rescheduled++;
+			stats.rescheduled++;
 			progress = true;
 		} else if (strcmp(oc, "buried") == 0) {
-			st.buried++;
+			stats.buried++;
 			rb_warn("%s: buried after %" JSON_INTEGER_FORMAT " attempts: %s", ev,
 			    json_integer_value(json_object_get(o, "attempts")),
 			    json_string_value(json_object_get(json_array_get(arr, i), "error")));
 		} else if (strcmp(oc, "released") == 0)
-			st.released++;
+			stats.released++;
 		else {
-			st.lost++;
+			stats.lost++;
 			if (json_is_true(json_object_get(o, "missing")))
 				rb_debug("%s: already gone (completed before a reconnect)", ev);
 			else
@@ -763,12 +763,12 @@ apply_completed(size_t n, const unsigned char *outcome)
 		const char *ev = queue[i].d->event_id;
 
 		if (outcome[i] == RB_DL_COMPLETED) {
-			st.completed++;
+			stats.completed++;
 			progress = go[i] = true;
 			rb_debug("%s: completed", ev);
 			continue;
 		}
-		st.lost++;
+		stats.lost++;
 		if (outcome[i] == RB_DL_MISSING)
 			rb_debug("%s: already gone (completed before a reconnect)", ev);
 		else
@@ -818,7 +818,7 @@ flush_results(void)
 		for (i = 0; i < n; i++)
 			json_array_append_new(arr, queue[i].r != NULL ? json_incref(queue[i].r) : result_ok(queue[i].d));
 		claim_collect(true);
-		if (db_down || rb_store_complete(store, &opt.co, arr, &outcomes, &err) < 0) {
+		if (db_down || rb_store_complete(store, &opt.complete, arr, &outcomes, &err) < 0) {
 			json_decref(arr);
 			if (!db_down)
 				db_error(&err, "complete");
@@ -1043,18 +1043,12 @@ proc_send(struct coproc *c, const struct rb_dl *d)
 	 * not one per line (each would wake the co-process) */
 }
 
-/* The slot of a pipe result: same event_id and lease. */
+/* The slot of a pipe result: same event_id and lease (the two hashes
+ * combined, so that "ab" "c" and "a" "bc" differ). */
 static uint32_t
 slot_hash(const char *ev, size_t evlen, const char *lease, size_t leaselen)
 {
-	uint32_t h = 2166136261u;
-
-	for (size_t i = 0; i < evlen; i++)
-		h = (h ^ (unsigned char)ev[i]) * 16777619u;
-	h = (h ^ 0xffu) * 16777619u;
-	for (size_t i = 0; i < leaselen; i++)
-		h = (h ^ (unsigned char)lease[i]) * 16777619u;
-	return h;
+	return rb_fnv1a32(ev, evlen) * 16777619u ^ rb_fnv1a32(lease, leaselen);
 }
 
 /* Index slot s (its delivery in place). */
@@ -1405,7 +1399,7 @@ claim_due(int64_t now)
 	int low = opt.batch < opt.concurrency ? opt.batch : opt.concurrency;
 
 	low = low / 4 > 1 ? low / 4 : 1;
-	if (db_down || claiming || (completing && opt.conns < 3) || fetch_next.v != NULL || stop_level > 0 ||
+	if (db_down || claiming || (completing && opt.conns < 3) || fetch_waiting.v != NULL || stop_level > 0 ||
 	    fatal_code != 0 ||
 	    free_slots <= 0 ||
 	    (opt.mode == MODE_PIPE && !proc_alive()))
@@ -1422,7 +1416,7 @@ claim_due(int64_t now)
  * previous one's completion committed).
  */
 static void
-start_chains(struct dlv got, unsigned gen)
+start_chains(struct claimed got, unsigned gen)
 {
 	size_t n = got.n;
 	int *head = xcalloc(n > 0 ? n : 1, sizeof *head);
@@ -1497,7 +1491,7 @@ static void
 claim_collect(bool wait)
 {
 	struct rb_error err = { 0 };
-	struct dlv got = { 0 };
+	struct claimed got = { 0 };
 	int n;
 
 	if (!claiming)
@@ -1521,7 +1515,7 @@ claim_collect(bool wait)
 	 * due, for --drain.) */
 	more_work = n > 0 || progress_since_claim;
 	idle_seen = n == 0 && !progress_since_claim && claim_searched;
-	st.claimed += n;
+	stats.claimed += n;
 	owners[claim_gen % NOWNERS].count += n;
 	if (n > 0 && next_extend == 0)
 		next_extend = rb_mono_ms() + opt.lease_ms / 3;
@@ -1537,8 +1531,8 @@ claim_collect(bool wait)
 	}
 	nfetch += n;
 	if (fetching) {
-		fetch_next = got;	/* claim_due waits for it to go */
-		fetch_next_gen = claim_gen;
+		fetch_waiting = got;	/* claim_due waits for it to go */
+		fetch_waiting_gen = claim_gen;
 	} else
 		fetch_send(got, claim_gen);
 }
@@ -1546,7 +1540,7 @@ claim_collect(bool wait)
 /* Start the deliveries a claim brought (stolen), or when stopping hand
  * them back unrun (no attempt charged). */
 static void
-start_claimed(struct dlv got, unsigned gen)
+start_claimed(struct claimed got, unsigned gen)
 {
 	if (stop_level > 0) {
 		for (size_t i = 0; i < got.n; i++)
@@ -1559,7 +1553,7 @@ start_claimed(struct dlv got, unsigned gen)
 /* Forget claimed deliveries that will not be read (their owner's count
  * goes down: an owner with none left is retired, its lanes handed back). */
 static void
-fetch_drop(struct dlv *got, unsigned gen)
+fetch_drop(struct claimed *got, unsigned gen)
 {
 	nfetch -= (int)got->n;
 	for (size_t i = 0; i < got->n; i++) {
@@ -1573,14 +1567,14 @@ fetch_drop(struct dlv *got, unsigned gen)
 
 /* Read what a claim took (got stolen). */
 static void
-fetch_send(struct dlv got, unsigned gen)
+fetch_send(struct claimed got, unsigned gen)
 {
 	struct rb_error err = { 0 };
 
-	fetch_cur = got;
+	fetch_out = got;
 	fetch_gen = gen;
-	if (rb_store_fetch_send(store, fetch_cur.v, fetch_cur.n, opt.mode != MODE_SQL, &err) < 0) {
-		fetch_drop(&fetch_cur, fetch_gen);
+	if (rb_store_fetch_send(store, fetch_out.v, fetch_out.n, opt.mode != MODE_SQL, &err) < 0) {
+		fetch_drop(&fetch_out, fetch_gen);
 		db_error(&err, "fetch");
 		return;
 	}
@@ -1592,7 +1586,7 @@ static void
 fetch_collect(bool wait)
 {
 	struct rb_error err = { 0 };
-	struct dlv got;
+	struct claimed got;
 	size_t k = 0;
 	int n;
 
@@ -1603,12 +1597,12 @@ fetch_collect(bool wait)
 		return;
 	fetching = false;
 	if (n < 0) {
-		fetch_drop(&fetch_cur, fetch_gen);
+		fetch_drop(&fetch_out, fetch_gen);
 		db_error(&err, "fetch");
 		return;
 	}
 	/* (those whose event is gone are not started: their count goes) */
-	got = fetch_cur;
+	got = fetch_out;
 	nfetch -= (int)got.n;
 	for (size_t i = 0; i < got.n; i++) {
 		if (got.v[i]->fetched)
@@ -1619,13 +1613,13 @@ fetch_collect(bool wait)
 		}
 	}
 	got.n = k;
-	fetch_cur = (struct dlv){ 0 };
+	fetch_out = (struct claimed){ 0 };
 	start_claimed(got, fetch_gen);
-	if (fetch_next.v != NULL && !db_down) {
-		struct dlv next = fetch_next;
+	if (fetch_waiting.v != NULL && !db_down) {
+		struct claimed next = fetch_waiting;
 
-		fetch_next = (struct dlv){ 0 };
-		fetch_send(next, fetch_next_gen);
+		fetch_waiting = (struct claimed){ 0 };
+		fetch_send(next, fetch_waiting_gen);
 	}
 	for (int i = 0; opt.mode == MODE_PIPE && i < opt.procs; i++)
 		proc_write(&procs[i]);
@@ -1638,7 +1632,7 @@ fetch_collect(bool wait)
 static size_t
 live_ids(int64_t **ids, int **lanes, size_t *cap)
 {
-	size_t n = 0, want = nqueue + fetch_cur.n + fetch_next.n;
+	size_t n = 0, want = nqueue + fetch_out.n + fetch_waiting.n;
 
 	/* counted, not derived from running, nqueue and nwait: a slip in
 	 * those counters must not write past the end */
@@ -1669,10 +1663,10 @@ live_ids(int64_t **ids, int **lanes, size_t *cap)
 			LIVE(c->v[k]);
 	}
 	/* claimed, being read */
-	for (size_t i = 0; i < fetch_cur.n; i++)
-		LIVE(fetch_cur.v[i]);
-	for (size_t i = 0; i < fetch_next.n; i++)
-		LIVE(fetch_next.v[i]);
+	for (size_t i = 0; i < fetch_out.n; i++)
+		LIVE(fetch_out.v[i]);
+	for (size_t i = 0; i < fetch_waiting.n; i++)
+		LIVE(fetch_waiting.v[i]);
 #undef LIVE
 	return n;
 }
@@ -1684,38 +1678,38 @@ maybe_claim(int64_t now)
 	static int *live_lanes;
 	static size_t live_cap;
 	int free_slots = opt.concurrency - running - (int)nqueue - nwait - nfetch;
-	struct rb_claim_opts co;
+	struct rb_claim_opts claim;
 	struct rb_error err = { 0 };
 	int64_t due = claim_due(now);
 
 	if (due == 0 || due > now)
 		return;
-	co = (struct rb_claim_opts){ .handler = opt.handler, .owner = owners[cur_gen % NOWNERS].name,
+	claim = (struct rb_claim_opts){ .handler = opt.handler, .owner = owners[cur_gen % NOWNERS].name,
 	    .batch = free_slots < opt.batch ? free_slots : opt.batch, .lease_ms = opt.lease_ms,
-	    .max_attempts = opt.co.max_attempts };
-	co.n_live = live_ids(&live, &live_lanes, &live_cap);
-	co.chain = opt.chain;
-	co.line_text = opt.mode != MODE_SQL;	/* --sql hands the statement the parsed line */
+	    .max_attempts = opt.complete.max_attempts };
+	claim.n_live = live_ids(&live, &live_lanes, &live_cap);
+	claim.chain = opt.chain;
+	claim.line_text = opt.mode != MODE_SQL;	/* --sql hands the statement the parsed line */
 	/* (never NULL: NULL would mean "unknown", and the claim would take
 	 * whatever a lane lists as in flight for running) */
-	co.live = live != NULL ? live : (const int64_t[]){ 0 };
-	co.live_lanes = live_lanes != NULL ? live_lanes : (const int[]){ 0 };
-	co.apart = opt.conns >= 2;
+	claim.live = live != NULL ? live : (const int64_t[]){ 0 };
+	claim.live_lanes = live_lanes != NULL ? live_lanes : (const int[]){ 0 };
+	claim.apart = opt.conns >= 2;
 	/* look for more lanes unless the last look found too few and nothing
 	 * changed since; a claim with nothing running always looks (its
 	 * answer decides --drain and idleness) */
-	co.no_search = lanes_dry && !wake && now < next_poll && running + (int)nqueue > 0;
-	claim_searched = !co.no_search;
+	claim.no_search = lanes_dry && !wake && now < next_poll && running + (int)nqueue > 0;
+	claim_searched = !claim.no_search;
 	wake = false;
 	next_poll = now + opt.poll_ms;
-	if (rb_store_claim_send(store, &co, &err) < 0) {
+	if (rb_store_claim_send(store, &claim, &err) < 0) {
 		db_error(&err, "claim");
 		return;
 	}
 	claiming = true;
 	progress_since_claim = false;
 	claim_gen = cur_gen;
-	claim_asked = co.batch;
+	claim_asked = claim.batch;
 }
 
 static void
@@ -1819,10 +1813,10 @@ stats_line(int64_t now, int64_t *last)
 	double secs = (double)(now - *last) / 1000.0;
 
 	rb_notice("claimed %ld, completed %ld, failed %ld (buried %ld), released %ld, lost %ld, "
-	    "in flight %d, %.1f/s", st.claimed, st.completed, st.rescheduled + st.buried, st.buried,
-	    st.released, st.lost, running + (int)nqueue + nwait + nfetch,
-	    secs > 0 ? (double)(st.completed - st.completed_at_last_stats) / secs : 0.0);
-	st.completed_at_last_stats = st.completed;
+	    "in flight %d, %.1f/s", stats.claimed, stats.completed, stats.rescheduled + stats.buried, stats.buried,
+	    stats.released, stats.lost, running + (int)nqueue + nwait + nfetch,
+	    secs > 0 ? (double)(stats.completed - stats.completed_at_last_stats) / secs : 0.0);
+	stats.completed_at_last_stats = stats.completed;
 	*last = now;
 }
 
@@ -2074,7 +2068,7 @@ run(void)
 			stats_line(now, &last_stats);
 			next_stats = now + opt.stats_ms;
 		}
-		if (running == 0 && nqueue == 0 && !claiming && !fetching && fetch_next.v == NULL) {
+		if (running == 0 && nqueue == 0 && !claiming && !fetching && fetch_waiting.v == NULL) {
 			if (stop_level > 0)
 				break;
 			if (opt.drain && idle_seen && !db_down && fatal_code == 0) {
@@ -2101,7 +2095,7 @@ run(void)
 	if (opt.stats_ms > 0)
 		stats_line(rb_mono_ms(), &last_stats);
 	rb_info("%ld claimed, %ld completed, %ld rescheduled, %ld buried, %ld released, %ld lost",
-	    st.claimed, st.completed, st.rescheduled, st.buried, st.released, st.lost);
+	    stats.claimed, stats.completed, stats.rescheduled, stats.buried, stats.released, stats.lost);
 	free(pfd);
 	free(ref);
 	if (fatal_code != 0)
