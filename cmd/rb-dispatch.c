@@ -94,8 +94,8 @@ static const char usage_str[] =
 enum { OPT_EXEC = RB_OPT_FIRST_PROGRAM, OPT_PIPE, OPT_SQL, OPT_PROCS, OPT_GRACE, OPT_BACKOFF,
 	OPT_POLL, OPT_WINDOW, OPT_STATS, OPT_OWNER, OPT_DRAIN, OPT_CHAIN, OPT_CONNS };
 
-static struct options {
-	struct rb_common	common;
+/* What the engine is told (rb-dispatch's options, minus the common ones). */
+struct dispatch_opts {
 	const char		*handler;
 	const struct handler_kind *kind;	/* --exec, --pipe or --sql */
 	const char		*cmd;		/* --exec or --pipe */
@@ -114,11 +114,16 @@ static struct options {
 	const char		*owner;
 	bool			 drain;
 	struct rb_complete_opts	 complete;
-} opt = { .concurrency = 0, .batch = 0, .chain = 0, .procs = 1, .conns = 2,
+};
+
+static struct options {
+	struct rb_common	common;
+	struct dispatch_opts	dispatch;
+} opt = { .dispatch = { .concurrency = 0, .batch = 0, .chain = 0, .procs = 1, .conns = 2,
 	  .lease_ms = RB_DEFAULT_LEASE_MS, .timeout_ms = 5 * 60 * 1000, .grace_ms = 30000,
 	  .poll_ms = 1000, .window_ms = 2,
 	  .complete = { .max_attempts = RB_DEFAULT_MAX_ATTEMPTS,
-		  .backoff = { .base_ms = 1000, .max_ms = 300000, .factor = 2.0 } } };
+		  .backoff = { .base_ms = 1000, .max_ms = 300000, .factor = 2.0 } } } };
 
 /* The deliveries of one key behind the one that runs: v[at], v[at + 1], ... v[n - 1]. */
 struct chain {
@@ -164,6 +169,7 @@ struct slot {
  * nothing to do for the kind.
  */
 enum cancel { CANCEL_TIMEOUT, CANCEL_ABORT };
+struct dispatcher;
 struct handler_kind {
 	const char	*option;	/* "--exec": for messages */
 	/* the defaults of --concurrency, --batch and --chain */
@@ -175,33 +181,33 @@ struct handler_kind {
 	 * statement runs in its completion): complete without --window */
 	bool		 at_once;
 	/* the loop begins: start the handler's processes */
-	void	(*begin)(void);
+	void	(*begin)(struct dispatcher *);
 	/* hand over a claimed delivery (stolen), claimed under owner
 	 * generation gen; followers (stolen or NULL) are the rest of its key's
 	 * chain.  Takes a slot (slot_take) or queues its result. */
-	void	(*start)(struct rb_dl *d, unsigned gen, struct chain *followers);
+	void	(*start)(struct dispatcher *, struct rb_dl *d, unsigned gen, struct chain *followers);
 	/* the slot's delivery is done (finish_slot): free what the kind kept of it */
-	void	(*release)(struct slot *s);
+	void	(*release)(struct dispatcher *, struct slot *s);
 	/* end the slot's attempt: at --timeout (a failure), or at shutdown
 	 * (released, no attempt charged); now or once its process is gone */
-	void	(*cancel)(struct slot *s, enum cancel why);
+	void	(*cancel)(struct dispatcher *, struct slot *s, enum cancel why);
 	/* a child process ended (waitpid) */
-	void	(*exited)(pid_t pid, int status);
+	void	(*exited)(struct dispatcher *, pid_t pid, int status);
 	/* write out what start queued for the handler (after a batch of starts) */
-	void	(*flush)(void);
+	void	(*flush)(struct dispatcher *);
 	/* whether the handler can take deliveries now (else no claim) */
-	bool	(*accepting)(void);
+	bool	(*accepting)(const struct dispatcher *);
 	/* once per loop while running: restarts that are due */
-	void	(*tick)(int64_t now);
+	void	(*tick)(struct dispatcher *, int64_t now);
 	/* its fds to poll (ref[i]: its own number, >= 0), lowering *until
 	 * for its own timers; returns how many */
-	int	(*pollfds)(struct pollfd *pfd, int *ref, int64_t *until);
+	int	(*pollfds)(struct dispatcher *, struct pollfd *pfd, int *ref, int64_t *until);
 	/* the fd it gave ref for is ready */
-	void	(*ready)(int ref);
+	void	(*ready)(struct dispatcher *, int ref);
 	/* the loop is over: end the handler's processes */
-	void	(*stop)(void);
+	void	(*stop)(struct dispatcher *);
 	/* free the kind's state at exit */
-	void	(*fini)(void);
+	void	(*fini)(struct dispatcher *);
 };
 static const struct handler_kind handler_exec, handler_pipe, handler_sql;
 
@@ -236,92 +242,122 @@ struct queued {
 	struct chain *followers;	/* the rest of its key's chain, or NULL */
 };
 
-static struct rb_store	*store;
-/*
- * --pipe: the slots handed to a co-process, by event_id and lease, for
- * the results that come back (a scan of every slot was a tenth of our
- * CPU at 800 in flight).  Open addressing with linear probing and
- * deletion by backward shift; entries are slot numbers + 1, 0 is empty.
- */
-static int		*sidx;
-static size_t		 sidx_mask;
-static struct slot	*slots;
-static int		 running;	/* used slots */
-static int		*free_slot;	/* the free slots' indexes (a stack) ... */
-static int		 nfree_slot;	/* ... this many */
-static int64_t		 next_deadline;	/* no slot's deadline is earlier (0: none) */
-static struct coproc	*procs;
-static struct owner	 owners[NOWNERS];
-static unsigned		 cur_gen;
-static char		*owner_base;
-static struct queued	*queue;
-static size_t		 nqueue, capqueue;
-static int		 nwait;		/* chain followers waiting for their turn */
-static int64_t		 queue_since;
+/* --pipe's own state (dispatcher.kind_state). */
+struct pipe_state {
+	struct coproc	*procs;		/* --procs of them */
+	/*
+	 * The slots handed to a co-process, by event_id and lease, for the
+	 * results that come back (a scan of every slot was a tenth of our
+	 * CPU at 800 in flight).  Open addressing with linear probing and
+	 * deletion by backward shift; entries are slot numbers + 1, 0 is empty.
+	 */
+	int		*sidx;
+	size_t		 sidx_mask;
+};
 
+struct dispatcher {
+	struct dispatch_opts	 opt;
+	struct rb_store		*store;
+	void			*kind_state;	/* the handler kind's own (struct pipe_state) */
+
+	/* the slots: deliveries being run by the handler */
+	struct slot	*slots;		/* opt.concurrency of them */
+	int		 running;	/* used slots */
+	int		*free_slot;	/* the free slots' indexes (a stack) ... */
+	int		 nfree_slot;	/* ... this many */
+	int64_t		 next_deadline;	/* no slot's deadline is earlier (0: none) */
+
+	/* lease owner generations */
+	struct owner	 owners[NOWNERS];
+	unsigned	 cur_gen;
+	char		*owner_base;
+
+	/* the results waiting for a completion */
+	struct queued	*queue;
+	size_t		 nqueue, capqueue;
+	int64_t		 queue_since;
+	int		 nwait;		/* chain followers waiting for their turn */
+
+	/* the connection */
+	bool		 db_down;
+	int64_t		 reconnect_at, reconnect_backoff;
+
+	/* the claim pipeline */
+	bool		 wake;		/* claim at the next chance */
+	bool		 more_work;	/* the last claim found work: claim again when slots free */
+	bool		 claiming;	/* a claim is out: the handlers are served meanwhile */
+	unsigned	 claim_gen;	/* the owner generation it was sent for */
+	int		 claim_asked;	/* ... how many it asked for ... */
+	bool		 claim_searched;	/* ... and whether it looked for more lanes */
+	bool		 lanes_dry;	/* a look for more lanes found too few: do not look again until woken or polling */
+	bool		 idle_seen;	/* the last claim found nothing, and nothing completed since */
+	bool		 progress_since_claim;	/* a completion went through after the claim out was sent */
+	/* A claim answers with ids; the delivery lines are read on the store's
+	 * second connection (rb_store_fetch_send) while the next claim runs. */
+	bool		 fetching;	/* a fetch is out ... */
+	struct claimed	 fetch_out;	/* ... of these claimed ... */
+	unsigned	 fetch_gen;	/* ... for this owner generation */
+	struct claimed	 fetch_waiting;	/* a claim's answer waiting for the fetch out */
+	unsigned	 fetch_waiting_gen;
+	int		 nfetch;	/* deliveries in fetch_out and fetch_waiting */
+	int64_t		*live;		/* the claim's live ids (live_ids) ... */
+	int		*live_lanes;	/* ... and their lanes ... */
+	size_t		 live_cap;	/* ... room for this many */
+
+	/* the completion out */
+	bool		 completing;	/* a completion is out (flush_results) ... */
+	size_t		 ncompleting;	/* ... of the first this many queued results ... */
+	struct rb_dl	**completing_v;	/* ... sent as this array (theirs) */
+
+	/* timers */
+	int64_t		 next_poll, next_extend, next_stats;
+
+	/* stopping */
+	int		 stop_level;	/* 0 running, 1 stopping (grace), 2 aborted */
+	int64_t		 grace_deadline;
+	int		 fatal_code;
+
+	struct {
+		long	claimed, completed, rescheduled, buried, released, lost;
+		long	completed_at_last_stats;
+	} stats;
+};
+
+/* Signals are the process's, not a dispatcher's: the handler sets these. */
 static int		 sigpipe_fd[2] = { -1, -1 };
 static volatile sig_atomic_t got_stop, got_child;
 
-static bool	db_down;
-static int64_t	reconnect_at, reconnect_backoff = 100;
-static bool	wake = true;		/* claim at the next chance */
-static bool	more_work;		/* the last claim found work: claim again when slots free */
-static bool	claiming;		/* a claim is out: the handlers are served meanwhile */
-static bool	completing;		/* a completion is out (flush_results) ... */
-static size_t	ncompleting;		/* ... of the first this many queued results ... */
-static struct rb_dl **completing_v;	/* ... sent as this array (theirs) */
-static unsigned	claim_gen;		/* the owner generation it was sent for */
-/* A claim answers with ids; the delivery lines are read on the store's
- * second connection (rb_store_fetch_send) while the next claim runs. */
-static bool	fetching;		/* a fetch is out ... */
-static struct claimed fetch_out;	/* ... of these claimed ... */
-static unsigned	fetch_gen;		/* ... for this owner generation */
-static struct claimed fetch_waiting;	/* a claim's answer waiting for the fetch out */
-static unsigned	fetch_waiting_gen;
-static int	nfetch;			/* deliveries in fetch_out and fetch_waiting */
-static int	claim_asked;
-static bool	claim_searched;		/* ... and whether it looked for more lanes */
-static bool	lanes_dry;		/* a look for more lanes found too few: do not look again until woken or polling */
-static void	claim_collect(bool wait);
-static void	complete_collect(bool wait);
-static void	fetch_collect(bool wait);
-static void	fetch_send(struct claimed got, unsigned gen);
-static void	start_chains(struct claimed got, unsigned gen);
-static void	slot_unindex(struct slot *s);
-static struct slot *slot_take(struct rb_dl *d, unsigned gen, struct chain *followers);
-static void	finish_slot(struct slot *s, json_t *r);
+static void	claim_collect(struct dispatcher *dp, bool wait);
+static void	complete_collect(struct dispatcher *dp, bool wait);
+static void	fetch_collect(struct dispatcher *dp, bool wait);
+static void	fetch_send(struct dispatcher *dp, struct claimed got, unsigned gen);
+static void	start_chains(struct dispatcher *dp, struct claimed got, unsigned gen);
+static void	slot_unindex(struct dispatcher *dp, struct slot *s);
+static struct slot *slot_take(struct dispatcher *dp, struct rb_dl *d, unsigned gen, struct chain *followers);
+static void	finish_slot(struct dispatcher *dp, struct slot *s, json_t *r);
 static json_t	*result_release(const struct rb_dl *d);
 static json_t	*result_ok(const struct rb_dl *d);
-static void	reap(void);
-static void	start_claimed(struct claimed got, unsigned gen);
-static void	fetch_drop(struct claimed *got, unsigned gen);
-static void	db_settle(void);
-static void	start_delivery(struct rb_dl *d, unsigned gen, struct chain *followers);
-static void	chain_next(struct chain *followers, unsigned gen, bool go);
+static void	reap(struct dispatcher *dp);
+static void	start_claimed(struct dispatcher *dp, struct claimed got, unsigned gen);
+static void	fetch_drop(struct dispatcher *dp, struct claimed *got, unsigned gen);
+static void	db_settle(struct dispatcher *dp);
+static void	start_delivery(struct dispatcher *dp, struct rb_dl *d, unsigned gen, struct chain *followers);
+static void	chain_next(struct dispatcher *dp, struct chain *followers, unsigned gen, bool go);
 static void	proc_write(struct coproc *c);
 static int64_t	min_deadline(int64_t a, int64_t b);
-static bool	idle_seen;		/* the last claim found nothing, and nothing completed since */
-static bool	progress_since_claim;	/* a completion went through after the claim out was sent */
-static int64_t	next_poll, next_extend, next_stats;
-static int	stop_level;		/* 0 running, 1 stopping (grace), 2 aborted */
-static int64_t	grace_deadline;
-static int	fatal_code;
-
-static struct {
-	long	claimed, completed, rescheduled, buried, released, lost;
-	long	completed_at_last_stats;
-} stats;
 
 /* ---- options ------------------------------------------------------------- */
 
 static void
 set_kind(const struct handler_kind *k, const char *arg)
 {
-	if (opt.kind != NULL)
+	struct dispatch_opts *o = &opt.dispatch;
+
+	if (o->kind != NULL)
 		rb_cli_usage_error(usage_str, "give one of --exec, --pipe and --sql");
 	if (*arg == '\0')
 		rb_cli_usage_error(usage_str, "%s: empty", k->option);
-	opt.kind = k;
+	o->kind = k;
 }
 
 static void
@@ -350,6 +386,7 @@ parse_args(int argc, char **argv)
 		{ "drain", no_argument, NULL, OPT_DRAIN },
 		{ NULL, 0, NULL, 0 }
 	};
+	struct dispatch_opts *o = &opt.dispatch;
 	int c;
 
 	while ((c = getopt_long(argc, argv, RB_COMMON_SHORTOPTS "H:c:b:l:t:m:", longopts, NULL)) != -1) {
@@ -357,68 +394,68 @@ parse_args(int argc, char **argv)
 			continue;
 		switch (c) {
 		case 'H':
-			opt.handler = rb_cli_handler(usage_str, optarg);
+			o->handler = rb_cli_handler(usage_str, optarg);
 			break;
 		case OPT_EXEC:
 			set_kind(&handler_exec, optarg);
-			opt.cmd = optarg;
+			o->cmd = optarg;
 			break;
 		case OPT_PIPE:
 			set_kind(&handler_pipe, optarg);
-			opt.cmd = optarg;
+			o->cmd = optarg;
 			break;
 		case OPT_SQL:
 			set_kind(&handler_sql, optarg);
-			opt.complete.sql = optarg;
+			o->complete.sql = optarg;
 			break;
 		case 'c':
-			opt.concurrency = rb_cli_int(usage_str, "--concurrency", optarg, 1, 10000);
+			o->concurrency = rb_cli_int(usage_str, "--concurrency", optarg, 1, 10000);
 			break;
 		case 'b':
-			opt.batch = rb_cli_int(usage_str, "--batch", optarg, 1, 10000);
+			o->batch = rb_cli_int(usage_str, "--batch", optarg, 1, 10000);
 			break;
 		case OPT_CHAIN:
-			opt.chain = rb_cli_int(usage_str, "--chain", optarg, 1, 1000);
+			o->chain = rb_cli_int(usage_str, "--chain", optarg, 1, 1000);
 			break;
 		case OPT_CONNS:
-			opt.conns = rb_cli_int(usage_str, "--connections", optarg, 1, 3);
+			o->conns = rb_cli_int(usage_str, "--connections", optarg, 1, 3);
 			break;
 		case OPT_PROCS:
-			opt.procs = rb_cli_int(usage_str, "--procs", optarg, 1, 1000);
+			o->procs = rb_cli_int(usage_str, "--procs", optarg, 1, 1000);
 			break;
 		case 'l':
-			opt.lease_ms = rb_cli_lease(usage_str, optarg, 300);
+			o->lease_ms = rb_cli_lease(usage_str, optarg, 300);
 			break;
 		case 't':
-			opt.timeout_ms = rb_cli_duration(usage_str, "--timeout", optarg);
-			if (opt.timeout_ms < 1)
+			o->timeout_ms = rb_cli_duration(usage_str, "--timeout", optarg);
+			if (o->timeout_ms < 1)
 				rb_cli_usage_error(usage_str, "--timeout: at least 1ms");
 			break;
 		case OPT_GRACE:
-			opt.grace_ms = rb_cli_duration(usage_str, "--grace", optarg);
+			o->grace_ms = rb_cli_duration(usage_str, "--grace", optarg);
 			break;
 		case 'm':
-			opt.complete.max_attempts = rb_cli_int(usage_str, "--max-attempts", optarg, 1, 1000000);
+			o->complete.max_attempts = rb_cli_int(usage_str, "--max-attempts", optarg, 1, 1000000);
 			break;
 		case OPT_BACKOFF:
-			rb_cli_backoff(usage_str, "--backoff", optarg, &opt.complete.backoff);
+			rb_cli_backoff(usage_str, "--backoff", optarg, &o->complete.backoff);
 			break;
 		case OPT_POLL:
-			opt.poll_ms = rb_cli_duration(usage_str, "--poll", optarg);
-			if (opt.poll_ms < 10)
+			o->poll_ms = rb_cli_duration(usage_str, "--poll", optarg);
+			if (o->poll_ms < 10)
 				rb_cli_usage_error(usage_str, "--poll: at least 10ms");
 			break;
 		case OPT_WINDOW:
-			opt.window_ms = rb_cli_duration(usage_str, "--window", optarg);
+			o->window_ms = rb_cli_duration(usage_str, "--window", optarg);
 			break;
 		case OPT_STATS:
-			opt.stats_ms = rb_cli_duration(usage_str, "--stats-every", optarg);
+			o->stats_ms = rb_cli_duration(usage_str, "--stats-every", optarg);
 			break;
 		case OPT_OWNER:
-			opt.owner = rb_cli_owner_arg(usage_str, optarg, 180);
+			o->owner = rb_cli_owner_arg(usage_str, optarg, 180);
 			break;
 		case OPT_DRAIN:
-			opt.drain = true;
+			o->drain = true;
 			break;
 		default:
 			rb_cli_bad_option(usage_str);
@@ -426,18 +463,18 @@ parse_args(int argc, char **argv)
 	}
 	if (optind < argc)
 		rb_cli_usage_error(usage_str, "unexpected argument '%s'", argv[optind]);
-	if (opt.handler == NULL)
+	if (o->handler == NULL)
 		rb_cli_usage_error(usage_str, "--handler is required");
-	if (opt.kind == NULL)
+	if (o->kind == NULL)
 		rb_cli_usage_error(usage_str, "a handler is required: --exec, --pipe or --sql");
-	if (opt.concurrency == 0)
-		opt.concurrency = opt.kind->concurrency;
-	if (opt.batch == 0)
-		opt.batch = opt.kind->batch;
-	if (opt.chain == 0)
-		opt.chain = opt.kind->chain;
-	if (opt.procs > opt.concurrency)
-		opt.procs = opt.concurrency;
+	if (o->concurrency == 0)
+		o->concurrency = o->kind->concurrency;
+	if (o->batch == 0)
+		o->batch = o->kind->batch;
+	if (o->chain == 0)
+		o->chain = o->kind->chain;
+	if (o->procs > o->concurrency)
+		o->procs = o->concurrency;
 }
 
 /* ---- signals and child processes ------------------------------------------ */
@@ -522,35 +559,35 @@ spawn(const char *cmd, int in_fd, int out_fd)
 /* ---- owners ---------------------------------------------------------------- */
 
 static struct owner *
-owner_of(unsigned gen)
+owner_of(struct dispatcher *dp, unsigned gen)
 {
-	struct owner *o = &owners[gen % NOWNERS];
+	struct owner *o = &dp->owners[gen % NOWNERS];
 
 	return o->name != NULL && o->gen == gen ? o : NULL;
 }
 
 static void
-new_owner(void)
+new_owner(struct dispatcher *dp)
 {
 	struct owner *o;
 
-	if (owners[cur_gen % NOWNERS].name != NULL)
-		cur_gen++;
-	o = &owners[cur_gen % NOWNERS];
+	if (dp->owners[dp->cur_gen % NOWNERS].name != NULL)
+		dp->cur_gen++;
+	o = &dp->owners[dp->cur_gen % NOWNERS];
 	if (o->name != NULL) {
 		/* forgotten: its lanes come back when their lease ends */
 		rb_warn("too many reconnects: no longer renewing the lanes of %s", o->name);
 		free(o->name);
 	}
-	o->name = cur_gen == 0 ? xstrdup(owner_base) : xasprintf("%s/r%u", owner_base, cur_gen);
-	o->gen = cur_gen;
+	o->name = dp->cur_gen == 0 ? xstrdup(dp->owner_base) : xasprintf("%s/r%u", dp->owner_base, dp->cur_gen);
+	o->gen = dp->cur_gen;
 	o->count = 0;
 }
 
 static void
-owner_done(unsigned gen)
+owner_done(struct dispatcher *dp, unsigned gen)
 {
-	struct owner *o = owner_of(gen);
+	struct owner *o = owner_of(dp, gen);
 
 	if (o != NULL)
 		o->count--;
@@ -559,49 +596,49 @@ owner_done(unsigned gen)
 /* ---- database errors --------------------------------------------------------- */
 
 static void
-db_error(const struct rb_error *err, const char *what)
+db_error(struct dispatcher *dp, const struct rb_error *err, const char *what)
 {
 	int code = err->exit_code != 0 ? err->exit_code : RB_EXIT_SOFTWARE;
 
-	if (code == RB_EXIT_TEMPFAIL || code == RB_EXIT_UNAVAILABLE || rb_store_broken(store)) {
-		if (!db_down)
+	if (code == RB_EXIT_TEMPFAIL || code == RB_EXIT_UNAVAILABLE || rb_store_broken(dp->store)) {
+		if (!dp->db_down)
 			rb_warn("%s: %s: reconnecting", what, err->msg);
-		db_down = true;
-		claiming = false;	/* its answer, if any, is lost with the connection */
-		completing = false;	/* its results stay queued and are applied again */
-		free(completing_v);
-		completing_v = NULL;
+		dp->db_down = true;
+		dp->claiming = false;	/* its answer, if any, is lost with the connection */
+		dp->completing = false;	/* its results stay queued and are applied again */
+		free(dp->completing_v);
+		dp->completing_v = NULL;
 		/* claimed, never read: the new owner claims them again once the
 		 * old one's lanes are handed back */
-		fetching = false;
-		fetch_drop(&fetch_out, fetch_gen);
-		fetch_drop(&fetch_waiting, fetch_waiting_gen);
-		reconnect_at = rb_mono_ms() + (reconnect_backoff > 200 ? 200 : reconnect_backoff);
+		dp->fetching = false;
+		fetch_drop(dp, &dp->fetch_out, dp->fetch_gen);
+		fetch_drop(dp, &dp->fetch_waiting, dp->fetch_waiting_gen);
+		dp->reconnect_at = rb_mono_ms() + (dp->reconnect_backoff > 200 ? 200 : dp->reconnect_backoff);
 		return;
 	}
 	rb_error("%s: %s", what, err->msg);
-	if (fatal_code == 0)
-		fatal_code = code;
+	if (dp->fatal_code == 0)
+		dp->fatal_code = code;
 }
 
 static void
-try_reconnect(int64_t now)
+try_reconnect(struct dispatcher *dp, int64_t now)
 {
 	struct rb_error err = { 0 };
 
-	if (rb_store_reconnect(store, &err) < 0 || rb_store_listen(store, &err) < 0) {
+	if (rb_store_reconnect(dp->store, &err) < 0 || rb_store_listen(dp->store, &err) < 0) {
 		rb_debug("reconnect: %s", err.msg);
-		reconnect_at = now + reconnect_backoff;
-		reconnect_backoff = reconnect_backoff * 2 > 5000 ? 5000 : reconnect_backoff * 2;
+		dp->reconnect_at = now + dp->reconnect_backoff;
+		dp->reconnect_backoff = dp->reconnect_backoff * 2 > 5000 ? 5000 : dp->reconnect_backoff * 2;
 		return;
 	}
-	db_down = false;
-	reconnect_backoff = 100;
-	new_owner();
-	rb_warn("reconnected to %s; now leasing as %s", rb_store_url_redacted(store),
-	    owners[cur_gen % NOWNERS].name);
-	wake = true;
-	next_extend = now;
+	dp->db_down = false;
+	dp->reconnect_backoff = 100;
+	new_owner(dp);
+	rb_warn("reconnected to %s; now leasing as %s", rb_store_url_redacted(dp->store),
+	    dp->owners[dp->cur_gen % NOWNERS].name);
+	dp->wake = true;
+	dp->next_extend = now;
 }
 
 /* ---- results ------------------------------------------------------------------- */
@@ -627,19 +664,19 @@ chain_len(const struct chain *c)
 /* Queue the result of d (d, r and followers stolen; r NULL: d succeeded)
  * for the next group completion. */
 static void
-queue_result(struct rb_dl *d, json_t *r, unsigned gen, struct chain *followers)
+queue_result(struct dispatcher *dp, struct rb_dl *d, json_t *r, unsigned gen, struct chain *followers)
 {
-	if (nqueue == capqueue) {
-		capqueue = capqueue == 0 ? 64 : capqueue * 2;
-		queue = xrealloc(queue, capqueue * sizeof *queue);
+	if (dp->nqueue == dp->capqueue) {
+		dp->capqueue = dp->capqueue == 0 ? 64 : dp->capqueue * 2;
+		dp->queue = xrealloc(dp->queue, dp->capqueue * sizeof *dp->queue);
 	}
-	if (nqueue == 0)
-		queue_since = rb_mono_ms();
-	queue[nqueue].d = d;
-	queue[nqueue].r = r;
-	queue[nqueue].gen = gen;
-	queue[nqueue].followers = followers;
-	nqueue++;
+	if (dp->nqueue == 0)
+		dp->queue_since = rb_mono_ms();
+	dp->queue[dp->nqueue].d = d;
+	dp->queue[dp->nqueue].r = r;
+	dp->queue[dp->nqueue].gen = gen;
+	dp->queue[dp->nqueue].followers = followers;
+	dp->nqueue++;
 }
 
 static json_t *
@@ -673,27 +710,27 @@ result_release(const struct rb_dl *d)
 
 /* A free slot for d (stolen), its deadline set; the kind fills in the rest. */
 static struct slot *
-slot_take(struct rb_dl *d, unsigned gen, struct chain *followers)
+slot_take(struct dispatcher *dp, struct rb_dl *d, unsigned gen, struct chain *followers)
 {
 	struct slot *s;
 
-	if (nfree_slot == 0)	/* cannot happen: we claim at most the free slots */
+	if (dp->nfree_slot == 0)	/* cannot happen: we claim at most the free slots */
 		rb_die(RB_EXIT_SOFTWARE, "no free slot");
-	s = &slots[free_slot[--nfree_slot]];
+	s = &dp->slots[dp->free_slot[--dp->nfree_slot]];
 	s->used = true;
 	s->d = d;
 	s->followers = followers;
 	s->gen = gen;
-	s->deadline = opt.timeout_ms > 0 ? rb_mono_ms() + opt.timeout_ms : 0;
-	next_deadline = min_deadline(next_deadline, s->deadline);
-	running++;
+	s->deadline = dp->opt.timeout_ms > 0 ? rb_mono_ms() + dp->opt.timeout_ms : 0;
+	dp->next_deadline = min_deadline(dp->next_deadline, s->deadline);
+	dp->running++;
 	return s;
 }
 
 /* The slot's delivery is done: queue its result (stolen; NULL: it
  * succeeded) and free the slot. */
 static void
-finish_slot(struct slot *s, json_t *r)
+finish_slot(struct dispatcher *dp, struct slot *s, json_t *r)
 {
 	struct rb_dl *d = s->d;
 
@@ -704,16 +741,16 @@ finish_slot(struct slot *s, json_t *r)
 	unsigned gen = s->gen;
 	/* the rest of its chain goes on once it succeeded; with --sql only
 	 * once that committed (the handler is the completion), see flush_results */
-	bool go = followers != NULL && opt.complete.sql == NULL && (r == NULL || rb_result_completes(r)) &&
-	    stop_level == 0;
+	bool go = followers != NULL && dp->opt.complete.sql == NULL && (r == NULL || rb_result_completes(r)) &&
+	    dp->stop_level == 0;
 
-	queue_result(d, r, gen, go ? NULL : followers);
-	opt.kind->release(s);
+	queue_result(dp, d, r, gen, go ? NULL : followers);
+	dp->opt.kind->release(dp, s);
 	memset(s, 0, sizeof *s);
-	free_slot[nfree_slot++] = (int)(s - slots);
-	running--;
+	dp->free_slot[dp->nfree_slot++] = (int)(s - dp->slots);
+	dp->running--;
 	if (go)
-		chain_next(followers, gen, true);
+		chain_next(dp, followers, gen, true);
 }
 
 /*
@@ -722,34 +759,34 @@ finish_slot(struct slot *s, json_t *r)
  * handed back.
  */
 static void
-queue_applied(size_t n, const bool *go, bool progress)
+queue_applied(struct dispatcher *dp, size_t n, const bool *go, bool progress)
 {
 	size_t i;
 	struct { struct chain *followers; unsigned gen; } *next;	/* the chains behind them */
 
 	next = xcalloc(n > 0 ? n : 1, sizeof *next);
 	for (i = 0; i < n; i++) {
-		owner_done(queue[i].gen);
-		rb_dl_free(queue[i].d);
-		json_decref(queue[i].r);
-		next[i].followers = queue[i].followers;
-		next[i].gen = queue[i].gen;
+		owner_done(dp, dp->queue[i].gen);
+		rb_dl_free(dp->queue[i].d);
+		json_decref(dp->queue[i].r);
+		next[i].followers = dp->queue[i].followers;
+		next[i].gen = dp->queue[i].gen;
 	}
-	memmove(queue, queue + n, (nqueue - n) * sizeof *queue);
-	nqueue -= n;
-	if (nqueue > 0)
-		queue_since = rb_mono_ms();
+	memmove(dp->queue, dp->queue + n, (dp->nqueue - n) * sizeof *dp->queue);
+	dp->nqueue -= n;
+	if (dp->nqueue > 0)
+		dp->queue_since = rb_mono_ms();
 	for (i = 0; i < n; i++)
 		if (next[i].followers != NULL)
-			chain_next(next[i].followers, next[i].gen, go[i] && stop_level == 0);
+			chain_next(dp, next[i].followers, next[i].gen, go[i] && dp->stop_level == 0);
 	free(next);
-	if (opt.kind->flush != NULL)
-		opt.kind->flush();
+	if (dp->opt.kind->flush != NULL)
+		dp->opt.kind->flush(dp);
 	if (progress) {
 		/* deletions may have unblocked the next delivery of a key */
-		more_work = true;
-		idle_seen = false;
-		progress_since_claim = true;
+		dp->more_work = true;
+		dp->idle_seen = false;
+		dp->progress_since_claim = true;
 	}
 }
 
@@ -759,7 +796,7 @@ queue_applied(size_t n, const bool *go, bool progress)
  * Takes arr and outcomes.
  */
 static void
-apply_outcomes(size_t n, json_t *arr, json_t *outcomes)
+apply_outcomes(struct dispatcher *dp, size_t n, json_t *arr, json_t *outcomes)
 {
 	size_t i;
 	json_t *o;
@@ -773,22 +810,22 @@ apply_outcomes(size_t n, json_t *arr, json_t *outcomes)
 		if (oc == NULL)
 			oc = "lost";
 		if (strcmp(oc, "completed") == 0) {
-			stats.completed++;
+			dp->stats.completed++;
 			progress = true;
 			if (i < n)
 				go[i] = true;	/* its chain goes on */
 		} else if (strcmp(oc, "rescheduled") == 0) {
-			stats.rescheduled++;
+			dp->stats.rescheduled++;
 			progress = true;
 		} else if (strcmp(oc, "buried") == 0) {
-			stats.buried++;
+			dp->stats.buried++;
 			rb_warn("%s: buried after %" JSON_INTEGER_FORMAT " attempts: %s", ev,
 			    json_integer_value(json_object_get(o, "attempts")),
 			    json_string_value(json_object_get(json_array_get(arr, i), "error")));
 		} else if (strcmp(oc, "released") == 0)
-			stats.released++;
+			dp->stats.released++;
 		else {
-			stats.lost++;
+			dp->stats.lost++;
 			if (json_is_true(json_object_get(o, "missing")))
 				rb_debug("%s: already gone (completed before a reconnect)", ev);
 			else
@@ -800,35 +837,35 @@ apply_outcomes(size_t n, json_t *arr, json_t *outcomes)
 	}
 	json_decref(outcomes);
 	json_decref(arr);
-	queue_applied(n, go, progress);
+	queue_applied(dp, n, go, progress);
 	free(go);
 }
 
 /* The same for the first n queued results completed in one statement
  * (rb_store_complete_send): outcome[i] is RB_DL_*. */
 static void
-apply_completed(size_t n, const unsigned char *outcome)
+apply_completed(struct dispatcher *dp, size_t n, const unsigned char *outcome)
 {
 	bool progress = false;
 	bool *go = xcalloc(n > 0 ? n : 1, sizeof *go);
 
 	for (size_t i = 0; i < n; i++) {
-		const char *ev = queue[i].d->event_id;
+		const char *ev = dp->queue[i].d->event_id;
 
 		if (outcome[i] == RB_DL_COMPLETED) {
-			stats.completed++;
+			dp->stats.completed++;
 			progress = go[i] = true;
 			rb_debug("%s: completed", ev);
 			continue;
 		}
-		stats.lost++;
+		dp->stats.lost++;
 		if (outcome[i] == RB_DL_MISSING)
 			rb_debug("%s: already gone (completed before a reconnect)", ev);
 		else
 			rb_info("%s: lease lost, not applied (it runs again elsewhere)", ev);
 		rb_debug("%s: lost", ev);
 	}
-	queue_applied(n, go, progress);
+	queue_applied(dp, n, go, progress);
 	free(go);
 }
 
@@ -840,85 +877,85 @@ apply_completed(size_t n, const unsigned char *outcome)
  * at once.  false on a database error.
  */
 static bool
-flush_results(void)
+flush_results(struct dispatcher *dp)
 {
-	while (nqueue > 0 && !db_down && !completing) {
-		size_t n = nqueue > 1000 ? 1000 : nqueue, i;
+	while (dp->nqueue > 0 && !dp->db_down && !dp->completing) {
+		size_t n = dp->nqueue > 1000 ? 1000 : dp->nqueue, i;
 		json_t *arr, *outcomes = NULL;
 		struct rb_error err = { 0 };
 		/* (a --sql statement runs in the completion of every success:
 		 * the one-statement completion below cannot run it) */
-		bool all_ok = opt.complete.sql == NULL;
+		bool all_ok = dp->opt.complete.sql == NULL;
 
 		for (i = 0; i < n && all_ok; i++)
-			all_ok = queue[i].r == NULL;
-		if (all_ok && claiming && opt.conns < 3)
+			all_ok = dp->queue[i].r == NULL;
+		if (all_ok && dp->claiming && dp->opt.conns < 3)
 			return true;	/* sent once the claim's answer is in */
 		if (all_ok) {
 			struct rb_dl **v = xmalloc(n * sizeof *v);
 
 			for (i = 0; i < n; i++)
-				v[i] = queue[i].d;
-			if (rb_store_complete_send(store, v, n, opt.conns == 3, &err) < 0) {
+				v[i] = dp->queue[i].d;
+			if (rb_store_complete_send(dp->store, v, n, dp->opt.conns == 3, &err) < 0) {
 				free(v);
-				db_error(&err, "complete");
+				db_error(dp, &err, "complete");
 				return false;
 			}
-			completing = true;
-			ncompleting = n;
-			completing_v = v;
+			dp->completing = true;
+			dp->ncompleting = n;
+			dp->completing_v = v;
 			return true;
 		}
 		arr = json_array();
 		for (i = 0; i < n; i++)
-			json_array_append_new(arr, queue[i].r != NULL ? json_incref(queue[i].r) : result_ok(queue[i].d));
-		claim_collect(true);
-		if (db_down || rb_store_complete(store, &opt.complete, arr, &outcomes, &err) < 0) {
+			json_array_append_new(arr, dp->queue[i].r != NULL ? json_incref(dp->queue[i].r) : result_ok(dp->queue[i].d));
+		claim_collect(dp, true);
+		if (dp->db_down || rb_store_complete(dp->store, &dp->opt.complete, arr, &outcomes, &err) < 0) {
 			json_decref(arr);
-			if (!db_down)
-				db_error(&err, "complete");
+			if (!dp->db_down)
+				db_error(dp, &err, "complete");
 			return false;
 		}
-		apply_outcomes(n, arr, outcomes);
+		apply_outcomes(dp, n, arr, outcomes);
 	}
 	return true;
 }
 
 /* Take the answer to the completion that is out (flush_results), waiting or only if it is in. */
 static void
-complete_collect(bool wait)
+complete_collect(struct dispatcher *dp, bool wait)
 {
 	struct rb_error err = { 0 };
 	unsigned char *outcome;
 	int rc;
 
-	if (!completing)
+	if (!dp->completing)
 		return;
-	outcome = xmalloc(ncompleting > 0 ? ncompleting : 1);
-	rc = rb_store_complete_recv(store, wait, outcome, &err);
+	outcome = xmalloc(dp->ncompleting > 0 ? dp->ncompleting : 1);
+	rc = rb_store_complete_recv(dp->store, wait, outcome, &err);
 	if (rc == RB_CLAIM_PENDING) {
 		free(outcome);
 		return;
 	}
-	completing = false;
-	free(completing_v);
-	completing_v = NULL;
+	dp->completing = false;
+	free(dp->completing_v);
+	dp->completing_v = NULL;
 	if (rc < 0) {
 		/* the results stay queued: applied again after the reconnect */
 		free(outcome);
-		db_error(&err, "complete");
+		db_error(dp, &err, "complete");
 		return;
 	}
-	apply_completed(ncompleting, outcome);
+	apply_completed(dp, dp->ncompleting, outcome);
 	free(outcome);
 }
 
 /* Nothing out on the connection: the next statement may go. */
 static void
-db_settle(void)
+db_settle(struct dispatcher *dp)
 {
-	claim_collect(true);
-	complete_collect(true);
+	claim_collect(dp, true);
+	complete_collect(dp, true);
 }
 
 /* ---- handlers ---------------------------------------------------------------------- */
@@ -969,13 +1006,13 @@ exec_write(struct slot *s)
 }
 
 static void
-exec_start(struct rb_dl *d, unsigned gen, struct chain *followers)
+exec_start(struct dispatcher *dp, struct rb_dl *d, unsigned gen, struct chain *followers)
 {
-	struct slot *s = slot_take(d, gen, followers);
+	struct slot *s = slot_take(dp, d, gen, followers);
 	int p[2] = { -1, -1 };
 
 	s->h.exec.in_fd = -1;
-	if (pipe2(p, O_CLOEXEC) < 0 || (s->h.exec.pid = spawn(opt.cmd, p[0], -1)) < 0) {
+	if (pipe2(p, O_CLOEXEC) < 0 || (s->h.exec.pid = spawn(dp->opt.cmd, p[0], -1)) < 0) {
 		char msg[200];
 
 		snprintf(msg, sizeof msg, "cannot start the handler: %s", strerror(errno));
@@ -984,7 +1021,7 @@ exec_start(struct rb_dl *d, unsigned gen, struct chain *followers)
 			close(p[0]);
 			close(p[1]);
 		}
-		finish_slot(s, result_fail(s->d, msg));
+		finish_slot(dp, s, result_fail(s->d, msg));
 		return;
 	}
 	close(p[0]);
@@ -996,7 +1033,7 @@ exec_start(struct rb_dl *d, unsigned gen, struct chain *followers)
 }
 
 static void
-exec_release(struct slot *s)
+exec_release(struct dispatcher *dp, struct slot *s)
 {
 	if (s->h.exec.in_fd >= 0)
 		close(s->h.exec.in_fd);
@@ -1005,7 +1042,7 @@ exec_release(struct slot *s)
 
 /* Kill the child's process group; its exit (exec_exited) says what to queue. */
 static void
-exec_cancel(struct slot *s, enum cancel why)
+exec_cancel(struct dispatcher *dp, struct slot *s, enum cancel why)
 {
 	if (why == CANCEL_TIMEOUT) {
 		rb_info("%s: timed out: killing pid %d", s->d->event_id, (int)s->h.exec.pid);
@@ -1016,21 +1053,21 @@ exec_cancel(struct slot *s, enum cancel why)
 }
 
 static void
-exec_child_exited(struct slot *s, int status)
+exec_child_exited(struct dispatcher *dp, struct slot *s, int status)
 {
 	char msg[200];
 
 	if (s->h.exec.aborted) {
-		finish_slot(s, result_release(s->d));
+		finish_slot(dp, s, result_release(s->d));
 		return;
 	}
 	if (s->h.exec.timed_out) {
-		snprintf(msg, sizeof msg, "timed out after %" PRId64 "ms", opt.timeout_ms);
-		finish_slot(s, result_fail(s->d, msg));
+		snprintf(msg, sizeof msg, "timed out after %" PRId64 "ms", dp->opt.timeout_ms);
+		finish_slot(dp, s, result_fail(s->d, msg));
 		return;
 	}
 	if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
-		finish_slot(s, NULL);
+		finish_slot(dp, s, NULL);
 		return;
 	}
 	if (WIFEXITED(status) && WEXITSTATUS(status) == RB_EXIT_TEMPFAIL)
@@ -1039,28 +1076,28 @@ exec_child_exited(struct slot *s, int status)
 		snprintf(msg, sizeof msg, "exit %d", WEXITSTATUS(status));
 	else
 		snprintf(msg, sizeof msg, "killed by signal %d", WTERMSIG(status));
-	finish_slot(s, result_fail(s->d, msg));
+	finish_slot(dp, s, result_fail(s->d, msg));
 }
 
 static void
-exec_exited(pid_t pid, int status)
+exec_exited(struct dispatcher *dp, pid_t pid, int status)
 {
-	for (int i = 0; i < opt.concurrency; i++)
-		if (slots[i].used && slots[i].h.exec.pid == pid) {
-			exec_child_exited(&slots[i], status);
+	for (int i = 0; i < dp->opt.concurrency; i++)
+		if (dp->slots[i].used && dp->slots[i].h.exec.pid == pid) {
+			exec_child_exited(dp, &dp->slots[i], status);
 			break;
 		}
 }
 
 /* The stdin of every child whose line is not all written yet (ref: the slot). */
 static int
-exec_pollfds(struct pollfd *pfd, int *ref, int64_t *until)
+exec_pollfds(struct dispatcher *dp, struct pollfd *pfd, int *ref, int64_t *until)
 {
 	int n = 0;
 
 	(void)until;
-	for (int i = 0; i < opt.concurrency; i++) {
-		struct slot *s = &slots[i];
+	for (int i = 0; i < dp->opt.concurrency; i++) {
+		struct slot *s = &dp->slots[i];
 
 		if (!s->used)
 			continue;
@@ -1074,10 +1111,10 @@ exec_pollfds(struct pollfd *pfd, int *ref, int64_t *until)
 }
 
 static void
-exec_ready(int ref)
+exec_ready(struct dispatcher *dp, int ref)
 {
-	if (slots[ref].used)
-		exec_write(&slots[ref]);
+	if (dp->slots[ref].used)
+		exec_write(&dp->slots[ref]);
 }
 
 static const struct handler_kind handler_exec = {
@@ -1095,13 +1132,14 @@ static const struct handler_kind handler_exec = {
 /* ---- --pipe: long-running co-processes ---- */
 
 static void
-proc_start(int i)
+proc_start(struct dispatcher *dp, int i)
 {
-	struct coproc *c = &procs[i];
+	struct pipe_state *ps = dp->kind_state;
+	struct coproc *c = &ps->procs[i];
 	int in[2] = { -1, -1 }, out[2] = { -1, -1 };
 
 	if (pipe2(in, O_CLOEXEC) < 0 || pipe2(out, O_CLOEXEC) < 0 ||
-	    (c->pid = spawn(opt.cmd, in[0], out[1])) < 0) {
+	    (c->pid = spawn(dp->opt.cmd, in[0], out[1])) < 0) {
 		rb_error("cannot start the handler: %s", strerror(errno));
 		for (int k = 0; k < 2; k++) {
 			if (in[k] >= 0)
@@ -1185,42 +1223,44 @@ slot_hash(const char *ev, size_t evlen, const char *lease, size_t leaselen)
 
 /* Index slot s (its delivery in place). */
 static void
-slot_index(struct slot *s)
+slot_index(struct dispatcher *dp, struct slot *s)
 {
+	struct pipe_state *ps = dp->kind_state;
 	size_t p;
 
 	s->h.pipe.hash = slot_hash(s->d->event_id, strlen(s->d->event_id), s->d->lease, strlen(s->d->lease));
-	for (p = s->h.pipe.hash & sidx_mask; sidx[p] != 0; p = (p + 1) & sidx_mask)
+	for (p = s->h.pipe.hash & ps->sidx_mask; ps->sidx[p] != 0; p = (p + 1) & ps->sidx_mask)
 		;
-	sidx[p] = (int)(s - slots) + 1;
+	ps->sidx[p] = (int)(s - dp->slots) + 1;
 }
 
 static void
-slot_unindex(struct slot *s)
+slot_unindex(struct dispatcher *dp, struct slot *s)
 {
-	int want = (int)(s - slots) + 1;
-	size_t p = s->h.pipe.hash & sidx_mask, j;
+	struct pipe_state *ps = dp->kind_state;
+	int want = (int)(s - dp->slots) + 1;
+	size_t p = s->h.pipe.hash & ps->sidx_mask, j;
 
-	while (sidx[p] != want) {
-		if (sidx[p] == 0)
+	while (ps->sidx[p] != want) {
+		if (ps->sidx[p] == 0)
 			return;		/* not indexed */
-		p = (p + 1) & sidx_mask;
+		p = (p + 1) & ps->sidx_mask;
 	}
 	/* backward shift: move up every later entry of the run that may sit
 	 * at p, so that no probe stops early at the hole */
 	for (j = p;;) {
 		size_t home;
 
-		j = (j + 1) & sidx_mask;
-		if (sidx[j] == 0)
+		j = (j + 1) & ps->sidx_mask;
+		if (ps->sidx[j] == 0)
 			break;
-		home = slots[sidx[j] - 1].h.pipe.hash & sidx_mask;
+		home = dp->slots[ps->sidx[j] - 1].h.pipe.hash & ps->sidx_mask;
 		if (j > p ? (home <= p || home > j) : (home <= p && home > j)) {
-			sidx[p] = sidx[j];
+			ps->sidx[p] = ps->sidx[j];
 			p = j;
 		}
 	}
-	sidx[p] = 0;
+	ps->sidx[p] = 0;
 }
 
 static bool
@@ -1230,12 +1270,13 @@ same(const char *s, const char *t, size_t tlen)
 }
 
 static struct slot *
-find_slot(const char *ev, size_t evlen, const char *lease, size_t leaselen)
+find_slot(struct dispatcher *dp, const char *ev, size_t evlen, const char *lease, size_t leaselen)
 {
+	struct pipe_state *ps = dp->kind_state;
 	uint32_t h = slot_hash(ev, evlen, lease, leaselen);
 
-	for (size_t p = h & sidx_mask; sidx[p] != 0; p = (p + 1) & sidx_mask) {
-		struct slot *s = &slots[sidx[p] - 1];
+	for (size_t p = h & ps->sidx_mask; ps->sidx[p] != 0; p = (p + 1) & ps->sidx_mask) {
+		struct slot *s = &dp->slots[ps->sidx[p] - 1];
 
 		if (s->h.pipe.hash == h && same(s->d->event_id, ev, evlen) && same(s->d->lease, lease, leaselen))
 			return s;
@@ -1287,7 +1328,7 @@ result_fields(const char *text, size_t len, char *why, size_t whylen)
  * slot, or NULL when the line needs a closer look (result_fields).
  */
 static struct slot *
-plain_success(const char *text, size_t len)
+plain_success(struct dispatcher *dp, const char *text, size_t len)
 {
 	struct rb_json_member m[32];
 	const struct rb_json_member *at[RW_N] = { 0 };
@@ -1311,36 +1352,37 @@ plain_success(const char *text, size_t len)
 	    (at[RW_OK] != NULL && at[RW_OK]->type != 't') ||
 	    at[RW_ERROR] != NULL || at[RW_RETRY_MS] != NULL || at[RW_DEAD] != NULL)
 		return NULL;
-	return find_slot(at[RW_EVENT_ID]->val + 1, at[RW_EVENT_ID]->vlen - 2,
+	return find_slot(dp, at[RW_EVENT_ID]->val + 1, at[RW_EVENT_ID]->vlen - 2,
 	    at[RW_LEASE]->val + 1, at[RW_LEASE]->vlen - 2);
 }
 
 static void
-proc_result(int i, const char *text, size_t len)
+proc_result(struct dispatcher *dp, int i, const char *text, size_t len)
 {
+	struct pipe_state *ps = dp->kind_state;
 	json_t *in, *r;
 	const json_t *ev, *lease, *v;
 	struct slot *s;
 	char why[256];
 	struct rb_error err = { 0 };
 
-	if ((s = plain_success(text, len)) != NULL) {
-		procs[i].backoff_ms = 0;	/* it works: a later crash restarts it at once */
-		finish_slot(s, NULL);
+	if ((s = plain_success(dp, text, len)) != NULL) {
+		ps->procs[i].backoff_ms = 0;	/* it works: a later crash restarts it at once */
+		finish_slot(dp, s, NULL);
 		return;
 	}
 	if ((in = result_fields(text, len, why, sizeof why)) == NULL) {
-		rb_warn("co-process %d: line %ld: %s: ignored", i, rb_jsonl_lineno(procs[i].rd), why);
+		rb_warn("co-process %d: line %ld: %s: ignored", i, rb_jsonl_lineno(ps->procs[i].rd), why);
 		return;
 	}
 	ev = json_object_get(in, "event_id");
 	lease = json_object_get(in, "lease");
 	if (!json_is_string(ev) || !json_is_string(lease)) {
 		rb_warn("co-process %d: line %ld: no event_id and lease: ignored", i,
-		    rb_jsonl_lineno(procs[i].rd));
+		    rb_jsonl_lineno(ps->procs[i].rd));
 		goto out;
 	}
-	s = find_slot(json_string_value(ev), json_string_length(ev), json_string_value(lease),
+	s = find_slot(dp, json_string_value(ev), json_string_length(ev), json_string_value(lease),
 	    json_string_length(lease));
 	if (s == NULL) {
 		rb_info("co-process %d: result for %s (lease %s) not in flight (timed out?): ignored",
@@ -1359,7 +1401,7 @@ proc_result(int i, const char *text, size_t len)
 		json_object_set(r, "dead", (json_t *)v);
 	if (rb_result_validate(r, &err) < 0) {
 		rb_warn("co-process %d: line %ld: %s: counted as a failure", i,
-		    rb_jsonl_lineno(procs[i].rd), err.msg);
+		    rb_jsonl_lineno(ps->procs[i].rd), err.msg);
 		json_decref(r);
 		r = result_fail(s->d, err.msg);
 	} else if (!json_is_false(json_object_get(r, "ok")) && !json_is_true(json_object_get(r, "dead"))) {
@@ -1368,17 +1410,18 @@ proc_result(int i, const char *text, size_t len)
 	} else if (!json_is_string(json_object_get(r, "error"))) {
 		json_object_set_new(r, "error", json_string("handler failed"));
 	}
-	procs[i].backoff_ms = 0;	/* it works: a later crash restarts it at once */
-	finish_slot(s, r);
+	ps->procs[i].backoff_ms = 0;	/* it works: a later crash restarts it at once */
+	finish_slot(dp, s, r);
 out:
 	json_decref(in);
 }
 
 /* Read the results a co-process has written. */
 static void
-proc_read(int i)
+proc_read(struct dispatcher *dp, int i)
 {
-	struct coproc *c = &procs[i];
+	struct pipe_state *ps = dp->kind_state;
+	struct coproc *c = &ps->procs[i];
 	const char *line;
 	size_t len;
 
@@ -1386,7 +1429,7 @@ proc_read(int i)
 		int rc = rb_jsonl_next(c->rd, 0, &line, &len);
 
 		if (rc == RB_JSONL_LINE)
-			proc_result(i, line, len);
+			proc_result(dp, i, line, len);
 		else if (rc == RB_JSONL_TOOLONG)
 			rb_warn("co-process %d: line %ld too long: ignored", i, rb_jsonl_lineno(c->rd));
 		else if (rc == RB_JSONL_AGAIN)
@@ -1406,14 +1449,15 @@ proc_read(int i)
 
 /* A co-process ended: fail what it had in flight, restart it with backoff. */
 static void
-proc_exited(int i, int status)
+proc_exited(struct dispatcher *dp, int i, int status)
 {
-	struct coproc *c = &procs[i];
+	struct pipe_state *ps = dp->kind_state;
+	struct coproc *c = &ps->procs[i];
 	int64_t now = rb_mono_ms();
 	char msg[200];
 
 	if (c->out_fd >= 0)
-		proc_read(i);	/* results written just before the end */
+		proc_read(dp, i);	/* results written just before the end */
 	if (c->out_fd >= 0)
 		close(c->out_fd);
 	if (c->in_fd >= 0)
@@ -1427,12 +1471,12 @@ proc_exited(int i, int status)
 		snprintf(msg, sizeof msg, "handler process exited with status %d", WEXITSTATUS(status));
 	else
 		snprintf(msg, sizeof msg, "handler process killed by signal %d", WTERMSIG(status));
-	for (int k = 0; k < opt.concurrency; k++)
-		if (slots[k].used && slots[k].h.pipe.proc == i)
-			finish_slot(&slots[k], stop_level > 0 ? result_release(slots[k].d) :
-			    result_fail(slots[k].d, msg));
+	for (int k = 0; k < dp->opt.concurrency; k++)
+		if (dp->slots[k].used && dp->slots[k].h.pipe.proc == i)
+			finish_slot(dp, &dp->slots[k], dp->stop_level > 0 ? result_release(dp->slots[k].d) :
+			    result_fail(dp->slots[k].d, msg));
 	c->inflight = 0;
-	if (stop_level > 0)
+	if (dp->stop_level > 0)
 		return;
 	if (now - c->started > 10000)
 		c->backoff_ms = 0;
@@ -1443,107 +1487,122 @@ proc_exited(int i, int status)
 
 /* The co-processes and the slot index, then the co-processes started. */
 static void
-pipe_begin(void)
+pipe_begin(struct dispatcher *dp)
 {
-	procs = xcalloc((size_t)opt.procs, sizeof *procs);
-	for (int i = 0; i < opt.procs; i++)
-		procs[i].in_fd = procs[i].out_fd = -1;
-	for (sidx_mask = 1; sidx_mask < 2 * (size_t)opt.concurrency; sidx_mask <<= 1)
+	struct pipe_state *ps = xcalloc(1, sizeof *ps);
+
+	dp->kind_state = ps;
+	ps->procs = xcalloc((size_t)dp->opt.procs, sizeof *ps->procs);
+	for (int i = 0; i < dp->opt.procs; i++)
+		ps->procs[i].in_fd = ps->procs[i].out_fd = -1;
+	for (ps->sidx_mask = 1; ps->sidx_mask < 2 * (size_t)dp->opt.concurrency; ps->sidx_mask <<= 1)
 		;
-	sidx = xcalloc(sidx_mask, sizeof *sidx);
-	sidx_mask--;
-	for (int i = 0; i < opt.procs; i++)
-		proc_start(i);
+	ps->sidx = xcalloc(ps->sidx_mask, sizeof *ps->sidx);
+	ps->sidx_mask--;
+	for (int i = 0; i < dp->opt.procs; i++)
+		proc_start(dp, i);
 }
 
 /* To the co-process with the fewest in flight; none running: released. */
 static void
-pipe_start(struct rb_dl *d, unsigned gen, struct chain *followers)
+pipe_start(struct dispatcher *dp, struct rb_dl *d, unsigned gen, struct chain *followers)
 {
-	struct slot *s = slot_take(d, gen, followers);
+	struct pipe_state *ps = dp->kind_state;
+	struct slot *s = slot_take(dp, d, gen, followers);
 	int best = -1;
 
 	s->h.pipe.proc = -1;
-	for (int i = 0; i < opt.procs; i++)
-		if (procs[i].pid > 0 && procs[i].in_fd >= 0 &&
-		    (best < 0 || procs[i].inflight < procs[best].inflight))
+	for (int i = 0; i < dp->opt.procs; i++)
+		if (ps->procs[i].pid > 0 && ps->procs[i].in_fd >= 0 &&
+		    (best < 0 || ps->procs[i].inflight < ps->procs[best].inflight))
 			best = i;
 	if (best < 0) {
-		finish_slot(s, result_release(d));
+		finish_slot(dp, s, result_release(d));
 		return;
 	}
 	s->h.pipe.proc = best;
-	procs[best].inflight++;
-	slot_index(s);
-	proc_send(&procs[best], d);
+	ps->procs[best].inflight++;
+	slot_index(dp, s);
+	proc_send(&ps->procs[best], d);
 }
 
 static void
-pipe_release(struct slot *s)
+pipe_release(struct dispatcher *dp, struct slot *s)
 {
+	struct pipe_state *ps = dp->kind_state;
+
 	if (s->h.pipe.proc >= 0) {
-		procs[s->h.pipe.proc].inflight--;
-		slot_unindex(s);
+		ps->procs[s->h.pipe.proc].inflight--;
+		slot_unindex(dp, s);
 	}
 }
 
 /* The co-process goes on; a late result for the slot is ignored. */
 static void
-pipe_cancel(struct slot *s, enum cancel why)
+pipe_cancel(struct dispatcher *dp, struct slot *s, enum cancel why)
 {
 	char msg[100];
 
 	if (why == CANCEL_ABORT) {
-		finish_slot(s, result_release(s->d));
+		finish_slot(dp, s, result_release(s->d));
 		return;
 	}
-	snprintf(msg, sizeof msg, "timed out after %" PRId64 "ms", opt.timeout_ms);
-	finish_slot(s, result_fail(s->d, msg));
+	snprintf(msg, sizeof msg, "timed out after %" PRId64 "ms", dp->opt.timeout_ms);
+	finish_slot(dp, s, result_fail(s->d, msg));
 }
 
 static void
-pipe_exited(pid_t pid, int status)
+pipe_exited(struct dispatcher *dp, pid_t pid, int status)
 {
-	for (int i = 0; i < opt.procs; i++)
-		if (procs[i].pid == pid) {
-			proc_exited(i, status);
+	struct pipe_state *ps = dp->kind_state;
+
+	for (int i = 0; i < dp->opt.procs; i++)
+		if (ps->procs[i].pid == pid) {
+			proc_exited(dp, i, status);
 			break;
 		}
 }
 
 static void
-pipe_flush(void)
+pipe_flush(struct dispatcher *dp)
 {
-	for (int i = 0; i < opt.procs; i++)
-		proc_write(&procs[i]);
+	struct pipe_state *ps = dp->kind_state;
+
+	for (int i = 0; i < dp->opt.procs; i++)
+		proc_write(&ps->procs[i]);
 }
 
 static bool
-pipe_accepting(void)
+pipe_accepting(const struct dispatcher *dp)
 {
-	for (int i = 0; i < opt.procs; i++)
-		if (procs[i].pid > 0 && procs[i].in_fd >= 0)
+	const struct pipe_state *ps = dp->kind_state;
+
+	for (int i = 0; i < dp->opt.procs; i++)
+		if (ps->procs[i].pid > 0 && ps->procs[i].in_fd >= 0)
 			return true;
 	return false;
 }
 
 static void
-pipe_tick(int64_t now)
+pipe_tick(struct dispatcher *dp, int64_t now)
 {
-	for (int i = 0; i < opt.procs; i++)
-		if (procs[i].pid == 0 && procs[i].restart_at > 0 && now >= procs[i].restart_at)
-			proc_start(i);
+	struct pipe_state *ps = dp->kind_state;
+
+	for (int i = 0; i < dp->opt.procs; i++)
+		if (ps->procs[i].pid == 0 && ps->procs[i].restart_at > 0 && now >= ps->procs[i].restart_at)
+			proc_start(dp, i);
 }
 
 /* Each co-process's stdout (ref 2i), its stdin while a write is pending
  * (ref 2i + 1), and its restart time. */
 static int
-pipe_pollfds(struct pollfd *pfd, int *ref, int64_t *until)
+pipe_pollfds(struct dispatcher *dp, struct pollfd *pfd, int *ref, int64_t *until)
 {
+	struct pipe_state *ps = dp->kind_state;
 	int n = 0;
 
-	for (int i = 0; i < opt.procs; i++) {
-		struct coproc *c = &procs[i];
+	for (int i = 0; i < dp->opt.procs; i++) {
+		struct coproc *c = &ps->procs[i];
 
 		if (c->out_fd >= 0) {
 			pfd[n].fd = c->out_fd;
@@ -1562,38 +1621,41 @@ pipe_pollfds(struct pollfd *pfd, int *ref, int64_t *until)
 }
 
 static void
-pipe_ready(int ref)
+pipe_ready(struct dispatcher *dp, int ref)
 {
+	struct pipe_state *ps = dp->kind_state;
+
 	if (ref % 2 == 1)
-		proc_write(&procs[ref / 2]);
+		proc_write(&ps->procs[ref / 2]);
 	else
-		proc_read(ref / 2);
+		proc_read(dp, ref / 2);
 }
 
 /* EOF on their stdin, the polite way to end a filter; SIGKILL after 2s. */
 static void
-pipe_stop(void)
+pipe_stop(struct dispatcher *dp)
 {
+	struct pipe_state *ps = dp->kind_state;
 	int64_t until;
 
-	for (int i = 0; i < opt.procs; i++)
-		if (procs[i].in_fd >= 0) {
-			close(procs[i].in_fd);
-			procs[i].in_fd = -1;
+	for (int i = 0; i < dp->opt.procs; i++)
+		if (ps->procs[i].in_fd >= 0) {
+			close(ps->procs[i].in_fd);
+			ps->procs[i].in_fd = -1;
 		}
 	until = rb_mono_ms() + 2000;
 	for (;;) {
 		bool any = false;
 
-		reap();
-		for (int i = 0; i < opt.procs; i++)
-			any = any || procs[i].pid > 0;
+		reap(dp);
+		for (int i = 0; i < dp->opt.procs; i++)
+			any = any || ps->procs[i].pid > 0;
 		if (!any)
 			break;
 		if (rb_mono_ms() >= until) {
-			for (int i = 0; i < opt.procs; i++)
-				if (procs[i].pid > 0)
-					kill(-procs[i].pid, SIGKILL);
+			for (int i = 0; i < dp->opt.procs; i++)
+				if (ps->procs[i].pid > 0)
+					kill(-ps->procs[i].pid, SIGKILL);
 			until = rb_mono_ms() + 60000;
 		}
 		usleep(10000);
@@ -1601,14 +1663,19 @@ pipe_stop(void)
 }
 
 static void
-pipe_fini(void)
+pipe_fini(struct dispatcher *dp)
 {
-	for (int i = 0; procs != NULL && i < opt.procs; i++) {
-		rb_jsonl_reader_free(procs[i].rd);
-		free(procs[i].wbuf);
+	struct pipe_state *ps = dp->kind_state;
+
+	if (ps == NULL)
+		return;
+	for (int i = 0; i < dp->opt.procs; i++) {
+		rb_jsonl_reader_free(ps->procs[i].rd);
+		free(ps->procs[i].wbuf);
 	}
-	free(procs);
-	free(sidx);
+	free(ps->procs);
+	free(ps->sidx);
+	free(ps);
 }
 
 /*
@@ -1647,9 +1714,9 @@ static const struct handler_kind handler_pipe = {
 /* Its result is a success at once: the statement runs, and commits or
  * fails, in the transaction that completes it (flush_results). */
 static void
-sql_start(struct rb_dl *d, unsigned gen, struct chain *followers)
+sql_start(struct dispatcher *dp, struct rb_dl *d, unsigned gen, struct chain *followers)
 {
-	queue_result(d, result_ok(d), gen, followers);
+	queue_result(dp, d, result_ok(d), gen, followers);
 }
 
 static const struct handler_kind handler_sql = {
@@ -1661,15 +1728,15 @@ static const struct handler_kind handler_sql = {
 };
 
 static void
-reap(void)
+reap(struct dispatcher *dp)
 {
 	int status;
 	pid_t pid;
 
 	got_child = 0;
 	while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
-		if (opt.kind->exited != NULL)
-			opt.kind->exited(pid, status);
+		if (dp->opt.kind->exited != NULL)
+			dp->opt.kind->exited(dp, pid, status);
 }
 
 /*
@@ -1678,29 +1745,29 @@ reap(void)
  * chain, started when this one is completed.
  */
 static void
-start_delivery(struct rb_dl *d, unsigned gen, struct chain *followers)
+start_delivery(struct dispatcher *dp, struct rb_dl *d, unsigned gen, struct chain *followers)
 {
-	opt.kind->start(d, gen, followers);
+	dp->opt.kind->start(dp, d, gen, followers);
 }
 
 /* ---- the delivery loop ------------------------------------------------------------------- */
 
 /* When the next claim is due (now, or the next --poll); 0: no claim possible. */
 static int64_t
-claim_due(int64_t now)
+claim_due(struct dispatcher *dp, int64_t now)
 {
-	int free_slots = opt.concurrency - running - (int)nqueue - nwait - nfetch;
-	int low = opt.batch < opt.concurrency ? opt.batch : opt.concurrency;
+	int free_slots = dp->opt.concurrency - dp->running - (int)dp->nqueue - dp->nwait - dp->nfetch;
+	int low = dp->opt.batch < dp->opt.concurrency ? dp->opt.batch : dp->opt.concurrency;
 
 	low = low / 4 > 1 ? low / 4 : 1;
-	if (db_down || claiming || (completing && opt.conns < 3) || fetch_waiting.v != NULL || stop_level > 0 ||
-	    fatal_code != 0 ||
+	if (dp->db_down || dp->claiming || (dp->completing && dp->opt.conns < 3) || dp->fetch_waiting.v != NULL || dp->stop_level > 0 ||
+	    dp->fatal_code != 0 ||
 	    free_slots <= 0 ||
-	    (opt.kind->accepting != NULL && !opt.kind->accepting()))
+	    (dp->opt.kind->accepting != NULL && !dp->opt.kind->accepting(dp)))
 		return 0;
-	if (wake || now >= next_poll || (more_work && (free_slots >= low || running + (int)nqueue + nfetch == 0)))
+	if (dp->wake || now >= dp->next_poll || (dp->more_work && (free_slots >= low || dp->running + (int)dp->nqueue + dp->nfetch == 0)))
 		return now;
-	return next_poll;
+	return dp->next_poll;
 }
 
 /*
@@ -1710,7 +1777,7 @@ claim_due(int64_t now)
  * previous one's completion committed).
  */
 static void
-start_chains(struct claimed got, unsigned gen)
+start_chains(struct dispatcher *dp, struct claimed got, unsigned gen)
 {
 	size_t n = got.n;
 	int *head = xcalloc(n > 0 ? n : 1, sizeof *head);
@@ -1720,7 +1787,7 @@ start_chains(struct claimed got, unsigned gen)
 		const struct rb_dl *d = got.v[i];
 
 		head[i] = -1;
-		for (size_t j = i; d->key != NULL && opt.chain > 1 && j-- > 0;) {
+		for (size_t j = i; d->key != NULL && dp->opt.chain > 1 && j-- > 0;) {
 			const struct rb_dl *e = got.v[j];
 
 			if (e->lane != d->lane)
@@ -1735,17 +1802,17 @@ start_chains(struct claimed got, unsigned gen)
 
 			if (c == NULL) {
 				c = chain[head[i]] = xcalloc(1, sizeof *c);
-				c->v = xcalloc((size_t)opt.chain, sizeof *c->v);
+				c->v = xcalloc((size_t)dp->opt.chain, sizeof *c->v);
 			}
-			if (c->n == (size_t)opt.chain)	/* (cannot happen: a claim takes at most --chain of a key) */
+			if (c->n == (size_t)dp->opt.chain)	/* (cannot happen: a claim takes at most --chain of a key) */
 				c->v = xrealloc(c->v, (c->n + 1) * sizeof *c->v);
 			c->v[c->n++] = got.v[i];
-			nwait++;
+			dp->nwait++;
 		}
 	}
 	for (size_t i = 0; i < n; i++)
 		if (head[i] < 0)
-			start_delivery(got.v[i], gen, chain[i]);
+			start_delivery(dp, got.v[i], gen, chain[i]);
 	free(head);
 	free(chain);
 	free(got.v);
@@ -1753,24 +1820,24 @@ start_chains(struct claimed got, unsigned gen)
 
 /* A chain's turn: start its next delivery (go), or hand them all back. */
 static void
-chain_next(struct chain *followers, unsigned gen, bool go)
+chain_next(struct dispatcher *dp, struct chain *followers, unsigned gen, bool go)
 {
 	size_t n = chain_len(followers);
 
 	if (go && n > 0) {
 		struct rb_dl *d = followers->v[followers->at++];
 
-		nwait--;
+		dp->nwait--;
 		if (n == 1) {
 			chain_free(followers);
 			followers = NULL;
 		}
-		start_delivery(d, gen, followers);
+		start_delivery(dp, d, gen, followers);
 		return;
 	}
 	for (size_t i = followers->at; i < followers->n; i++)
-		queue_result(followers->v[i], result_release(followers->v[i]), gen, NULL);
-	nwait -= (int)n;
+		queue_result(dp, followers->v[i], result_release(followers->v[i]), gen, NULL);
+	dp->nwait -= (int)n;
 	followers->at = followers->n;
 	chain_free(followers);
 }
@@ -1782,76 +1849,76 @@ chain_next(struct chain *followers, unsigned gen, bool go)
  * the handlers while the database works on the claim.
  */
 static void
-claim_collect(bool wait)
+claim_collect(struct dispatcher *dp, bool wait)
 {
 	struct rb_error err = { 0 };
 	struct claimed got = { 0 };
 	int n;
 
-	if (!claiming)
+	if (!dp->claiming)
 		return;
-	n = rb_store_claim_recv(store, wait, &got.v, &err);
+	n = rb_store_claim_recv(dp->store, wait, &got.v, &err);
 	if (n == RB_CLAIM_PENDING)
 		return;
-	claiming = false;
+	dp->claiming = false;
 	if (n < 0) {
-		db_error(&err, "claim");
+		db_error(dp, &err, "claim");
 		return;
 	}
 	got.n = (size_t)n;
-	rb_debug("claimed %d (asked %d%s)", n, claim_asked, claim_searched ? "" : ", held lanes only");
-	if (claim_searched)
-		lanes_dry = n < claim_asked;
+	rb_debug("claimed %d (asked %d%s)", n, dp->claim_asked, dp->claim_searched ? "" : ", held lanes only");
+	if (dp->claim_searched)
+		dp->lanes_dry = n < dp->claim_asked;
 	/* (a completion that went through while the claim was out, beside it
 	 * on a third connection, may have unblocked a key the claim passed
 	 * over: its "nothing" is then no reason to wait for the next poll.
 	 * And only a claim that looked at every lane can say there is nothing
 	 * due, for --drain.) */
-	more_work = n > 0 || progress_since_claim;
-	idle_seen = n == 0 && !progress_since_claim && claim_searched;
-	stats.claimed += n;
-	owners[claim_gen % NOWNERS].count += n;
-	if (n > 0 && next_extend == 0)
-		next_extend = rb_mono_ms() + opt.lease_ms / 3;
+	dp->more_work = n > 0 || dp->progress_since_claim;
+	dp->idle_seen = n == 0 && !dp->progress_since_claim && dp->claim_searched;
+	dp->stats.claimed += n;
+	dp->owners[dp->claim_gen % NOWNERS].count += n;
+	if (n > 0 && dp->next_extend == 0)
+		dp->next_extend = rb_mono_ms() + dp->opt.lease_ms / 3;
 	if (n == 0) {
 		free(got.v);
 		return;
 	}
-	if (opt.conns == 1) {
-		start_claimed(got, claim_gen);
-		if (opt.kind->flush != NULL)
-			opt.kind->flush();
+	if (dp->opt.conns == 1) {
+		start_claimed(dp, got, dp->claim_gen);
+		if (dp->opt.kind->flush != NULL)
+			dp->opt.kind->flush(dp);
 		return;
 	}
-	nfetch += n;
-	if (fetching) {
-		fetch_waiting = got;	/* claim_due waits for it to go */
-		fetch_waiting_gen = claim_gen;
+	dp->nfetch += n;
+	if (dp->fetching) {
+		dp->fetch_waiting = got;	/* claim_due waits for it to go */
+		dp->fetch_waiting_gen = dp->claim_gen;
 	} else
-		fetch_send(got, claim_gen);
+		fetch_send(dp, got, dp->claim_gen);
 }
 
 /* Start the deliveries a claim brought (stolen), or when stopping hand
  * them back unrun (no attempt charged). */
 static void
-start_claimed(struct claimed got, unsigned gen)
+start_claimed(struct dispatcher *dp, struct claimed got, unsigned gen)
 {
-	if (stop_level > 0) {
+	if (dp->stop_level > 0) {
 		for (size_t i = 0; i < got.n; i++)
-			queue_result(got.v[i], result_release(got.v[i]), gen, NULL);
+			queue_result(dp, got.v[i], result_release(got.v[i]), gen, NULL);
 		free(got.v);
 	} else
-		start_chains(got, gen);
+		start_chains(dp, got, gen);
 }
 
 /* Forget claimed deliveries that will not be read (their owner's count
  * goes down: an owner with none left is retired, its lanes handed back). */
 static void
-fetch_drop(struct claimed *got, unsigned gen)
+fetch_drop(struct dispatcher *dp, struct claimed *got, unsigned gen)
 {
-	nfetch -= (int)got->n;
+	dp->nfetch -= (int)got->n;
 	for (size_t i = 0; i < got->n; i++) {
-		owner_done(gen);
+		owner_done(dp, gen);
 		rb_dl_free(got->v[i]);
 	}
 	free(got->v);
@@ -1861,62 +1928,62 @@ fetch_drop(struct claimed *got, unsigned gen)
 
 /* Read what a claim took (got stolen). */
 static void
-fetch_send(struct claimed got, unsigned gen)
+fetch_send(struct dispatcher *dp, struct claimed got, unsigned gen)
 {
 	struct rb_error err = { 0 };
 
-	fetch_out = got;
-	fetch_gen = gen;
-	if (rb_store_fetch_send(store, fetch_out.v, fetch_out.n, opt.kind->line_text, &err) < 0) {
-		fetch_drop(&fetch_out, fetch_gen);
-		db_error(&err, "fetch");
+	dp->fetch_out = got;
+	dp->fetch_gen = gen;
+	if (rb_store_fetch_send(dp->store, dp->fetch_out.v, dp->fetch_out.n, dp->opt.kind->line_text, &err) < 0) {
+		fetch_drop(dp, &dp->fetch_out, dp->fetch_gen);
+		db_error(dp, &err, "fetch");
 		return;
 	}
-	fetching = true;
+	dp->fetching = true;
 }
 
 /* Take the events of the fetch that is out, and start its deliveries. */
 static void
-fetch_collect(bool wait)
+fetch_collect(struct dispatcher *dp, bool wait)
 {
 	struct rb_error err = { 0 };
 	struct claimed got;
 	size_t k = 0;
 	int n;
 
-	if (!fetching)
+	if (!dp->fetching)
 		return;
-	n = rb_store_fetch_recv(store, wait, &err);
+	n = rb_store_fetch_recv(dp->store, wait, &err);
 	if (n == RB_CLAIM_PENDING)
 		return;
-	fetching = false;
+	dp->fetching = false;
 	if (n < 0) {
-		fetch_drop(&fetch_out, fetch_gen);
-		db_error(&err, "fetch");
+		fetch_drop(dp, &dp->fetch_out, dp->fetch_gen);
+		db_error(dp, &err, "fetch");
 		return;
 	}
 	/* (those whose event is gone are not started: their count goes) */
-	got = fetch_out;
-	nfetch -= (int)got.n;
+	got = dp->fetch_out;
+	dp->nfetch -= (int)got.n;
 	for (size_t i = 0; i < got.n; i++) {
 		if (got.v[i]->fetched)
 			got.v[k++] = got.v[i];
 		else {
-			owner_done(fetch_gen);
+			owner_done(dp, dp->fetch_gen);
 			rb_dl_free(got.v[i]);
 		}
 	}
 	got.n = k;
-	fetch_out = (struct claimed){ 0 };
-	start_claimed(got, fetch_gen);
-	if (fetch_waiting.v != NULL && !db_down) {
-		struct claimed next = fetch_waiting;
+	dp->fetch_out = (struct claimed){ 0 };
+	start_claimed(dp, got, dp->fetch_gen);
+	if (dp->fetch_waiting.v != NULL && !dp->db_down) {
+		struct claimed next = dp->fetch_waiting;
 
-		fetch_waiting = (struct claimed){ 0 };
-		fetch_send(next, fetch_waiting_gen);
+		dp->fetch_waiting = (struct claimed){ 0 };
+		fetch_send(dp, next, dp->fetch_waiting_gen);
 	}
-	if (opt.kind->flush != NULL)
-		opt.kind->flush();
+	if (dp->opt.kind->flush != NULL)
+		dp->opt.kind->flush(dp);
 }
 
 /*
@@ -1924,103 +1991,100 @@ fetch_collect(bool wait)
  * owner generation: the claim need not look them up (rb_claim_opts.live).
  */
 static size_t
-live_ids(int64_t **ids, int **lanes, size_t *cap)
+live_ids(struct dispatcher *dp, int64_t **ids, int **lanes, size_t *cap)
 {
-	size_t n = 0, want = nqueue + fetch_out.n + fetch_waiting.n;
+	size_t n = 0, want = dp->nqueue + dp->fetch_out.n + dp->fetch_waiting.n;
 
 	/* counted, not derived from running, nqueue and nwait: a slip in
 	 * those counters must not write past the end */
-	for (int i = 0; i < opt.concurrency; i++)
-		if (slots[i].used)
-			want += 1 + chain_len(slots[i].followers);
-	for (size_t i = 0; i < nqueue; i++)
-		want += chain_len(queue[i].followers);
+	for (int i = 0; i < dp->opt.concurrency; i++)
+		if (dp->slots[i].used)
+			want += 1 + chain_len(dp->slots[i].followers);
+	for (size_t i = 0; i < dp->nqueue; i++)
+		want += chain_len(dp->queue[i].followers);
 	if (*cap < want) {
 		*cap = want;
 		*ids = xrealloc(*ids, want * sizeof **ids);
 		*lanes = xrealloc(*lanes, want * sizeof **lanes);
 	}
 #define LIVE(dl) do { (*ids)[n] = (dl)->id; (*lanes)[n++] = (dl)->lane; } while (0)
-	for (int i = 0; i < opt.concurrency; i++)
-		if (slots[i].used) {
-			const struct chain *c = slots[i].followers;
+	for (int i = 0; i < dp->opt.concurrency; i++)
+		if (dp->slots[i].used) {
+			const struct chain *c = dp->slots[i].followers;
 
-			LIVE(slots[i].d);
+			LIVE(dp->slots[i].d);
 			for (size_t k = c != NULL ? c->at : 0; c != NULL && k < c->n; k++)
 				LIVE(c->v[k]);
 		}
-	for (size_t i = 0; i < nqueue; i++) {
-		const struct chain *c = queue[i].followers;
+	for (size_t i = 0; i < dp->nqueue; i++) {
+		const struct chain *c = dp->queue[i].followers;
 
-		LIVE(queue[i].d);
+		LIVE(dp->queue[i].d);
 		for (size_t k = c != NULL ? c->at : 0; c != NULL && k < c->n; k++)
 			LIVE(c->v[k]);
 	}
 	/* claimed, being read */
-	for (size_t i = 0; i < fetch_out.n; i++)
-		LIVE(fetch_out.v[i]);
-	for (size_t i = 0; i < fetch_waiting.n; i++)
-		LIVE(fetch_waiting.v[i]);
+	for (size_t i = 0; i < dp->fetch_out.n; i++)
+		LIVE(dp->fetch_out.v[i]);
+	for (size_t i = 0; i < dp->fetch_waiting.n; i++)
+		LIVE(dp->fetch_waiting.v[i]);
 #undef LIVE
 	return n;
 }
 
 static void
-maybe_claim(int64_t now)
+maybe_claim(struct dispatcher *dp, int64_t now)
 {
-	static int64_t *live;
-	static int *live_lanes;
-	static size_t live_cap;
-	int free_slots = opt.concurrency - running - (int)nqueue - nwait - nfetch;
+	int free_slots = dp->opt.concurrency - dp->running - (int)dp->nqueue - dp->nwait - dp->nfetch;
 	struct rb_claim_opts claim;
 	struct rb_error err = { 0 };
-	int64_t due = claim_due(now);
+	int64_t due = claim_due(dp, now);
 
 	if (due == 0 || due > now)
 		return;
-	claim = (struct rb_claim_opts){ .handler = opt.handler, .owner = owners[cur_gen % NOWNERS].name,
-	    .batch = free_slots < opt.batch ? free_slots : opt.batch, .lease_ms = opt.lease_ms,
-	    .max_attempts = opt.complete.max_attempts };
-	claim.n_live = live_ids(&live, &live_lanes, &live_cap);
-	claim.chain = opt.chain;
-	claim.line_text = opt.kind->line_text;
+	claim = (struct rb_claim_opts){ .handler = dp->opt.handler, .owner = dp->owners[dp->cur_gen % NOWNERS].name,
+	    .batch = free_slots < dp->opt.batch ? free_slots : dp->opt.batch, .lease_ms = dp->opt.lease_ms,
+	    .max_attempts = dp->opt.complete.max_attempts };
+	claim.n_live = live_ids(dp, &dp->live, &dp->live_lanes, &dp->live_cap);
+	claim.chain = dp->opt.chain;
+	claim.line_text = dp->opt.kind->line_text;
 	/* (never NULL: NULL would mean "unknown", and the claim would take
 	 * whatever a lane lists as in flight for running) */
-	claim.live = live != NULL ? live : (const int64_t[]){ 0 };
-	claim.live_lanes = live_lanes != NULL ? live_lanes : (const int[]){ 0 };
-	claim.apart = opt.conns >= 2;
+	claim.live = dp->live != NULL ? dp->live : (const int64_t[]){ 0 };
+	claim.live_lanes = dp->live_lanes != NULL ? dp->live_lanes : (const int[]){ 0 };
+	claim.apart = dp->opt.conns >= 2;
 	/* look for more lanes unless the last look found too few and nothing
 	 * changed since; a claim with nothing running always looks (its
 	 * answer decides --drain and idleness) */
-	claim.no_search = lanes_dry && !wake && now < next_poll && running + (int)nqueue > 0;
-	claim_searched = !claim.no_search;
-	wake = false;
-	next_poll = now + opt.poll_ms;
-	if (rb_store_claim_send(store, &claim, &err) < 0) {
-		db_error(&err, "claim");
+	claim.no_search = dp->lanes_dry && !dp->wake && now < dp->next_poll && dp->running + (int)dp->nqueue > 0;
+	dp->claim_searched = !claim.no_search;
+	dp->wake = false;
+	dp->next_poll = now + dp->opt.poll_ms;
+	if (rb_store_claim_send(dp->store, &claim, &err) < 0) {
+		db_error(dp, &err, "claim");
 		return;
 	}
-	claiming = true;
-	progress_since_claim = false;
-	claim_gen = cur_gen;
-	claim_asked = claim.batch;
+	dp->claiming = true;
+	dp->progress_since_claim = false;
+	dp->claim_gen = dp->cur_gen;
+	dp->claim_asked = claim.batch;
 }
 
 static void
-extend_leases(int64_t now)
+extend_leases(struct dispatcher *dp, int64_t now)
 {
 	struct rb_error err = { 0 };
 
-	next_extend = now + opt.lease_ms / 3;
-	db_settle();
-	for (int i = 0; i < NOWNERS && !db_down; i++) {
-		struct owner *o = &owners[i];
+	dp->next_extend = now + dp->opt.lease_ms / 3;
+	db_settle(dp);
+	for (int i = 0; i < NOWNERS && !dp->db_down; i++) {
+		struct owner *o = &dp->owners[i];
 		int n;
 
 		if (o->name == NULL || o->count <= 0)
 			continue;
-		if ((n = rb_store_extend(store, opt.handler, o->name, opt.lease_ms, &err)) < 0) {
-			db_error(&err, "extend");
+		if ((n = rb_store_extend(dp->store, dp->opt.handler, o->name, dp->opt.lease_ms, &err)) < 0) {
+			db_error(dp, &err, "extend");
 			return;
 		}
 		rb_debug("renewed %d lanes of %s", n, o->name);
@@ -2029,22 +2093,22 @@ extend_leases(int64_t now)
 
 /* Hand back the lanes of older owner names that run nothing any more. */
 static void
-retire_owners(void)
+retire_owners(struct dispatcher *dp)
 {
 	struct rb_error err = { 0 };
 
 	for (int i = 0; i < NOWNERS; i++) {
-		struct owner *o = &owners[i];
+		struct owner *o = &dp->owners[i];
 
-		if (o->name == NULL || o->gen == cur_gen || o->count > 0)
+		if (o->name == NULL || o->gen == dp->cur_gen || o->count > 0)
 			continue;
-		db_settle();
-		if (db_down)
+		db_settle(dp);
+		if (dp->db_down)
 			return;
 		/* nothing of it runs here any more: what is still in flight under
 		 * it came from a claim whose answer was lost; free those lanes now */
-		if (rb_store_relinquish_owner(store, opt.handler, o->name, &err) < 0) {
-			db_error(&err, "relinquish");
+		if (rb_store_relinquish_owner(dp->store, dp->opt.handler, o->name, &err) < 0) {
+			db_error(dp, &err, "relinquish");
 			return;
 		}
 		free(o->name);
@@ -2053,51 +2117,51 @@ retire_owners(void)
 }
 
 static void
-check_timeouts(int64_t now)
+check_timeouts(struct dispatcher *dp, int64_t now)
 {
 	/* (every slot looked at only once the earliest deadline may have
 	 * come: the loop runs once per wake-up, and slots are thousands) */
-	if (next_deadline == 0 || now < next_deadline)
+	if (dp->next_deadline == 0 || now < dp->next_deadline)
 		return;
-	next_deadline = 0;
-	for (int i = 0; i < opt.concurrency; i++) {
-		struct slot *s = &slots[i];
+	dp->next_deadline = 0;
+	for (int i = 0; i < dp->opt.concurrency; i++) {
+		struct slot *s = &dp->slots[i];
 
 		if (!s->used || s->deadline == 0)
 			continue;
 		if (now < s->deadline) {
-			next_deadline = min_deadline(next_deadline, s->deadline);
+			dp->next_deadline = min_deadline(dp->next_deadline, s->deadline);
 			continue;
 		}
 		s->deadline = 0;
-		opt.kind->cancel(s, CANCEL_TIMEOUT);
+		dp->opt.kind->cancel(dp, s, CANCEL_TIMEOUT);
 	}
 }
 
 /* Stop now: release what runs (no attempt charged). */
 static void
-abort_all(void)
+abort_all(struct dispatcher *dp)
 {
-	stop_level = 2;
-	for (int i = 0; i < opt.concurrency; i++) {
-		struct slot *s = &slots[i];
+	dp->stop_level = 2;
+	for (int i = 0; i < dp->opt.concurrency; i++) {
+		struct slot *s = &dp->slots[i];
 
 		if (!s->used)
 			continue;
-		opt.kind->cancel(s, CANCEL_ABORT);
+		dp->opt.kind->cancel(dp, s, CANCEL_ABORT);
 	}
 }
 
 static void
-stats_line(int64_t now, int64_t *last)
+stats_line(struct dispatcher *dp, int64_t now, int64_t *last)
 {
 	double secs = (double)(now - *last) / 1000.0;
 
 	rb_notice("claimed %ld, completed %ld, failed %ld (buried %ld), released %ld, lost %ld, "
-	    "in flight %d, %.1f/s", stats.claimed, stats.completed, stats.rescheduled + stats.buried, stats.buried,
-	    stats.released, stats.lost, running + (int)nqueue + nwait + nfetch,
-	    secs > 0 ? (double)(stats.completed - stats.completed_at_last_stats) / secs : 0.0);
-	stats.completed_at_last_stats = stats.completed;
+	    "in flight %d, %.1f/s", dp->stats.claimed, dp->stats.completed, dp->stats.rescheduled + dp->stats.buried, dp->stats.buried,
+	    dp->stats.released, dp->stats.lost, dp->running + (int)dp->nqueue + dp->nwait + dp->nfetch,
+	    secs > 0 ? (double)(dp->stats.completed - dp->stats.completed_at_last_stats) / secs : 0.0);
+	dp->stats.completed_at_last_stats = dp->stats.completed;
 	*last = now;
 }
 
@@ -2112,54 +2176,54 @@ enum { REF_SIGNALS = -1, REF_DB = -2, REF_FETCH = -3, REF_COMPLETE = -4 };
 
 /* One poll: compute the next deadline, wait, and serve the ready fds. */
 static void
-wait_and_serve(int64_t now, struct pollfd *pfd, int *ref)
+wait_and_serve(struct dispatcher *dp, int64_t now, struct pollfd *pfd, int *ref)
 {
 	int64_t until = now + 1000;
 	int n = 0, timeout, dbfd = -1, pr;
 
 	/* libpq may hold the claim's answer already (read along with a
 	 * notification): the socket would not wake us for it */
-	if (!db_down) {
-		claim_collect(false);
-		complete_collect(false);
-		fetch_collect(false);
+	if (!dp->db_down) {
+		claim_collect(dp, false);
+		complete_collect(dp, false);
+		fetch_collect(dp, false);
 	}
 	pfd[n].fd = sigpipe_fd[0];
 	pfd[n].events = POLLIN;
 	ref[n++] = REF_SIGNALS;
-	if (!db_down && (dbfd = rb_store_socket(store)) >= 0) {
+	if (!dp->db_down && (dbfd = rb_store_socket(dp->store)) >= 0) {
 		pfd[n].fd = dbfd;
 		pfd[n].events = POLLIN;
 		ref[n++] = REF_DB;
 	}
-	if (!db_down && (dbfd = rb_store_fetch_socket(store)) >= 0) {
+	if (!dp->db_down && (dbfd = rb_store_fetch_socket(dp->store)) >= 0) {
 		pfd[n].fd = dbfd;
 		pfd[n].events = POLLIN;
 		ref[n++] = REF_FETCH;
 	}
-	if (!db_down && (dbfd = rb_store_complete_socket(store)) >= 0) {
+	if (!dp->db_down && (dbfd = rb_store_complete_socket(dp->store)) >= 0) {
 		pfd[n].fd = dbfd;
 		pfd[n].events = POLLIN;
 		ref[n++] = REF_COMPLETE;
 	}
-	if (db_down)
-		until = min_deadline(until, reconnect_at);
+	if (dp->db_down)
+		until = min_deadline(until, dp->reconnect_at);
 	else {
 		/* (while a statement is out, its answer on the socket wakes us) */
-		if (nqueue > 0 && !completing && (!claiming || opt.conns == 3))
-			until = min_deadline(until, queue_since + opt.window_ms);
-		until = min_deadline(until, claim_due(now));
-		if (next_extend > 0)
-			until = min_deadline(until, next_extend);
+		if (dp->nqueue > 0 && !dp->completing && (!dp->claiming || dp->opt.conns == 3))
+			until = min_deadline(until, dp->queue_since + dp->opt.window_ms);
+		until = min_deadline(until, claim_due(dp, now));
+		if (dp->next_extend > 0)
+			until = min_deadline(until, dp->next_extend);
 	}
-	if (stop_level == 1)
-		until = min_deadline(until, grace_deadline);
-	if (next_stats > 0)
-		until = min_deadline(until, next_stats);
-	until = min_deadline(until, next_deadline);
-	n += opt.kind->pollfds != NULL ? opt.kind->pollfds(pfd + n, ref + n, &until) : 0;
+	if (dp->stop_level == 1)
+		until = min_deadline(until, dp->grace_deadline);
+	if (dp->next_stats > 0)
+		until = min_deadline(until, dp->next_stats);
+	until = min_deadline(until, dp->next_deadline);
+	n += dp->opt.kind->pollfds != NULL ? dp->opt.kind->pollfds(dp, pfd + n, ref + n, &until) : 0;
 	timeout = until <= now ? 0 : (int)(until - now);
-	if (got_child || got_stop > stop_level)
+	if (got_child || got_stop > dp->stop_level)
 		timeout = 0;
 	pr = poll(pfd, (nfds_t)n, timeout);
 	if (pr < 0 && errno != EINTR)
@@ -2168,11 +2232,11 @@ wait_and_serve(int64_t now, struct pollfd *pfd, int *ref)
 		if (pfd[k].revents == 0)
 			continue;
 		if (ref[k] == REF_FETCH) {
-			if (!db_down)
-				fetch_collect(false);
+			if (!dp->db_down)
+				fetch_collect(dp, false);
 		} else if (ref[k] == REF_COMPLETE) {
-			if (!db_down)
-				complete_collect(false);
+			if (!dp->db_down)
+				complete_collect(dp, false);
 		} else if (ref[k] == REF_SIGNALS) {
 			char buf[64];
 
@@ -2182,41 +2246,41 @@ wait_and_serve(int64_t now, struct pollfd *pfd, int *ref)
 			struct rb_error err = { 0 };
 			int hit;
 
-			claim_collect(false);	/* first: the answer may be all that came before a break */
-			complete_collect(false);
-			if (db_down)
+			claim_collect(dp, false);	/* first: the answer may be all that came before a break */
+			complete_collect(dp, false);
+			if (dp->db_down)
 				continue;
-			hit = rb_store_notified(store, opt.handler, 0, &err);
+			hit = rb_store_notified(dp->store, dp->opt.handler, 0, &err);
 
 			if (hit < 0)
-				db_error(&err, "notification");
+				db_error(dp, &err, "notification");
 			else if (hit > 0) {
 				rb_debug("woken by a notification");
-				wake = true;
+				dp->wake = true;
 			}
-			claim_collect(false);	/* and what the notification read brought along */
-			complete_collect(false);
+			claim_collect(dp, false);	/* and what the notification read brought along */
+			complete_collect(dp, false);
 		} else
-			opt.kind->ready(ref[k]);
+			dp->opt.kind->ready(dp, ref[k]);
 	}
 }
 
 static void
-hand_back_lanes(void)
+hand_back_lanes(struct dispatcher *dp)
 {
 	struct rb_error err = { 0 };
 
-	db_settle();
-	if (db_down)
+	db_settle(dp);
+	if (dp->db_down)
 		return;
 
 	for (int i = 0; i < NOWNERS; i++) {
-		struct owner *o = &owners[i];
+		struct owner *o = &dp->owners[i];
 		int n;
 
 		if (o->name == NULL)
 			continue;
-		if ((n = rb_store_relinquish(store, opt.handler, o->name, &err)) < 0) {
+		if ((n = rb_store_relinquish(dp->store, dp->opt.handler, o->name, &err)) < 0) {
 			rb_warn("could not hand back the lanes of %s (they free up when the lease ends): %s",
 			    o->name, err.msg);
 			return;
@@ -2226,103 +2290,103 @@ hand_back_lanes(void)
 }
 
 static int
-run(void)
+run(struct dispatcher *dp)
 {
-	size_t npfd = (size_t)opt.concurrency + 2 * (size_t)opt.procs + 4;
+	size_t npfd = (size_t)dp->opt.concurrency + 2 * (size_t)dp->opt.procs + 4;
 	struct pollfd *pfd = xcalloc(npfd, sizeof *pfd);
 	int *ref = xcalloc(npfd, sizeof *ref);
 	int64_t last_stats = rb_mono_ms();
 	int exit_code = RB_EXIT_OK;
 	struct rb_error err = { 0 };
 
-	if (rb_store_listen(store, &err) < 0)
-		db_error(&err, "listen");
-	if (opt.stats_ms > 0)
-		next_stats = last_stats + opt.stats_ms;
-	if (opt.kind->begin != NULL)
-		opt.kind->begin();
+	if (rb_store_listen(dp->store, &err) < 0)
+		db_error(dp, &err, "listen");
+	if (dp->opt.stats_ms > 0)
+		dp->next_stats = last_stats + dp->opt.stats_ms;
+	if (dp->opt.kind->begin != NULL)
+		dp->opt.kind->begin(dp);
 	for (;;) {
 		int64_t now = rb_mono_ms();
 
 		if (got_child)
-			reap();
-		if (got_stop > 0 && stop_level == 0) {
+			reap(dp);
+		if (got_stop > 0 && dp->stop_level == 0) {
 			rb_info("stopping: waiting up to %" PRId64 "ms for %d running handlers",
-			    opt.grace_ms, running);
-			stop_level = 1;
-			grace_deadline = now + opt.grace_ms;
+			    dp->opt.grace_ms, dp->running);
+			dp->stop_level = 1;
+			dp->grace_deadline = now + dp->opt.grace_ms;
 		}
-		if (stop_level == 1 && (got_stop > 1 || now >= grace_deadline || fatal_code != 0)) {
-			if (running > 0)
-				rb_info("releasing %d deliveries still running", running);
-			abort_all();
+		if (dp->stop_level == 1 && (got_stop > 1 || now >= dp->grace_deadline || dp->fatal_code != 0)) {
+			if (dp->running > 0)
+				rb_info("releasing %d deliveries still running", dp->running);
+			abort_all(dp);
 		}
-		if (fatal_code != 0 && stop_level == 0) {
-			stop_level = 1;
-			abort_all();
+		if (dp->fatal_code != 0 && dp->stop_level == 0) {
+			dp->stop_level = 1;
+			abort_all(dp);
 		}
-		check_timeouts(now);
-		if (stop_level == 0 && opt.kind->tick != NULL)
-			opt.kind->tick(now);
-		if (db_down && now >= reconnect_at)
-			try_reconnect(now);
-		if (!db_down && nqueue > 0 && (now >= queue_since + opt.window_ms || stop_level > 0 ||
-		    nqueue >= 1000 || opt.kind->at_once))
-			flush_results();
-		if (!db_down && next_extend > 0 && now >= next_extend)
-			extend_leases(now);
-		if (!db_down)
-			retire_owners();
-		maybe_claim(now);
-		if (!db_down && nqueue > 0 && opt.kind->at_once)
-			flush_results();	/* --sql: the results are ready at once */
-		if (!db_down) {
+		check_timeouts(dp, now);
+		if (dp->stop_level == 0 && dp->opt.kind->tick != NULL)
+			dp->opt.kind->tick(dp, now);
+		if (dp->db_down && now >= dp->reconnect_at)
+			try_reconnect(dp, now);
+		if (!dp->db_down && dp->nqueue > 0 && (now >= dp->queue_since + dp->opt.window_ms || dp->stop_level > 0 ||
+		    dp->nqueue >= 1000 || dp->opt.kind->at_once))
+			flush_results(dp);
+		if (!dp->db_down && dp->next_extend > 0 && now >= dp->next_extend)
+			extend_leases(dp, now);
+		if (!dp->db_down)
+			retire_owners(dp);
+		maybe_claim(dp, now);
+		if (!dp->db_down && dp->nqueue > 0 && dp->opt.kind->at_once)
+			flush_results(dp);	/* --sql: the results are ready at once */
+		if (!dp->db_down) {
 			/* notifications that came in during our statements */
 			struct rb_error nerr = { 0 };
-			int hit = rb_store_notified(store, opt.handler, 0, &nerr);
+			int hit = rb_store_notified(dp->store, dp->opt.handler, 0, &nerr);
 
 			if (hit < 0)
-				db_error(&nerr, "notification");
+				db_error(dp, &nerr, "notification");
 			else if (hit > 0)
-				wake = true;
+				dp->wake = true;
 		}
-		if (next_stats > 0 && now >= next_stats) {
-			stats_line(now, &last_stats);
-			next_stats = now + opt.stats_ms;
+		if (dp->next_stats > 0 && now >= dp->next_stats) {
+			stats_line(dp, now, &last_stats);
+			dp->next_stats = now + dp->opt.stats_ms;
 		}
-		if (running == 0 && nqueue == 0 && !claiming && !fetching && fetch_waiting.v == NULL) {
-			if (stop_level > 0)
+		if (dp->running == 0 && dp->nqueue == 0 && !dp->claiming && !dp->fetching && dp->fetch_waiting.v == NULL) {
+			if (dp->stop_level > 0)
 				break;
-			if (opt.drain && idle_seen && !db_down && fatal_code == 0) {
+			if (dp->opt.drain && dp->idle_seen && !dp->db_down && dp->fatal_code == 0) {
 				rb_info("drained: nothing due, nothing in flight");
 				break;
 			}
 		}
 		/* stopped, handlers done, database gone: give up on what is queued */
-		if (stop_level == 2 && running == 0 && db_down && got_stop > 1) {
+		if (dp->stop_level == 2 && dp->running == 0 && dp->db_down && got_stop > 1) {
 			rb_error("stopping with %zu results not applied: they run again when the lease ends",
-			    nqueue);
+			    dp->nqueue);
 			exit_code = RB_EXIT_TEMPFAIL;
 			break;
 		}
-		if (fatal_code != 0 && running == 0)
+		if (dp->fatal_code != 0 && dp->running == 0)
 			break;
-		wait_and_serve(rb_mono_ms(), pfd, ref);
+		wait_and_serve(dp, rb_mono_ms(), pfd, ref);
 	}
-	if (stop_level == 0)
-		stop_level = 1;		/* no co-process restarts from here on */
-	if (opt.kind->stop != NULL)
-		opt.kind->stop();
-	if (!db_down)
-		hand_back_lanes();
-	if (opt.stats_ms > 0)
-		stats_line(rb_mono_ms(), &last_stats);
+	if (dp->stop_level == 0)
+		dp->stop_level = 1;		/* no co-process restarts from here on */
+	if (dp->opt.kind->stop != NULL)
+		dp->opt.kind->stop(dp);
+	if (!dp->db_down)
+		hand_back_lanes(dp);
+	if (dp->opt.stats_ms > 0)
+		stats_line(dp, rb_mono_ms(), &last_stats);
 	rb_info("%ld claimed, %ld completed, %ld rescheduled, %ld buried, %ld released, %ld lost",
-	    stats.claimed, stats.completed, stats.rescheduled, stats.buried, stats.released, stats.lost);
+	    dp->stats.claimed, dp->stats.completed, dp->stats.rescheduled, dp->stats.buried, dp->stats.released, dp->stats.lost);
 	free(pfd);
 	free(ref);
-	if (fatal_code != 0)
-		return fatal_code;
+	if (dp->fatal_code != 0)
+		return dp->fatal_code;
 	return exit_code;
 }
 
@@ -2338,39 +2402,71 @@ guard_std_fds(void)
 		close(fd);
 }
 
+/* A dispatcher for these options (copied): its slots and owner name, no store yet. */
+static struct dispatcher *
+dispatcher_new(const struct dispatch_opts *o)
+{
+	struct dispatcher *dp = xcalloc(1, sizeof *dp);
+
+	dp->opt = *o;
+	dp->wake = true;
+	dp->reconnect_backoff = 100;
+	dp->owner_base = o->owner != NULL ? xstrdup(o->owner) : rb_cli_owner();
+	dp->slots = xcalloc((size_t)o->concurrency, sizeof *dp->slots);
+	dp->free_slot = xcalloc((size_t)o->concurrency, sizeof *dp->free_slot);
+	for (int i = o->concurrency; i-- > 0;)
+		dp->free_slot[dp->nfree_slot++] = i;
+	return dp;
+}
+
+/* Dispatch through store (borrowed) until drained, stopped or failed; the exit code. */
+static int
+dispatcher_run(struct dispatcher *dp, struct rb_store *store)
+{
+	dp->store = store;
+	new_owner(dp);
+	rb_info("dispatching %s as %s (concurrency %d, batch %d, chain %d)", dp->opt.handler,
+	    dp->owner_base, dp->opt.concurrency, dp->opt.batch, dp->opt.chain);
+	return run(dp);
+}
+
+static void
+dispatcher_free(struct dispatcher *dp)
+{
+	for (int i = 0; i < NOWNERS; i++)
+		free(dp->owners[i].name);
+	for (size_t i = 0; i < dp->nqueue; i++) {
+		rb_dl_free(dp->queue[i].d);
+		json_decref(dp->queue[i].r);
+		chain_free(dp->queue[i].followers);
+	}
+	free(dp->queue);
+	if (dp->opt.kind->fini != NULL)
+		dp->opt.kind->fini(dp);
+	free(dp->slots);
+	free(dp->free_slot);
+	free(dp->live);
+	free(dp->live_lanes);
+	free(dp->owner_base);
+	free(dp);
+}
+
 int
 main(int argc, char **argv)
 {
+	struct dispatcher *dp;
+	struct rb_store *store;
 	int exit_code;
 
 	guard_std_fds();
 	rb_cli_init("rb-dispatch", &opt.common);
 	parse_args(argc, argv);
-	rb_log_set_prefix(opt.handler);
-	owner_base = opt.owner != NULL ? xstrdup(opt.owner) : rb_cli_owner();
+	rb_log_set_prefix(opt.dispatch.handler);
+	dp = dispatcher_new(&opt.dispatch);
 	setup_signals();
-	slots = xcalloc((size_t)opt.concurrency, sizeof *slots);
-	free_slot = xcalloc((size_t)opt.concurrency, sizeof *free_slot);
-	for (int i = opt.concurrency; i-- > 0;)
-		free_slot[nfree_slot++] = i;
 	store = rb_cli_open(&opt.common);
-	new_owner();
-	rb_info("dispatching %s as %s (concurrency %d, batch %d, chain %d)", opt.handler, owner_base,
-	    opt.concurrency, opt.batch, opt.chain);
-	exit_code = run();
+	exit_code = dispatcher_run(dp, store);
 	rb_store_close(store);
-	for (int i = 0; i < NOWNERS; i++)
-		free(owners[i].name);
-	for (size_t i = 0; i < nqueue; i++) {
-		rb_dl_free(queue[i].d);
-		json_decref(queue[i].r);
-		chain_free(queue[i].followers);
-	}
-	free(queue);
-	if (opt.kind->fini != NULL)
-		opt.kind->fini();
-	free(slots);
-	free(free_slot);
-	free(owner_base);
+	dispatcher_free(dp);
 	return exit_code;
 }
