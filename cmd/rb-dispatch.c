@@ -17,6 +17,9 @@
  * name, so that a claim whose answer was lost can never stay in flight
  * under a lease this process keeps renewing.  stdout carries nothing of
  * ours (--exec handlers inherit it).
+ *
+ * This file is the command line; the engine is in cmd/dispatch/
+ * (dispatch.h draws its states).
  */
 #include "config.h"
 

@@ -27,12 +27,13 @@ claim_due(struct dispatcher *dp, int64_t now)
 	int low = dp->opt.batch < dp->opt.concurrency ? dp->opt.batch : dp->opt.concurrency;
 
 	low = low / 4 > 1 ? low / 4 : 1;
-	if (dp->db_down || dp->claiming || (dp->completing && dp->opt.conns < 3) || dp->fetch_waiting.v != NULL || dp->stop_level > 0 ||
-	    dp->fatal_code != 0 ||
+	if (dp->db_down || dp->claiming || (dp->completing && !completes_apart(dp)) ||
+	    dp->fetch_waiting.v != NULL || dp->stop_level > 0 || dp->fatal_code != 0 ||
 	    free_slots <= 0 ||
 	    (dp->opt.kind->accepting != NULL && !dp->opt.kind->accepting(dp)))
 		return 0;
-	if (dp->wake || now >= dp->next_poll || (dp->more_work && (free_slots >= low || dp->running + (int)dp->nqueue + dp->nfetch == 0)))
+	if (dp->wake || now >= dp->next_poll ||
+	    (dp->more_work && (free_slots >= low || dp->running + (int)dp->nqueue + dp->nfetch == 0)))
 		return now;
 	return dp->next_poll;
 }
@@ -51,8 +52,9 @@ start_delivery(struct dispatcher *dp, struct rb_dl *d, unsigned gen, struct chai
 /*
  * Start what a claim brought.  The deliveries of one key come in sequence
  * order, each lane's together (--chain): the first is started, the rest
- * wait in a chain behind it (flush_results starts the next one once the
- * previous one's completion committed).
+ * wait in a chain behind it.  The next one starts once the one before
+ * succeeded (finish_slot), with --sql once its completion committed
+ * (queue_applied); when one fails, the rest are handed back unrun.
  */
 static void
 start_chains(struct dispatcher *dp, struct claimed got, unsigned gen)
@@ -114,7 +116,8 @@ chain_len(const struct chain *c)
 	return c != NULL ? c->n - c->at : 0;
 }
 
-/* A chain's turn: start its next delivery (go), or hand them all back. */
+/* A chain's turn: start its next delivery (go), or hand them all back
+ * (see dispatch.h). */
 void
 chain_next(struct dispatcher *dp, struct chain *followers, unsigned gen, bool go)
 {
@@ -174,7 +177,8 @@ fetch_send(struct dispatcher *dp, struct claimed got, unsigned gen)
 
 	dp->fetch_out = got;
 	dp->fetch_gen = gen;
-	if (rb_store_fetch_send(dp->store, dp->fetch_out.v, dp->fetch_out.n, dp->opt.kind->line_text, &err) < 0) {
+	if (rb_store_fetch_send(dp->store, dp->fetch_out.v, dp->fetch_out.n, dp->opt.kind->line_text,
+	    &err) < 0) {
 		fetch_drop(dp, &dp->fetch_out, dp->fetch_gen);
 		db_error(dp, &err, "fetch");
 		return;
@@ -198,7 +202,7 @@ claim_collect(struct dispatcher *dp, bool wait)
 	if (!dp->claiming)
 		return;
 	n = rb_store_claim_recv(dp->store, wait, &got.v, &err);
-	if (n == RB_CLAIM_PENDING)
+	if (n == STORE_PENDING)
 		return;
 	dp->claiming = false;
 	if (n < 0) {
@@ -206,7 +210,8 @@ claim_collect(struct dispatcher *dp, bool wait)
 		return;
 	}
 	got.n = (size_t)n;
-	rb_debug("claimed %d (asked %d%s)", n, dp->claim_asked, dp->claim_searched ? "" : ", held lanes only");
+	rb_debug("claimed %d (asked %d%s)", n, dp->claim_asked,
+	    dp->claim_searched ? "" : ", held lanes only");
 	if (dp->claim_searched)
 		dp->lanes_dry = n < dp->claim_asked;
 	/* (a completion that went through while the claim was out, beside it
@@ -224,7 +229,7 @@ claim_collect(struct dispatcher *dp, bool wait)
 		free(got.v);
 		return;
 	}
-	if (dp->opt.conns == 1) {
+	if (!reads_apart(dp)) {
 		start_claimed(dp, got, dp->claim_gen);
 		if (dp->opt.kind->flush != NULL)
 			dp->opt.kind->flush(dp);
@@ -250,7 +255,7 @@ fetch_collect(struct dispatcher *dp, bool wait)
 	if (!dp->fetching)
 		return;
 	n = rb_store_fetch_recv(dp->store, wait, &err);
-	if (n == RB_CLAIM_PENDING)
+	if (n == STORE_PENDING)
 		return;
 	dp->fetching = false;
 	if (n < 0) {
@@ -284,10 +289,11 @@ fetch_collect(struct dispatcher *dp, bool wait)
 
 /*
  * The deliveries still running, waiting in a chain or to be completed, whatever their
- * owner generation: the claim need not look them up (rb_claim_opts.live).
+ * owner generation, into dp->live and dp->live_lanes: the claim need not look them up
+ * (rb_claim_opts.live).  Returns how many.
  */
 static size_t
-live_ids(struct dispatcher *dp, int64_t **ids, int **lanes, size_t *cap)
+live_ids(struct dispatcher *dp)
 {
 	size_t n = 0, want = dp->nqueue + dp->fetch_out.n + dp->fetch_waiting.n;
 
@@ -298,12 +304,12 @@ live_ids(struct dispatcher *dp, int64_t **ids, int **lanes, size_t *cap)
 			want += 1 + chain_len(dp->slots[i].followers);
 	for (size_t i = 0; i < dp->nqueue; i++)
 		want += chain_len(dp->queue[i].followers);
-	if (*cap < want) {
-		*cap = want;
-		*ids = xrealloc(*ids, want * sizeof **ids);
-		*lanes = xrealloc(*lanes, want * sizeof **lanes);
+	if (dp->live_cap < want) {
+		dp->live_cap = want;
+		dp->live = xrealloc(dp->live, want * sizeof *dp->live);
+		dp->live_lanes = xrealloc(dp->live_lanes, want * sizeof *dp->live_lanes);
 	}
-#define LIVE(dl) do { (*ids)[n] = (dl)->id; (*lanes)[n++] = (dl)->lane; } while (0)
+#define LIVE(dl) do { dp->live[n] = (dl)->id; dp->live_lanes[n++] = (dl)->lane; } while (0)
 	for (int i = 0; i < dp->opt.concurrency; i++)
 		if (dp->slots[i].used) {
 			const struct chain *c = dp->slots[i].followers;
@@ -338,21 +344,23 @@ maybe_claim(struct dispatcher *dp, int64_t now)
 
 	if (due == 0 || due > now)
 		return;
-	claim = (struct rb_claim_opts){ .handler = dp->opt.handler, .owner = dp->owners[dp->cur_gen % NOWNERS].name,
+	claim = (struct rb_claim_opts){ .handler = dp->opt.handler,
+	    .owner = dp->owners[dp->cur_gen % NOWNERS].name,
 	    .batch = free_slots < dp->opt.batch ? free_slots : dp->opt.batch, .lease_ms = dp->opt.lease_ms,
 	    .max_attempts = dp->opt.complete.max_attempts };
-	claim.n_live = live_ids(dp, &dp->live, &dp->live_lanes, &dp->live_cap);
+	claim.n_live = live_ids(dp);
 	claim.chain = dp->opt.chain;
 	claim.line_text = dp->opt.kind->line_text;
 	/* (never NULL: NULL would mean "unknown", and the claim would take
 	 * whatever a lane lists as in flight for running) */
 	claim.live = dp->live != NULL ? dp->live : (const int64_t[]){ 0 };
 	claim.live_lanes = dp->live_lanes != NULL ? dp->live_lanes : (const int[]){ 0 };
-	claim.apart = dp->opt.conns >= 2;
+	claim.apart = reads_apart(dp);
 	/* look for more lanes unless the last look found too few and nothing
 	 * changed since; a claim with nothing running always looks (its
 	 * answer decides --drain and idleness) */
-	claim.no_search = dp->lanes_dry && !dp->wake && now < dp->next_poll && dp->running + (int)dp->nqueue > 0;
+	claim.no_search = dp->lanes_dry && !dp->wake && now < dp->next_poll &&
+	    dp->running + (int)dp->nqueue > 0;
 	dp->claim_searched = !claim.no_search;
 	dp->wake = false;
 	dp->next_poll = now + dp->opt.poll_ms;

@@ -17,40 +17,44 @@
  * (extend, relinquish, reconnect) and loop.c (listen, sockets,
  * notifications) only.
  *
- * A delivery's life.  Each arrow names the function that moves it on and
- * the flag that is set while the store has the statement:
+ * A delivery's life.  Each step names the function that moves it on, and
+ * [the flag that is set while the store has the statement, and on which
+ * connection]:
  *
  *   idle (due in the store)
- *     |  maybe_claim: rb_store_claim_send                  claiming  [conn 1]
+ *     |  maybe_claim: rb_store_claim_send             [claiming, conn 1]
  *     v
  *   claim out
- *     |  claim_collect: rb_store_claim_recv (ids, leases)
- *     |  ------------------------------------------+ --connections 1:
- *     v                                            | the claim read
- *   fetch out  (fetch_out; the next claim's        | the events too
- *     |         answer waits in fetch_waiting)     |
- *     |  fetch_send/fetch_collect:     fetching  [conn 2]
- *     |  rb_store_fetch_send/_recv (key, line);    |
- *     |  one whose event is gone is dropped        |
- *     v                                            v
+ *     |  claim_collect: rb_store_claim_recv (ids and leases)
+ *     +-------------------------------------------+
+ *     |  fetch_send: rb_store_fetch_send          |  --connections 1:
+ *     v                     [fetching, conn 2]    |  the claim read
+ *   fetch out  (the next claim's answer waits     |  the events too
+ *     |         in fetch_waiting meanwhile)       |
+ *     |  fetch_collect: rb_store_fetch_recv       |
+ *     |  (key and line; one whose event is gone   |
+ *     |  is dropped)                              |
+ *     v                                           v
  *   start_claimed -> start_chains: the first of each key's chain starts,
  *     |  the rest wait behind it (chain, nwait); stopping: released unrun
  *     v
  *   running  (a slot: an --exec child or a --pipe co-process's line;
  *     |       --sql takes no slot: its result is ready at once)
- *     |  finish_slot: the handler's verdict, --timeout, abort, a dead co-process
+ *     |  finish_slot: the handler's verdict, --timeout, abort, a dead
+ *     |  co-process; a success starts the next of its chain now (chain_next)
  *     v
  *   queued  (queue[], r NULL for a plain success)
  *     |  flush_results, after --window (at once: stopping, 1000 queued, --sql):
- *     |    all plain successes: rb_store_complete_send       completing [conn 1, or 3]
+ *     |    all plain successes: rb_store_complete_send
+ *     |                               [completing, conn 1; 3 with --connections 3]
  *     |    else rb_store_complete, waited for, then as below
  *     v
  *   completion out
  *     |  complete_collect: rb_store_complete_recv
  *     v
- *   done: queue_applied counts it off its owner, and its chain goes on
- *         (chain_next: the next one is started, back to running) or is
- *         handed back (released, queued)
+ *   done: queue_applied counts it off its owner; a chain that waited for
+ *         it (--sql, or a failure) goes on (chain_next: back to running)
+ *         if it completed, else is handed back (released, queued)
  *
  * One statement at a time per connection: while claiming, nothing else
  * goes out on connection 1 (claim_due, flush_results and db_settle wait
@@ -280,6 +284,11 @@ void	maybe_claim(struct dispatcher *, int64_t now);
 void	claim_collect(struct dispatcher *, bool wait);
 void	fetch_collect(struct dispatcher *, bool wait);
 void	fetch_drop(struct dispatcher *, struct claimed *got, unsigned gen);
+/* A chain's turn (from results.c: the one before succeeded, or with --sql
+ * its completion committed): start its next delivery (go), or hand them
+ * all back.  Starting may finish the new slot at once (finish_slot: a
+ * handler that cannot start), but never as a success, so that does not
+ * come back here: the recursion is one deep. */
 void	chain_next(struct dispatcher *, struct chain *followers, unsigned gen, bool go);
 void	chain_free(struct chain *);
 

@@ -140,7 +140,6 @@ exec_pollfds(struct dispatcher *dp, struct pollfd *pfd, int *ref, int64_t *until
 {
 	int n = 0;
 
-	(void)until;
 	for (int i = 0; i < dp->opt.concurrency; i++) {
 		struct slot *s = &dp->slots[i];
 

@@ -151,7 +151,8 @@ slot_index(struct dispatcher *dp, struct slot *s)
 	struct pipe_state *ps = dp->kind_state;
 	size_t p;
 
-	s->h.pipe.hash = slot_hash(s->d->event_id, strlen(s->d->event_id), s->d->lease, strlen(s->d->lease));
+	s->h.pipe.hash = slot_hash(s->d->event_id, strlen(s->d->event_id), s->d->lease,
+	    strlen(s->d->lease));
 	for (p = s->h.pipe.hash & ps->sidx_mask; ps->sidx[p] != 0; p = (p + 1) & ps->sidx_mask)
 		;
 	ps->sidx[p] = (int)(s - dp->slots) + 1;

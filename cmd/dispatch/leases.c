@@ -39,7 +39,8 @@ new_owner(struct dispatcher *dp)
 		rb_warn("too many reconnects: no longer renewing the lanes of %s", o->name);
 		free(o->name);
 	}
-	o->name = dp->cur_gen == 0 ? xstrdup(dp->owner_base) : xasprintf("%s/r%u", dp->owner_base, dp->cur_gen);
+	o->name = dp->cur_gen == 0 ? xstrdup(dp->owner_base) :
+	    xasprintf("%s/r%u", dp->owner_base, dp->cur_gen);
 	o->gen = dp->cur_gen;
 	o->count = 0;
 }

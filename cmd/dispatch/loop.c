@@ -119,19 +119,24 @@ stats_line(struct dispatcher *dp, int64_t now, int64_t *last)
 	double secs = (double)(now - *last) / 1000.0;
 
 	rb_notice("claimed %ld, completed %ld, failed %ld (buried %ld), released %ld, lost %ld, "
-	    "in flight %d, %.1f/s", dp->stats.claimed, dp->stats.completed, dp->stats.rescheduled + dp->stats.buried, dp->stats.buried,
+	    "in flight %d, %.1f/s", dp->stats.claimed, dp->stats.completed,
+	    dp->stats.rescheduled + dp->stats.buried, dp->stats.buried,
 	    dp->stats.released, dp->stats.lost, dp->running + (int)dp->nqueue + dp->nwait + dp->nfetch,
 	    secs > 0 ? (double)(dp->stats.completed - dp->stats.completed_at_last_stats) / secs : 0.0);
 	dp->stats.completed_at_last_stats = dp->stats.completed;
 	*last = now;
 }
 
-/* One poll: compute the next deadline, wait, and serve the ready fds. */
-static void
-wait_and_serve(struct dispatcher *dp, int64_t now, struct pollfd *pfd, int *ref)
+/*
+ * The store's part of a poll: what it holds already is taken first, then
+ * the sockets on which an answer or a notification comes.  (With the
+ * architecture review's rec. 2 these two become rb_store_pollfds and
+ * rb_store_service.)
+ */
+static int
+store_pollfds(struct dispatcher *dp, struct pollfd *pfd, int *ref)
 {
-	int64_t until = now + 1000;
-	int n = 0, timeout, dbfd = -1, pr;
+	int n = 0, dbfd;
 
 	/* libpq may hold the claim's answer already (read along with a
 	 * notification): the socket would not wake us for it */
@@ -140,9 +145,6 @@ wait_and_serve(struct dispatcher *dp, int64_t now, struct pollfd *pfd, int *ref)
 		complete_collect(dp, false);
 		fetch_collect(dp, false);
 	}
-	pfd[n].fd = sigpipe_fd[0];
-	pfd[n].events = POLLIN;
-	ref[n++] = REF_SIGNALS;
 	if (!dp->db_down && (dbfd = rb_store_socket(dp->store)) >= 0) {
 		pfd[n].fd = dbfd;
 		pfd[n].events = POLLIN;
@@ -158,11 +160,56 @@ wait_and_serve(struct dispatcher *dp, int64_t now, struct pollfd *pfd, int *ref)
 		pfd[n].events = POLLIN;
 		ref[n++] = REF_COMPLETE;
 	}
+	return n;
+}
+
+static void
+store_ready(struct dispatcher *dp, int ref)
+{
+	struct rb_error err = { 0 };
+	int hit;
+
+	if (ref == REF_FETCH) {
+		if (!dp->db_down)
+			fetch_collect(dp, false);
+		return;
+	}
+	if (ref == REF_COMPLETE) {
+		if (!dp->db_down)
+			complete_collect(dp, false);
+		return;
+	}
+	claim_collect(dp, false);	/* first: the answer may be all that came before a break */
+	complete_collect(dp, false);
+	if (dp->db_down)
+		return;
+	hit = rb_store_notified(dp->store, dp->opt.handler, 0, &err);
+	if (hit < 0)
+		db_error(dp, &err, "notification");
+	else if (hit > 0) {
+		rb_debug("woken by a notification");
+		dp->wake = true;
+	}
+	claim_collect(dp, false);	/* and what the notification read brought along */
+	complete_collect(dp, false);
+}
+
+/* One poll: compute the next deadline, wait, and serve the ready fds. */
+static void
+wait_and_serve(struct dispatcher *dp, int64_t now, struct pollfd *pfd, int *ref)
+{
+	int64_t until = now + 1000;
+	int n = 0, timeout, pr;
+
+	pfd[n].fd = sigpipe_fd[0];
+	pfd[n].events = POLLIN;
+	ref[n++] = REF_SIGNALS;
+	n += store_pollfds(dp, pfd + n, ref + n);
 	if (dp->db_down)
 		until = min_deadline(until, dp->reconnect_at);
 	else {
 		/* (while a statement is out, its answer on the socket wakes us) */
-		if (dp->nqueue > 0 && !dp->completing && (!dp->claiming || dp->opt.conns == 3))
+		if (dp->nqueue > 0 && !dp->completing && (!dp->claiming || completes_apart(dp)))
 			until = min_deadline(until, dp->queue_since + dp->opt.window_ms);
 		until = min_deadline(until, claim_due(dp, now));
 		if (dp->next_extend > 0)
@@ -183,36 +230,14 @@ wait_and_serve(struct dispatcher *dp, int64_t now, struct pollfd *pfd, int *ref)
 	for (int k = 0; pr > 0 && k < n; k++) {
 		if (pfd[k].revents == 0)
 			continue;
-		if (ref[k] == REF_FETCH) {
-			if (!dp->db_down)
-				fetch_collect(dp, false);
-		} else if (ref[k] == REF_COMPLETE) {
-			if (!dp->db_down)
-				complete_collect(dp, false);
-		} else if (ref[k] == REF_SIGNALS) {
+		if (ref[k] == REF_SIGNALS) {
 			char buf[64];
 
 			while (read(sigpipe_fd[0], buf, sizeof buf) > 0)
 				;
-		} else if (ref[k] == REF_DB) {
-			struct rb_error err = { 0 };
-			int hit;
-
-			claim_collect(dp, false);	/* first: the answer may be all that came before a break */
-			complete_collect(dp, false);
-			if (dp->db_down)
-				continue;
-			hit = rb_store_notified(dp->store, dp->opt.handler, 0, &err);
-
-			if (hit < 0)
-				db_error(dp, &err, "notification");
-			else if (hit > 0) {
-				rb_debug("woken by a notification");
-				dp->wake = true;
-			}
-			claim_collect(dp, false);	/* and what the notification read brought along */
-			complete_collect(dp, false);
-		} else
+		} else if (ref[k] < 0)
+			store_ready(dp, ref[k]);
+		else
 			dp->opt.kind->ready(dp, ref[k]);
 	}
 }
@@ -258,8 +283,8 @@ run(struct dispatcher *dp)
 			dp->opt.kind->tick(dp, now);
 		if (dp->db_down && now >= dp->reconnect_at)
 			try_reconnect(dp, now);
-		if (!dp->db_down && dp->nqueue > 0 && (now >= dp->queue_since + dp->opt.window_ms || dp->stop_level > 0 ||
-		    dp->nqueue >= 1000 || dp->opt.kind->at_once))
+		if (!dp->db_down && dp->nqueue > 0 && (now >= dp->queue_since + dp->opt.window_ms ||
+		    dp->stop_level > 0 || dp->nqueue >= 1000 || dp->opt.kind->at_once))
 			flush_results(dp);
 		if (!dp->db_down && dp->next_extend > 0 && now >= dp->next_extend)
 			extend_leases(dp, now);
@@ -282,7 +307,8 @@ run(struct dispatcher *dp)
 			stats_line(dp, now, &last_stats);
 			dp->next_stats = now + dp->opt.stats_ms;
 		}
-		if (dp->running == 0 && dp->nqueue == 0 && !dp->claiming && !dp->fetching && dp->fetch_waiting.v == NULL) {
+		if (dp->running == 0 && dp->nqueue == 0 && !dp->claiming && !dp->fetching &&
+		    dp->fetch_waiting.v == NULL) {
 			if (dp->stop_level > 0)
 				break;
 			if (dp->opt.drain && dp->idle_seen && !dp->db_down && dp->fatal_code == 0) {
@@ -310,7 +336,8 @@ run(struct dispatcher *dp)
 	if (dp->opt.stats_ms > 0)
 		stats_line(dp, rb_mono_ms(), &last_stats);
 	rb_info("%ld claimed, %ld completed, %ld rescheduled, %ld buried, %ld released, %ld lost",
-	    dp->stats.claimed, dp->stats.completed, dp->stats.rescheduled, dp->stats.buried, dp->stats.released, dp->stats.lost);
+	    dp->stats.claimed, dp->stats.completed, dp->stats.rescheduled, dp->stats.buried,
+	    dp->stats.released, dp->stats.lost);
 	free(pfd);
 	free(ref);
 	if (dp->fatal_code != 0)

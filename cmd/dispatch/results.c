@@ -23,7 +23,8 @@
 /* Queue the result of d (d, r and followers stolen; r NULL: d succeeded)
  * for the next group completion. */
 void
-queue_result(struct dispatcher *dp, struct rb_dl *d, json_t *r, unsigned gen, struct chain *followers)
+queue_result(struct dispatcher *dp, struct rb_dl *d, json_t *r, unsigned gen,
+    struct chain *followers)
 {
 	if (dp->nqueue == dp->capqueue) {
 		dp->capqueue = dp->capqueue == 0 ? 64 : dp->capqueue * 2;
@@ -248,14 +249,14 @@ flush_results(struct dispatcher *dp)
 
 		for (i = 0; i < n && all_ok; i++)
 			all_ok = dp->queue[i].r == NULL;
-		if (all_ok && dp->claiming && dp->opt.conns < 3)
+		if (all_ok && dp->claiming && !completes_apart(dp))
 			return true;	/* sent once the claim's answer is in */
 		if (all_ok) {
 			struct rb_dl **v = xmalloc(n * sizeof *v);
 
 			for (i = 0; i < n; i++)
 				v[i] = dp->queue[i].d;
-			if (rb_store_complete_send(dp->store, v, n, dp->opt.conns == 3, &err) < 0) {
+			if (rb_store_complete_send(dp->store, v, n, completes_apart(dp), &err) < 0) {
 				free(v);
 				db_error(dp, &err, "complete");
 				return false;
@@ -267,7 +268,8 @@ flush_results(struct dispatcher *dp)
 		}
 		arr = json_array();
 		for (i = 0; i < n; i++)
-			json_array_append_new(arr, dp->queue[i].r != NULL ? json_incref(dp->queue[i].r) : result_ok(dp->queue[i].d));
+			json_array_append_new(arr, dp->queue[i].r != NULL ? json_incref(dp->queue[i].r) :
+			    result_ok(dp->queue[i].d));
 		claim_collect(dp, true);
 		if (dp->db_down || rb_store_complete(dp->store, &dp->opt.complete, arr, &outcomes, &err) < 0) {
 			json_decref(arr);
@@ -292,7 +294,7 @@ complete_collect(struct dispatcher *dp, bool wait)
 		return;
 	outcome = xmalloc(dp->ncompleting > 0 ? dp->ncompleting : 1);
 	rc = rb_store_complete_recv(dp->store, wait, outcome, &err);
-	if (rc == RB_CLAIM_PENDING) {
+	if (rc == STORE_PENDING) {
 		free(outcome);
 		return;
 	}
