@@ -1,0 +1,83 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * handler.c: what the handler kinds that run processes share: /bin/sh -c
+ * in its own process group, and the delivery's line as text.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <unistd.h>
+
+#include "rb_jsonl.h"
+#include "rb_util.h"
+
+#include "dispatch.h"
+
+extern char **environ;
+
+void
+set_nonblock(int fd)
+{
+	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+}
+
+/*
+ * Start /bin/sh -c cmd in its own process group (so that a ^C at the
+ * terminal reaches only us, and a timeout kills the whole group) with
+ * stdin from in_fd and, when out_fd >= 0, stdout to out_fd.
+ */
+pid_t
+spawn(const char *cmd, int in_fd, int out_fd)
+{
+	posix_spawn_file_actions_t fa;
+	posix_spawnattr_t at;
+	sigset_t none, def;
+	char *argv[] = { "/bin/sh", "-c", (char *)cmd, NULL };
+	pid_t pid;
+	int rc;
+
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_adddup2(&fa, in_fd, STDIN_FILENO);
+	if (out_fd >= 0)
+		posix_spawn_file_actions_adddup2(&fa, out_fd, STDOUT_FILENO);
+	posix_spawnattr_init(&at);
+	sigemptyset(&none);
+	sigemptyset(&def);
+	sigaddset(&def, SIGPIPE);
+	sigaddset(&def, SIGCHLD);
+	sigaddset(&def, SIGTERM);
+	sigaddset(&def, SIGINT);
+	posix_spawnattr_setsigmask(&at, &none);
+	posix_spawnattr_setsigdefault(&at, &def);
+	posix_spawnattr_setpgroup(&at, 0);
+	posix_spawnattr_setflags(&at, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF |
+	    POSIX_SPAWN_SETSIGMASK);
+	rc = posix_spawn(&pid, "/bin/sh", &fa, &at, argv, environ);
+	posix_spawn_file_actions_destroy(&fa);
+	posix_spawnattr_destroy(&at);
+	if (rc != 0) {
+		errno = rc;
+		return -1;
+	}
+	return pid;
+}
+
+/* The delivery's line, to hand the handler (a copy: *len bytes, newline-ended). */
+char *
+line_text(const struct rb_dl *d, size_t *len)
+{
+	struct rb_sbuf b;
+
+	rb_sb_init(&b);
+	if (d->text != NULL)	/* made from the claim's columns (rb_claim_opts.line_text) */
+		rb_sb_putn(&b, d->text, d->tlen);
+	else {
+		rb_json_sb_dump(&b, d->line);
+		rb_sb_putn(&b, "\n", 1);
+	}
+	*len = b.len;
+	return b.s;
+}

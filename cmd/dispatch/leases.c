@@ -1,0 +1,171 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * leases.c: the lease owner names and the connection they lease through.
+ * Every reconnect starts a new owner generation (owner_base/rN), so that
+ * a claim whose answer was lost with the connection never stays in
+ * flight under a name this process keeps renewing; an older name is
+ * renewed while deliveries it claimed are in flight or queued
+ * (owner_done counts them off), then its lanes are handed back.
+ */
+#include "config.h"
+
+#include <stdlib.h>
+
+#include "rb_exit.h"
+#include "rb_log.h"
+#include "rb_store.h"
+#include "rb_util.h"
+
+#include "dispatch.h"
+
+static struct owner *
+owner_of(struct dispatcher *dp, unsigned gen)
+{
+	struct owner *o = &dp->owners[gen % NOWNERS];
+
+	return o->name != NULL && o->gen == gen ? o : NULL;
+}
+
+void
+new_owner(struct dispatcher *dp)
+{
+	struct owner *o;
+
+	if (dp->owners[dp->cur_gen % NOWNERS].name != NULL)
+		dp->cur_gen++;
+	o = &dp->owners[dp->cur_gen % NOWNERS];
+	if (o->name != NULL) {
+		/* forgotten: its lanes come back when their lease ends */
+		rb_warn("too many reconnects: no longer renewing the lanes of %s", o->name);
+		free(o->name);
+	}
+	o->name = dp->cur_gen == 0 ? xstrdup(dp->owner_base) :
+	    xasprintf("%s/r%u", dp->owner_base, dp->cur_gen);
+	o->gen = dp->cur_gen;
+	o->count = 0;
+}
+
+void
+owner_done(struct dispatcher *dp, unsigned gen)
+{
+	struct owner *o = owner_of(dp, gen);
+
+	if (o != NULL)
+		o->count--;
+}
+
+void
+db_error(struct dispatcher *dp, const struct rb_error *err, const char *what)
+{
+	int code = err->exit_code != 0 ? err->exit_code : RB_EXIT_SOFTWARE;
+
+	if (code == RB_EXIT_TEMPFAIL || code == RB_EXIT_UNAVAILABLE || rb_store_broken(dp->store)) {
+		if (!dp->db_down)
+			rb_warn("%s: %s: reconnecting", what, err->msg);
+		dp->db_down = true;
+		dp->claiming = false;	/* its answer, if any, is lost with the connection */
+		dp->completing = false;	/* its results stay queued and are applied again */
+		free(dp->completing_v);
+		dp->completing_v = NULL;
+		/* claimed, never read: the new owner claims them again once the
+		 * old one's lanes are handed back */
+		dp->fetching = false;
+		fetch_drop(dp, &dp->fetch_out, dp->fetch_gen);
+		fetch_drop(dp, &dp->fetch_waiting, dp->fetch_waiting_gen);
+		dp->reconnect_at = rb_mono_ms() + (dp->reconnect_backoff > 200 ? 200 : dp->reconnect_backoff);
+		return;
+	}
+	rb_error("%s: %s", what, err->msg);
+	if (dp->fatal_code == 0)
+		dp->fatal_code = code;
+}
+
+void
+try_reconnect(struct dispatcher *dp, int64_t now)
+{
+	struct rb_error err = { 0 };
+
+	if (rb_store_reconnect(dp->store, &err) < 0 || rb_store_listen(dp->store, &err) < 0) {
+		rb_debug("reconnect: %s", err.msg);
+		dp->reconnect_at = now + dp->reconnect_backoff;
+		dp->reconnect_backoff = dp->reconnect_backoff * 2 > 5000 ? 5000 : dp->reconnect_backoff * 2;
+		return;
+	}
+	dp->db_down = false;
+	dp->reconnect_backoff = 100;
+	new_owner(dp);
+	rb_warn("reconnected to %s; now leasing as %s", rb_store_url_redacted(dp->store),
+	    dp->owners[dp->cur_gen % NOWNERS].name);
+	dp->wake = true;
+	dp->next_extend = now;
+}
+
+void
+extend_leases(struct dispatcher *dp, int64_t now)
+{
+	struct rb_error err = { 0 };
+
+	dp->next_extend = now + dp->opt.lease_ms / 3;
+	db_settle(dp);
+	for (int i = 0; i < NOWNERS && !dp->db_down; i++) {
+		struct owner *o = &dp->owners[i];
+		int n;
+
+		if (o->name == NULL || o->count <= 0)
+			continue;
+		if ((n = rb_store_extend(dp->store, dp->opt.handler, o->name, dp->opt.lease_ms, &err)) < 0) {
+			db_error(dp, &err, "extend");
+			return;
+		}
+		rb_debug("renewed %d lanes of %s", n, o->name);
+	}
+}
+
+/* Hand back the lanes of older owner names that run nothing any more. */
+void
+retire_owners(struct dispatcher *dp)
+{
+	struct rb_error err = { 0 };
+
+	for (int i = 0; i < NOWNERS; i++) {
+		struct owner *o = &dp->owners[i];
+
+		if (o->name == NULL || o->gen == dp->cur_gen || o->count > 0)
+			continue;
+		db_settle(dp);
+		if (dp->db_down)
+			return;
+		/* nothing of it runs here any more: what is still in flight under
+		 * it came from a claim whose answer was lost; free those lanes now */
+		if (rb_store_relinquish_owner(dp->store, dp->opt.handler, o->name, &err) < 0) {
+			db_error(dp, &err, "relinquish");
+			return;
+		}
+		free(o->name);
+		o->name = NULL;
+	}
+}
+
+void
+hand_back_lanes(struct dispatcher *dp)
+{
+	struct rb_error err = { 0 };
+
+	db_settle(dp);
+	if (dp->db_down)
+		return;
+
+	for (int i = 0; i < NOWNERS; i++) {
+		struct owner *o = &dp->owners[i];
+		int n;
+
+		if (o->name == NULL)
+			continue;
+		if ((n = rb_store_relinquish(dp->store, dp->opt.handler, o->name, &err)) < 0) {
+			rb_warn("could not hand back the lanes of %s (they free up when the lease ends): %s",
+			    o->name, err.msg);
+			return;
+		}
+		rb_info("handed back %d lanes of %s", n, o->name);
+	}
+}

@@ -1,0 +1,395 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * loop.c: rb-dispatch's one thread and one poll(2) loop.  Each turn reaps
+ * children, moves the stop level on, fails what timed out, completes what
+ * is queued, renews leases, claims, and then waits for the first of: a
+ * signal (self-pipe), an answer on one of the store's sockets (claim,
+ * fetch, completion; notifications come on the first), the handler
+ * kind's fds, or the next deadline.  Also the dispatcher's birth and
+ * death (dispatcher_new, _run, _free).
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "rb_cli.h"
+#include "rb_exit.h"
+#include "rb_log.h"
+#include "rb_store.h"
+#include "rb_util.h"
+
+#include "dispatch.h"
+
+/* Signals are the process's, not a dispatcher's: the handler sets these. */
+static int		 sigpipe_fd[2] = { -1, -1 };
+static volatile sig_atomic_t got_stop, got_child;
+
+/* What a pollfd is for: the loop's own are negative, the handler kind's its own numbers. */
+enum { REF_SIGNALS = -1, REF_DB = -2, REF_FETCH = -3, REF_COMPLETE = -4 };
+
+static void
+on_signal(int sig)
+{
+	int e = errno;
+	char c = (char)sig;
+
+	if (sig == SIGCHLD)
+		got_child = 1;
+	else
+		got_stop++;
+	(void)!write(sigpipe_fd[1], &c, 1);
+	errno = e;
+}
+
+void
+setup_signals(void)
+{
+	struct sigaction sa;
+
+	if (pipe2(sigpipe_fd, O_CLOEXEC | O_NONBLOCK) < 0)
+		rb_die_errno(RB_EXIT_OSERR, "pipe");
+	memset(&sa, 0, sizeof sa);
+	sa.sa_handler = on_signal;
+	sa.sa_flags = SA_RESTART;
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGCHLD, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGINT, &sa, NULL);
+}
+
+void
+reap(struct dispatcher *dp)
+{
+	int status;
+	pid_t pid;
+
+	got_child = 0;
+	while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
+		if (dp->opt.kind->exited != NULL)
+			dp->opt.kind->exited(dp, pid, status);
+}
+
+static void
+check_timeouts(struct dispatcher *dp, int64_t now)
+{
+	/* (every slot looked at only once the earliest deadline may have
+	 * come: the loop runs once per wake-up, and slots are thousands) */
+	if (dp->next_deadline == 0 || now < dp->next_deadline)
+		return;
+	dp->next_deadline = 0;
+	for (int i = 0; i < dp->opt.concurrency; i++) {
+		struct slot *s = &dp->slots[i];
+
+		if (!s->used || s->deadline == 0)
+			continue;
+		if (now < s->deadline) {
+			dp->next_deadline = min_deadline(dp->next_deadline, s->deadline);
+			continue;
+		}
+		s->deadline = 0;
+		dp->opt.kind->cancel(dp, s, CANCEL_TIMEOUT);
+	}
+}
+
+/* Stop now: release what runs (no attempt charged). */
+static void
+abort_all(struct dispatcher *dp)
+{
+	dp->stop_level = 2;
+	for (int i = 0; i < dp->opt.concurrency; i++) {
+		struct slot *s = &dp->slots[i];
+
+		if (!s->used)
+			continue;
+		dp->opt.kind->cancel(dp, s, CANCEL_ABORT);
+	}
+}
+
+static void
+stats_line(struct dispatcher *dp, int64_t now, int64_t *last)
+{
+	double secs = (double)(now - *last) / 1000.0;
+
+	rb_notice("claimed %ld, completed %ld, failed %ld (buried %ld), released %ld, lost %ld, "
+	    "in flight %d, %.1f/s", dp->stats.claimed, dp->stats.completed,
+	    dp->stats.rescheduled + dp->stats.buried, dp->stats.buried,
+	    dp->stats.released, dp->stats.lost, dp->running + (int)dp->nqueue + dp->nwait + dp->nfetch,
+	    secs > 0 ? (double)(dp->stats.completed - dp->stats.completed_at_last_stats) / secs : 0.0);
+	dp->stats.completed_at_last_stats = dp->stats.completed;
+	*last = now;
+}
+
+/*
+ * The store's part of a poll: what it holds already is taken first, then
+ * the sockets on which an answer or a notification comes.  (With the
+ * architecture review's rec. 2 these two become rb_store_pollfds and
+ * rb_store_service.)
+ */
+static int
+store_pollfds(struct dispatcher *dp, struct pollfd *pfd, int *ref)
+{
+	int n = 0, dbfd;
+
+	/* libpq may hold the claim's answer already (read along with a
+	 * notification): the socket would not wake us for it */
+	if (!dp->db_down) {
+		claim_collect(dp, false);
+		complete_collect(dp, false);
+		fetch_collect(dp, false);
+	}
+	if (!dp->db_down && (dbfd = rb_store_socket(dp->store)) >= 0) {
+		pfd[n].fd = dbfd;
+		pfd[n].events = POLLIN;
+		ref[n++] = REF_DB;
+	}
+	if (!dp->db_down && (dbfd = rb_store_fetch_socket(dp->store)) >= 0) {
+		pfd[n].fd = dbfd;
+		pfd[n].events = POLLIN;
+		ref[n++] = REF_FETCH;
+	}
+	if (!dp->db_down && (dbfd = rb_store_complete_socket(dp->store)) >= 0) {
+		pfd[n].fd = dbfd;
+		pfd[n].events = POLLIN;
+		ref[n++] = REF_COMPLETE;
+	}
+	return n;
+}
+
+static void
+store_ready(struct dispatcher *dp, int ref)
+{
+	struct rb_error err = { 0 };
+	int hit;
+
+	if (ref == REF_FETCH) {
+		if (!dp->db_down)
+			fetch_collect(dp, false);
+		return;
+	}
+	if (ref == REF_COMPLETE) {
+		if (!dp->db_down)
+			complete_collect(dp, false);
+		return;
+	}
+	claim_collect(dp, false);	/* first: the answer may be all that came before a break */
+	complete_collect(dp, false);
+	if (dp->db_down)
+		return;
+	hit = rb_store_notified(dp->store, dp->opt.handler, 0, &err);
+	if (hit < 0)
+		db_error(dp, &err, "notification");
+	else if (hit > 0) {
+		rb_debug("woken by a notification");
+		dp->wake = true;
+	}
+	claim_collect(dp, false);	/* and what the notification read brought along */
+	complete_collect(dp, false);
+}
+
+/* One poll: compute the next deadline, wait, and serve the ready fds. */
+static void
+wait_and_serve(struct dispatcher *dp, int64_t now, struct pollfd *pfd, int *ref)
+{
+	int64_t until = now + 1000;
+	int n = 0, timeout, pr;
+
+	pfd[n].fd = sigpipe_fd[0];
+	pfd[n].events = POLLIN;
+	ref[n++] = REF_SIGNALS;
+	n += store_pollfds(dp, pfd + n, ref + n);
+	if (dp->db_down)
+		until = min_deadline(until, dp->reconnect_at);
+	else {
+		/* (while a statement is out, its answer on the socket wakes us) */
+		if (dp->nqueue > 0 && !dp->completing && (!dp->claiming || completes_apart(dp)))
+			until = min_deadline(until, dp->queue_since + dp->opt.window_ms);
+		until = min_deadline(until, claim_due(dp, now));
+		if (dp->next_extend > 0)
+			until = min_deadline(until, dp->next_extend);
+	}
+	if (dp->stop_level == 1)
+		until = min_deadline(until, dp->grace_deadline);
+	if (dp->next_stats > 0)
+		until = min_deadline(until, dp->next_stats);
+	until = min_deadline(until, dp->next_deadline);
+	n += dp->opt.kind->pollfds != NULL ? dp->opt.kind->pollfds(dp, pfd + n, ref + n, &until) : 0;
+	timeout = until <= now ? 0 : (int)(until - now);
+	if (got_child || got_stop > dp->stop_level)
+		timeout = 0;
+	pr = poll(pfd, (nfds_t)n, timeout);
+	if (pr < 0 && errno != EINTR)
+		rb_die_errno(RB_EXIT_OSERR, "poll");
+	for (int k = 0; pr > 0 && k < n; k++) {
+		if (pfd[k].revents == 0)
+			continue;
+		if (ref[k] == REF_SIGNALS) {
+			char buf[64];
+
+			while (read(sigpipe_fd[0], buf, sizeof buf) > 0)
+				;
+		} else if (ref[k] < 0)
+			store_ready(dp, ref[k]);
+		else
+			dp->opt.kind->ready(dp, ref[k]);
+	}
+}
+
+static int
+run(struct dispatcher *dp)
+{
+	size_t npfd = (size_t)dp->opt.concurrency + 2 * (size_t)dp->opt.procs + 4;
+	struct pollfd *pfd = xcalloc(npfd, sizeof *pfd);
+	int *ref = xcalloc(npfd, sizeof *ref);
+	int64_t last_stats = rb_mono_ms();
+	int exit_code = RB_EXIT_OK;
+	struct rb_error err = { 0 };
+
+	if (rb_store_listen(dp->store, &err) < 0)
+		db_error(dp, &err, "listen");
+	if (dp->opt.stats_ms > 0)
+		dp->next_stats = last_stats + dp->opt.stats_ms;
+	if (dp->opt.kind->begin != NULL)
+		dp->opt.kind->begin(dp);
+	for (;;) {
+		int64_t now = rb_mono_ms();
+
+		if (got_child)
+			reap(dp);
+		if (got_stop > 0 && dp->stop_level == 0) {
+			rb_info("stopping: waiting up to %" PRId64 "ms for %d running handlers",
+			    dp->opt.grace_ms, dp->running);
+			dp->stop_level = 1;
+			dp->grace_deadline = now + dp->opt.grace_ms;
+		}
+		if (dp->stop_level == 1 && (got_stop > 1 || now >= dp->grace_deadline || dp->fatal_code != 0)) {
+			if (dp->running > 0)
+				rb_info("releasing %d deliveries still running", dp->running);
+			abort_all(dp);
+		}
+		if (dp->fatal_code != 0 && dp->stop_level == 0) {
+			dp->stop_level = 1;
+			abort_all(dp);
+		}
+		check_timeouts(dp, now);
+		if (dp->stop_level == 0 && dp->opt.kind->tick != NULL)
+			dp->opt.kind->tick(dp, now);
+		if (dp->db_down && now >= dp->reconnect_at)
+			try_reconnect(dp, now);
+		if (!dp->db_down && dp->nqueue > 0 && (now >= dp->queue_since + dp->opt.window_ms ||
+		    dp->stop_level > 0 || dp->nqueue >= 1000 || dp->opt.kind->at_once))
+			flush_results(dp);
+		if (!dp->db_down && dp->next_extend > 0 && now >= dp->next_extend)
+			extend_leases(dp, now);
+		if (!dp->db_down)
+			retire_owners(dp);
+		maybe_claim(dp, now);
+		if (!dp->db_down && dp->nqueue > 0 && dp->opt.kind->at_once)
+			flush_results(dp);	/* --sql: the results are ready at once */
+		if (!dp->db_down) {
+			/* notifications that came in during our statements */
+			struct rb_error nerr = { 0 };
+			int hit = rb_store_notified(dp->store, dp->opt.handler, 0, &nerr);
+
+			if (hit < 0)
+				db_error(dp, &nerr, "notification");
+			else if (hit > 0)
+				dp->wake = true;
+		}
+		if (dp->next_stats > 0 && now >= dp->next_stats) {
+			stats_line(dp, now, &last_stats);
+			dp->next_stats = now + dp->opt.stats_ms;
+		}
+		if (dp->running == 0 && dp->nqueue == 0 && !dp->claiming && !dp->fetching &&
+		    dp->fetch_waiting.v == NULL) {
+			if (dp->stop_level > 0)
+				break;
+			if (dp->opt.drain && dp->idle_seen && !dp->db_down && dp->fatal_code == 0) {
+				rb_info("drained: nothing due, nothing in flight");
+				break;
+			}
+		}
+		/* stopped, handlers done, database gone: give up on what is queued */
+		if (dp->stop_level == 2 && dp->running == 0 && dp->db_down && got_stop > 1) {
+			rb_error("stopping with %zu results not applied: they run again when the lease ends",
+			    dp->nqueue);
+			exit_code = RB_EXIT_TEMPFAIL;
+			break;
+		}
+		if (dp->fatal_code != 0 && dp->running == 0)
+			break;
+		wait_and_serve(dp, rb_mono_ms(), pfd, ref);
+	}
+	if (dp->stop_level == 0)
+		dp->stop_level = 1;		/* no co-process restarts from here on */
+	if (dp->opt.kind->stop != NULL)
+		dp->opt.kind->stop(dp);
+	if (!dp->db_down)
+		hand_back_lanes(dp);
+	if (dp->opt.stats_ms > 0)
+		stats_line(dp, rb_mono_ms(), &last_stats);
+	rb_info("%ld claimed, %ld completed, %ld rescheduled, %ld buried, %ld released, %ld lost",
+	    dp->stats.claimed, dp->stats.completed, dp->stats.rescheduled, dp->stats.buried,
+	    dp->stats.released, dp->stats.lost);
+	free(pfd);
+	free(ref);
+	if (dp->fatal_code != 0)
+		return dp->fatal_code;
+	return exit_code;
+}
+
+/* A dispatcher for these options (copied): its slots and owner name, no store yet. */
+struct dispatcher *
+dispatcher_new(const struct dispatch_opts *o)
+{
+	struct dispatcher *dp = xcalloc(1, sizeof *dp);
+
+	dp->opt = *o;
+	dp->wake = true;
+	dp->reconnect_backoff = 100;
+	dp->owner_base = o->owner != NULL ? xstrdup(o->owner) : rb_cli_owner();
+	dp->slots = xcalloc((size_t)o->concurrency, sizeof *dp->slots);
+	dp->free_slot = xcalloc((size_t)o->concurrency, sizeof *dp->free_slot);
+	for (int i = o->concurrency; i-- > 0;)
+		dp->free_slot[dp->nfree_slot++] = i;
+	return dp;
+}
+
+/* Dispatch through store (borrowed) until drained, stopped or failed; the exit code. */
+int
+dispatcher_run(struct dispatcher *dp, struct rb_store *store)
+{
+	dp->store = store;
+	new_owner(dp);
+	rb_info("dispatching %s as %s (concurrency %d, batch %d, chain %d)", dp->opt.handler,
+	    dp->owner_base, dp->opt.concurrency, dp->opt.batch, dp->opt.chain);
+	return run(dp);
+}
+
+void
+dispatcher_free(struct dispatcher *dp)
+{
+	for (int i = 0; i < NOWNERS; i++)
+		free(dp->owners[i].name);
+	for (size_t i = 0; i < dp->nqueue; i++) {
+		rb_dl_free(dp->queue[i].d);
+		json_decref(dp->queue[i].r);
+		chain_free(dp->queue[i].followers);
+	}
+	free(dp->queue);
+	if (dp->opt.kind->fini != NULL)
+		dp->opt.kind->fini(dp);
+	free(dp->slots);
+	free(dp->free_slot);
+	free(dp->live);
+	free(dp->live_lanes);
+	free(dp->owner_base);
+	free(dp);
+}
