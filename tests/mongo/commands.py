@@ -532,23 +532,24 @@ def find_and_modify(ctx, db, cmd):
     out = {}
 
     def statement(st):
-        exists = st.exists(db, name)
-        coll = st.coll(db, name)
-        target = coll.find_one(q, sort=_sort(sort)) if exists else None
-        before = coll.find_one({'_id': target['_id']}, fields) if target is not None else None
+        keys = st._matching(db, name, q, sort, first=True)
+        target = st.cs(db, name)._documents[keys[0]] if keys else None
+        before = st.project(target, fields) if target is not None else None
         if remove:
             if target is None:
                 out.update(value=None, leo={'n': 0})
                 return None, None
-            p, _ = st.delete(db, name, {'_id': target['_id']}, 1)
+            p, _ = st.delete(db, name, None, keys=keys)
             out.update(value=before, leo={'n': 1})
             return p, None
         p, res = st.update(db, name, q, upd, upsert, False, cmd.get('arrayFilters'), sort)
         leo = {'n': res['n'], 'updatedExisting': target is not None}
-        _id = res['upserted'] if res['upserted'] is not None else (target['_id'] if target else None)
         if res['upserted'] is not None:
             leo['upserted'] = res['upserted']
-        after = st.coll(db, name).find_one({'_id': _id}, fields) if _id is not None and new else None
+        _id = res['upserted'] if res['upserted'] is not None else (target['_id'] if target else None)
+        after = None
+        if new and _id is not None:
+            after = st.project(st.cs(db, name)._documents[doc_key(_id)], fields)
         out.update(value=after if new else before, leo=leo)
         return p, None
     ctx.engine.write(ctx, db, name, statement)

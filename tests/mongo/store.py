@@ -7,9 +7,9 @@ keep everything it cannot do for us: the catalog, unique indexes (hash maps,
 with the server's duplicate-key error), and for each write statement the exact
 set of documents it changed (before and after images), which the engine needs
 for transactions.  A Store is either the committed state or a transaction's
-private view; a view is a shallow copy (documents shared), so every statement
-first replaces the documents it may change by deep copies ("copy before
-mutate"): a change in one store is never seen through another.
+private view; a view is a shallow copy (documents shared), so a document is
+never changed in place: an update runs on copies in a scratch collection and
+the results replace the originals, which stay intact for the other stores.
 """
 import collections
 import copy
@@ -168,18 +168,11 @@ class Pending:
         self.store, self.db, self.name, self.created = store, db, name, created
         self.cs = store.cs(db, name)
         self.meta = store.meta[(db, name)]
-        self.saved = []      # (doc key, original object) for documents it may change
+        self.saved = []      # (doc key, original object) of documents it replaced or removed
         self.inserted = []   # doc keys it added
         self.changes = []
         self.unique_touched = []  # (index name, key) added or removed
         self._new_uniq = None
-
-    def prepare(self, keys):
-        docs = self.cs._documents
-        for k in keys:
-            old = docs[k]
-            docs[k] = copy.deepcopy(old)
-            self.saved.append((k, old))
 
     def diff(self):
         docs = self.cs._documents
@@ -241,6 +234,7 @@ class Store:
         self.server = ServerStore()
         self.client = mongomock.MongoClient(_store=self.server)
         self.meta = {}  # (db, collection) -> CollMeta
+        self._scratch_coll = None
 
     def exists(self, db, name):
         return (db, name) in self.meta
@@ -285,11 +279,39 @@ class Store:
             self.create(db, name)
         return Pending(self, db, name, created)
 
-    def _matching(self, db, name, q, sort=None):
+    def _matching(self, db, name, q, sort=None, first=False):
+        """Keys of the documents matching q, in sort (or natural) order; first: at most one."""
         if not self.exists(db, name):
             return []
-        srt = list(sort.items()) if sort else None
-        return [doc_key(d['_id']) for d in self.coll(db, name).find(q or {}, {'_id': 1}, sort=srt)]
+        q = q or {}
+        filtering.filter_applies(q, {})  # a bad filter fails even on an empty collection
+        if sort:
+            keys = [doc_key(d['_id']) for d in self.coll(db, name).find(q, {'_id': 1}, sort=list(sort.items()))]
+            return keys[:1] if first else keys
+        keys = []
+        for k, d in self.cs(db, name)._documents.items():
+            if filtering.filter_applies(q, d):
+                keys.append(k)
+                if first:
+                    break
+        return keys
+
+    def _scratch(self, docs):
+        """A mongomock collection holding just copies of `docs`: updates run there, so the
+        store's own documents are never changed in place (views share them)."""
+        if self._scratch_coll is None:
+            self._scratch_coll = mongomock.MongoClient()['scratch']['docs']
+        cs = self._scratch_coll._store
+        cs._documents = collections.OrderedDict((k, copy.deepcopy(d)) for k, d in docs)
+        cs._is_force_created = True
+        return self._scratch_coll, cs._documents
+
+    def project(self, doc, fields):
+        """A copy of doc with a find projection applied."""
+        if not fields:
+            return copy.deepcopy(doc)
+        scratch, _ = self._scratch([(doc_key(doc['_id']), doc)])
+        return scratch.find_one({}, fields)
 
     def insert(self, db, name, doc):
         if '_id' not in doc:
@@ -312,77 +334,74 @@ class Store:
         return p, {'n': 1, '_id': doc['_id']}
 
     def update(self, db, name, q, u, upsert=False, multi=False, array_filters=None, sort=None):
-        """Update (or replace) the first/all documents matching q.  Result: n, nModified,
-        upserted (the new _id or None), key (the first matched document's key)."""
+        """Update (or replace) the first (by sort, else natural order) or all documents
+        matching q.  Result: n, nModified, upserted (the new _id or None)."""
         if not self.exists(db, name) and not upsert:
-            return None, {'n': 0, 'nModified': 0, 'upserted': None, 'key': None}
-        keys = self._matching(db, name, q, sort)
-        if not multi:
-            keys = keys[:1]
+            return None, {'n': 0, 'nModified': 0, 'upserted': None}
+        keys = self._matching(db, name, q, sort, first=not multi)
         p = self._begin(db, name)
-        p.prepare(keys)
-        coll = self.coll(db, name)
+        docs = p.cs._documents
+        scratch, sdocs = self._scratch((k, docs[k]) for k in keys)
         spec = q or {}
-        if sort and keys:  # findAndModify: the sorted first one, whatever the natural order
-            spec = {'$and': [spec, {'_id': p.cs._documents[keys[0]]['_id']}]}
         upserted = None
         try:
             if isinstance(u, list):
-                upserted = self._pipeline_update(p, keys, spec, u, upsert)
+                upserted = self._pipeline_update(sdocs, keys, spec, u, upsert)
             elif u and all(k.startswith('$') for k in u):
                 kw = {'upsert': upsert}
                 if array_filters:
                     kw['array_filters'] = array_filters
-                res = (coll.update_many if multi else coll.update_one)(spec, u, **kw)
+                res = (scratch.update_many if multi else scratch.update_one)(spec, u, **kw)
                 upserted = res.upserted_id
             elif any(k.startswith('$') for k in u):
                 raise CmdError(9, 'an update document mixes operators and fields')
             else:
                 if multi:
                     raise CmdError(9, 'multi update is not supported for replacement-style update')
-                if '_id' in u and keys and norm(u['_id']) != norm(p.cs._documents[keys[0]]['_id']):
+                if '_id' in u and keys and norm(u['_id']) != norm(docs[keys[0]]['_id']):
                     raise CmdError(66, "After applying the update, the (immutable) field '_id' "
                                        "was found to have been altered")
-                upserted = coll.replace_one(spec, u, upsert=upsert).upserted_id
+                upserted = scratch.replace_one(spec, u, upsert=upsert).upserted_id
+            if upserted is not None and doc_key(upserted) in docs:
+                raise duplicate_key('%s.%s' % (db, name), p.meta.indexes['_id_'], {'_id': upserted})
         except Exception as e:  # noqa: BLE001
             p.rollback()
-            if isinstance(e, mongomock.DuplicateKeyError):
-                raise duplicate_key('%s.%s' % (db, name), p.meta.indexes['_id_'], {'_id': spec.get('_id')})
             raise mongomock_error(e)
+        for k in keys:
+            p.saved.append((k, docs[k]))
+            docs[k] = sdocs[k]  # same key: the document keeps its place
         if upserted is not None:
-            p.inserted.append(doc_key(upserted))
+            k = doc_key(upserted)
+            docs[k] = sdocs[k]
+            p.inserted.append(k)
         p.diff()
         n_mod = sum(1 for c in p.changes if c.before is not None)
         return p, {'n': len(keys) or (1 if upserted is not None else 0), 'nModified': n_mod,
-                   'upserted': upserted, 'key': keys[0] if keys else None}
+                   'upserted': upserted}
 
-    def _pipeline_update(self, p, keys, spec, pipeline, upsert):
-        docs = p.cs._documents
+    @staticmethod
+    def _pipeline_update(sdocs, keys, spec, pipeline, upsert):
         if not keys:
             if not upsert:
                 return None
-            seed = {k: v for k, v in (spec or {}).items()
+            seed = {k: v for k, v in spec.items()
                     if not k.startswith('$') and not (isinstance(v, dict) and any(x.startswith('$') for x in v))}
             seed.setdefault('_id', ObjectId())
             new = _run_pipeline(seed, pipeline)
             new.setdefault('_id', seed['_id'])
-            k = doc_key(new['_id'])
-            if k in docs:
-                raise mongomock.DuplicateKeyError('E11000', 11000)
-            docs[k] = new
+            sdocs[doc_key(new['_id'])] = new
             return new['_id']
         for k in keys:
-            new = _run_pipeline(docs[k], pipeline)
-            if norm(new.get('_id')) != norm(docs[k]['_id']):
+            new = _run_pipeline(sdocs[k], pipeline)
+            if norm(new.get('_id')) != norm(sdocs[k]['_id']):
                 raise CmdError(66, "After applying the update, the (immutable) field '_id' "
                                    "was found to have been altered")
-            docs[k] = new
+            sdocs[k] = new
         return None
 
-    def delete(self, db, name, q, limit=0, sort=None):
-        keys = self._matching(db, name, q, sort)
-        if limit:
-            keys = keys[:1]
+    def delete(self, db, name, q, limit=0, sort=None, keys=None):
+        if keys is None:
+            keys = self._matching(db, name, q, sort, first=bool(limit))
         if not keys:
             return None, {'n': 0}
         p = self._begin(db, name)
