@@ -128,28 +128,30 @@ parse_args(int argc, char **argv)
 		rb_cli_usage_error(usage_str, "--handler is required");
 }
 
-/* Give back what we claimed but could not hand on. */
+/* Give back what we claimed but could not hand on: v[from .. n-1]. */
 static void
-give_back(struct rb_store *store, json_t *deliveries, size_t from, const char *owner)
+give_back(struct rb_store *store, struct rb_dl **v, size_t from, size_t n, const char *owner)
 {
 	struct rb_complete_opts co = { .max_attempts = opt.max_attempts,
 	    .backoff = { .base_ms = 1000, .max_ms = 1000, .factor = 1 } };
 	struct rb_error err = { 0 };
-	json_t *rel = json_array(), *out = NULL;
+	struct rb_result *rel = xcalloc(n - from, sizeof *rel);
 
-	for (size_t i = from; i < json_array_size(deliveries); i++) {
-		json_t *d = json_deep_copy(json_array_get(deliveries, i));
-
-		json_object_del(d, RB_LINE_TEXT_KEY);
-		json_object_set_new(d, "release", json_true());
-		json_array_append_new(rel, d);
-	}
-	if (rb_store_complete(store, &co, rel, &out, &err) < 0 ||
+	for (size_t i = from; i < n; i++)
+		rel[i - from] = rb_result_of(v[i], RB_VERDICT_RELEASE);
+	if (rb_store_complete(store, &co, rel, n - from, &err) < 0 ||
 	    rb_store_relinquish(store, opt.handler, owner, &err) < 0)
 		rb_warn("could not release the claimed deliveries (they return when the lease ends): %s",
 		    err.msg);
-	json_decref(out);
-	json_decref(rel);
+	free(rel);
+}
+
+static void
+free_claimed(struct rb_dl **v, int n)
+{
+	for (int i = 0; i < n; i++)
+		rb_dl_free(v[i]);
+	free(v);
 }
 
 int
@@ -158,7 +160,7 @@ main(int argc, char **argv)
 	struct rb_store *store;
 	struct rb_claim_opts co;
 	struct rb_error err = { 0 };
-	json_t *deliveries = NULL;
+	struct rb_dl **deliveries = NULL;
 	char *owner;
 	int n, exit_code = RB_EXIT_OK;
 	int64_t deadline;
@@ -171,14 +173,14 @@ main(int argc, char **argv)
 	signal(SIGTERM, on_signal);
 	store = rb_cli_open(&opt.common);
 	co = (struct rb_claim_opts){ .handler = opt.handler, .owner = owner, .batch = opt.batch,
-	    .lease_ms = opt.lease_ms, .max_attempts = opt.max_attempts, .line_text = true };
+	    .lease_ms = opt.lease_ms, .max_attempts = opt.max_attempts };
 	deadline = rb_mono_ms() + opt.wait_ms;
 	for (;;) {
 		if ((n = rb_store_claim(store, &co, &deliveries, &err)) < 0)
 			goto fail;
 		if (n > 0 || stop || rb_mono_ms() >= deadline)
 			break;
-		json_decref(deliveries);
+		free_claimed(deliveries, n);
 		deliveries = NULL;
 		if (!listening) {
 			if (rb_store_listen(store, &err) < 0)
@@ -198,13 +200,12 @@ main(int argc, char **argv)
 	}
 	for (size_t i = 0; i < (size_t)n; i++) {
 		/* the line as the store made it from the columns: the payload as stored */
-		const json_t *line = json_object_get(json_array_get(deliveries, i), RB_LINE_TEXT_KEY);
+		const struct rb_dl *d = deliveries[i];
 
-		if (fwrite(json_string_value(line), 1, json_string_length(line), stdout) != json_string_length(line) ||
-		    fflush(stdout) != 0) {
+		if (fwrite(d->text, 1, d->tlen, stdout) != d->tlen || fflush(stdout) != 0) {
 			int e = errno;
 
-			give_back(store, deliveries, i, owner);
+			give_back(store, deliveries, i, (size_t)n, owner);
 			/* a reader that went away (EPIPE) is normal in a pipeline: say it only with -v */
 			if (e == EPIPE)
 				rb_info("stdout closed: %d deliveries released", n - (int)i);
@@ -221,7 +222,8 @@ fail:
 	exit_code = err.exit_code != 0 ? err.exit_code : RB_EXIT_SOFTWARE;
 	rb_error("%s", err.msg);
 out:
-	json_decref(deliveries);
+	if (deliveries != NULL)
+		free_claimed(deliveries, n);
 	rb_store_close(store);
 	free(owner);
 	return exit_code;

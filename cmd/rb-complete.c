@@ -114,80 +114,126 @@ parse_args(int argc, char **argv)
 		rb_cli_usage_error(usage_str, "unexpected argument '%s'", argv[optind]);
 }
 
-/* lanes seen, for the hand-back at the end: "handler\tlane:epoch" -> {handler, lease} */
-static json_t *seen_lanes;
+/* The results of one group: each line's parsed object (what the results'
+ * strings point into), its result, its line number, and with --sql its
+ * text for $1. */
+static struct group {
+	json_t			*objs;
+	struct rb_result	*v;
+	long			*line;
+	char			**json;
+	size_t			 n, cap;
+} group;
+
+/*
+ * The lanes seen, for the hand-back at the end: one result per
+ * (handler, lane, epoch), its handler owned; keyed "handler\tlane\tepoch"
+ * in seen_key.
+ */
+static struct rb_result *seen;
+static size_t nseen, capseen;
+static json_t *seen_key;
 
 static void
-remember_lane(const json_t *r)
+remember_lane(const struct rb_result *r)
 {
-	struct rb_lease l;
 	char key[300];
-	const char *h = json_string_value(json_object_get(r, "handler"));
 
-	rb_lease_parse(json_string_value(json_object_get(r, "lease")), &l);
-	l.claims = 0;
-	snprintf(key, sizeof key, "%s\t%d:%lld", h, l.lane, (long long)l.epoch);
-	if (json_object_get(seen_lanes, key) == NULL) {
-		char token[64];
-
-		rb_lease_format(&l, token, sizeof token);
-		json_object_set_new(seen_lanes, key, json_pack("{s:s, s:s}", "handler", h, "lease", token));
+	snprintf(key, sizeof key, "%s\t%d\t%lld", r->handler, r->lease.lane, (long long)r->lease.epoch);
+	if (json_object_get(seen_key, key) != NULL)
+		return;
+	json_object_set_new(seen_key, key, json_true());
+	if (nseen == capseen) {
+		capseen = capseen == 0 ? 16 : capseen * 2;
+		seen = xrealloc(seen, capseen * sizeof *seen);
 	}
+	seen[nseen++] = (struct rb_result){ .handler = xstrdup(r->handler), .lease = r->lease };
 }
 
-static long counts[6];	/* completed, rescheduled, buried, released, lost, bad */
+static void
+group_add(json_t *obj, const struct rb_result *r, long line)
+{
+	if (group.n == group.cap) {
+		group.cap = group.cap == 0 ? 64 : group.cap * 2;
+		group.v = xrealloc(group.v, group.cap * sizeof *group.v);
+		group.line = xrealloc(group.line, group.cap * sizeof *group.line);
+		group.json = xrealloc(group.json, group.cap * sizeof *group.json);
+	}
+	json_array_append_new(group.objs, obj);
+	group.v[group.n] = *r;
+	group.line[group.n] = line;
+	/* (--sql: the result line as JSON is the statement's $1) */
+	group.json[group.n] = opt.co.sql != NULL ? json_dumps(obj, JSON_COMPACT) : NULL;
+	group.v[group.n].json = group.json[group.n];
+	group.n++;
+}
+
+static void
+group_clear(void)
+{
+	for (size_t i = 0; i < group.n; i++) {
+		free(group.json[i]);
+		free(group.v[i].sql_error);
+	}
+	json_array_clear(group.objs);
+	group.n = 0;
+}
+
+static long counts[RB_NOUTCOMES + 1];	/* by outcome, then bad lines */
+#define BAD_LINES	counts[RB_NOUTCOMES]
+
+/* The outcome line of r (input line number line). */
+static json_t *
+outcome_line(const struct rb_result *r, long line)
+{
+	json_t *o = json_object();
+
+	json_object_set_new(o, "event_id", json_string(r->event_id));
+	json_object_set_new(o, "handler", json_string(r->handler));
+	json_object_set_new(o, "outcome", json_string(rb_outcome_name(r->outcome)));
+	if (r->attempts >= 0)
+		json_object_set_new(o, "attempts", json_integer(r->attempts));
+	if (r->missing)
+		json_object_set_new(o, "missing", json_true());
+	if (r->sql_error != NULL)
+		json_object_set_new(o, "error", json_string(r->sql_error));
+	json_object_set_new(o, "line", json_integer(line));
+	return o;
+}
 
 static int
-apply(struct rb_store *store, json_t *results, json_t *lines)
+apply(struct rb_store *store)
 {
 	struct rb_error err = { 0 };
-	json_t *outcomes = NULL;
-	size_t i;
-	json_t *o;
 
-	if (json_array_size(results) == 0)
+	if (group.n == 0)
 		return 0;
-	if (rb_store_complete(store, &opt.co, results, &outcomes, &err) < 0) {
-		rb_error("stdin:%lld-%lld: %s (these results were not applied)",
-		    json_integer_value(json_array_get(lines, 0)),
-		    json_integer_value(json_array_get(lines, json_array_size(lines) - 1)), err.msg);
+	if (rb_store_complete(store, &opt.co, group.v, group.n, &err) < 0) {
+		rb_error("stdin:%ld-%ld: %s (these results were not applied)", group.line[0],
+		    group.line[group.n - 1], err.msg);
 		return err.exit_code != 0 ? err.exit_code : RB_EXIT_SOFTWARE;
 	}
-	json_array_foreach(outcomes, i, o) {
-		const char *oc = json_string_value(json_object_get(o, "outcome"));
-		long line = (long)json_integer_value(json_array_get(lines, i));
+	for (size_t i = 0; i < group.n; i++) {
+		const struct rb_result *r = &group.v[i];
+		long line = group.line[i];
+		json_t *o;
+		int rc;
 
-		if (oc == NULL)
-			oc = "lost";
-		if (strcmp(oc, "completed") == 0)
-			counts[0]++;
-		else if (strcmp(oc, "rescheduled") == 0)
-			counts[1]++;
-		else if (strcmp(oc, "buried") == 0)
-			counts[2]++;
-		else if (strcmp(oc, "released") == 0)
-			counts[3]++;
-		else
-			counts[4]++;
-		if (json_is_true(json_object_get(o, "missing")))
+		counts[r->outcome]++;
+		if (r->missing)
 			rb_warn("stdin:%ld: delivery %s of %s does not exist (completed elsewhere, or never "
-			    "published): not applied", line, json_string_value(json_object_get(o, "event_id")),
-			    json_string_value(json_object_get(o, "handler")));
-		else if (strcmp(oc, "lost") == 0)
-			rb_info("stdin:%ld: lease lost for %s of %s: not applied", line,
-			    json_string_value(json_object_get(o, "event_id")),
-			    json_string_value(json_object_get(o, "handler")));
-		json_object_set_new(o, "line", json_integer(line));
-		if (rb_jsonl_write(stdout, o) < 0) {
-			json_decref(outcomes);
+			    "published): not applied", line, r->event_id, r->handler);
+		else if (r->outcome == RB_OUTCOME_LOST)
+			rb_info("stdin:%ld: lease lost for %s of %s: not applied", line, r->event_id, r->handler);
+		o = outcome_line(r, line);
+		rc = rb_jsonl_write(stdout, o);
+		json_decref(o);
+		if (rc < 0)
 			rb_die_errno(RB_EXIT_IOERR, "cannot write to stdout");
-		}
 	}
-	json_decref(outcomes);
 	if (fflush(stdout) != 0)
 		rb_die_errno(RB_EXIT_IOERR, "cannot write to stdout");
-	json_array_clear(results);
-	json_array_clear(lines);
+	group_clear();
 	return 0;
 }
 
@@ -196,7 +242,6 @@ main(int argc, char **argv)
 {
 	struct rb_store *store;
 	struct rb_jsonl_reader *in;
-	json_t *results, *lines;
 	const char *line;
 	size_t len;
 	int st, exit_code = RB_EXIT_OK;
@@ -207,20 +252,19 @@ main(int argc, char **argv)
 	parse_args(argc, argv);
 	store = rb_cli_open(&opt.common);
 	in = rb_jsonl_reader_new(STDIN_FILENO, 0);
-	results = json_array();
-	lines = json_array();
-	seen_lanes = json_object();
+	group.objs = json_array();
+	seen_key = json_object();
 	for (;;) {
 		int timeout = -1;
 
-		if (json_array_size(results) > 0) {
+		if (group.n > 0) {
 			int64_t left = group_deadline - rb_mono_ms();
 
 			timeout = left > 0 ? (int)left : 0;
 		}
 		st = rb_jsonl_next(in, timeout, &line, &len);
 		if (st == RB_JSONL_AGAIN) {
-			if ((exit_code = apply(store, results, lines)) != 0)
+			if ((exit_code = apply(store)) != 0)
 				break;
 			continue;
 		}
@@ -234,56 +278,57 @@ main(int argc, char **argv)
 		if (st == RB_JSONL_TOOLONG) {
 			rb_error("stdin:%ld: line longer than %d bytes: not applied", rb_jsonl_lineno(in),
 			    RB_JSONL_DEFAULT_MAX);
-			counts[5]++;
+			BAD_LINES++;
 			bad = true;
 			continue;
 		}
 		{
-			json_t *r;
+			json_t *obj;
+			struct rb_result r;
 			char why[256];
 			struct rb_error err = { 0 };
 
-			if (rb_jsonl_parse(line, len, &r, why, sizeof why) < 0 ||
-			    (rb_result_validate(r, &err) < 0 && snprintf(why, sizeof why, "%s", err.msg) >= 0)) {
-				json_decref(r);
+			if (rb_jsonl_parse(line, len, &obj, why, sizeof why) < 0 ||
+			    (rb_result_parse(obj, &r, &err) < 0 && snprintf(why, sizeof why, "%s", err.msg) >= 0)) {
+				json_decref(obj);
 				rb_error("stdin:%ld: %s: not applied", rb_jsonl_lineno(in), why);
-				counts[5]++;
+				BAD_LINES++;
 				bad = true;
 				continue;
 			}
-			remember_lane(r);
-			if (json_array_size(results) == 0)
+			remember_lane(&r);
+			if (group.n == 0)
 				group_deadline = rb_mono_ms() + opt.window_ms;
-			json_array_append_new(results, r);
-			json_array_append_new(lines, json_integer(rb_jsonl_lineno(in)));
+			group_add(obj, &r, rb_jsonl_lineno(in));
 		}
-		if (json_array_size(results) >= (size_t)opt.batch &&
-		    (exit_code = apply(store, results, lines)) != 0)
+		if (group.n >= (size_t)opt.batch && (exit_code = apply(store)) != 0)
 			break;
 	}
 	if (exit_code == RB_EXIT_OK)
-		exit_code = apply(store, results, lines);
-	if (exit_code == RB_EXIT_OK && opt.relinquish && json_object_size(seen_lanes) > 0) {
-		json_t *leases = json_array(), *v;
-		const char *k;
+		exit_code = apply(store);
+	if (exit_code == RB_EXIT_OK && opt.relinquish && nseen > 0) {
 		struct rb_error err = { 0 };
 		int n;
 
-		json_object_foreach(seen_lanes, k, v)
-			json_array_append(leases, v);
-		if ((n = rb_store_relinquish_leases(store, leases, &err)) < 0)
+		if ((n = rb_store_relinquish_leases(store, seen, nseen, &err)) < 0)
 			rb_warn("could not hand back the lanes (they free up when the lease ends): %s", err.msg);
 		else
 			rb_info("handed back %d lanes", n);
-		json_decref(leases);
 	}
 	if (exit_code == RB_EXIT_OK && bad)
 		exit_code = RB_EXIT_DATAERR;
 	rb_info("%ld completed, %ld rescheduled, %ld buried, %ld released, %ld lost, %ld bad lines",
-	    counts[0], counts[1], counts[2], counts[3], counts[4], counts[5]);
-	json_decref(results);
-	json_decref(lines);
-	json_decref(seen_lanes);
+	    counts[RB_OUTCOME_COMPLETED], counts[RB_OUTCOME_RESCHEDULED], counts[RB_OUTCOME_BURIED],
+	    counts[RB_OUTCOME_RELEASED], counts[RB_OUTCOME_LOST], BAD_LINES);
+	group_clear();
+	json_decref(group.objs);
+	free(group.v);
+	free(group.line);
+	free(group.json);
+	for (size_t i = 0; i < nseen; i++)
+		free((char *)seen[i].handler);
+	free(seen);
+	json_decref(seen_key);
 	rb_jsonl_reader_free(in);
 	rb_store_close(store);
 	return exit_code;

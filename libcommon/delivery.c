@@ -3,7 +3,7 @@
  * delivery.c: the one place a delivery line is spelled, for every backend
  * (rb_records.h): a claimed delivery's fields become its line, its JSON
  * object or a struct rb_dl, and a struct rb_dl becomes a result to
- * complete.  The line is written from the fields as they come (the
+ * complete (struct rb_result, no object).  The line is written from the fields as they come (the
  * payload's JSON text compacted, never parsed): rb-dispatch spent a third
  * of its time parsing payloads only to print them again.
  */
@@ -118,15 +118,11 @@ rb_dl_new(const struct rb_delivery_fields *c)
 	size_t lc = c->created_at != NULL ? strlen(c->created_at) + 1 : 0;
 	struct rb_dl *d = xmalloc(sizeof *d + le + lh + ls + lc);
 	char *p = (char *)(d + 1);
-	struct rb_lease l = { .lane = c->lane, .epoch = c->epoch, .claims = c->claims };
 
 	memset(d, 0, sizeof *d);
 	d->id = strtoll(c->id, NULL, 10);
-	d->epoch = c->epoch;
-	d->claims = c->claims;
-	d->lane = c->lane;
+	d->lease = (struct rb_lease){ .lane = c->lane, .epoch = c->epoch, .claims = c->claims };
 	d->attempt = c->attempts + 1;
-	rb_lease_format(&l, d->lease, sizeof d->lease);
 	memcpy(p, c->event_id, le);
 	d->event_id = p;
 	p += le;
@@ -146,27 +142,22 @@ rb_dl_new(const struct rb_delivery_fields *c)
 }
 
 void
-rb_dl_fill(struct rb_dl *d, const struct rb_delivery_fields *c, bool text, struct rb_sbuf *b)
+rb_dl_fill(struct rb_dl *d, const struct rb_delivery_fields *c, struct rb_sbuf *b)
 {
 	size_t lk = c->key != NULL ? strlen(c->key) + 1 : 0;
+	char token[64];
 
-	if (text)
-		rb_delivery_line(c, d->lease, b);
-	else {
-		d->line = rb_delivery_object(c, false, b);
-		b->len = 0;
-	}
+	rb_lease_format(&d->lease, token, sizeof token);
+	rb_delivery_line(c, token, b);
 	d->mem = xmalloc(lk + b->len + 1);
 	if (c->key != NULL) {
 		memcpy(d->mem, c->key, lk);
 		d->key = d->mem;
 	}
-	if (text) {
-		memcpy(d->mem + lk, b->s, b->len);
-		d->mem[lk + b->len] = '\0';
-		d->text = d->mem + lk;
-		d->tlen = b->len;
-	}
+	memcpy(d->mem + lk, b->s, b->len);
+	d->mem[lk + b->len] = '\0';
+	d->text = d->mem + lk;
+	d->tlen = b->len;
 	d->fetched = true;
 }
 
@@ -175,30 +166,14 @@ rb_dl_free(struct rb_dl *d)
 {
 	if (d == NULL)
 		return;
-	json_decref(d->line);
 	free(d->mem);
 	free(d);
 }
 
-json_t *
-rb_dl_result(const struct rb_dl *d)
+struct rb_result
+rb_result_of(const struct rb_dl *d, enum rb_verdict verdict)
 {
-	json_t *r;
-	char id[32];
-
-	if (d->line != NULL) {
-		r = json_copy(d->line);
-		json_object_del(r, RB_LINE_TEXT_KEY);
-		return r;
-	}
-	id[rb_fmt_int(id, d->id)] = '\0';
-	r = json_object();
-	json_object_set_new(r, "event_id", json_string(d->event_id));
-	json_object_set_new(r, "handler", json_string(d->handler));
-	json_object_set_new(r, "key", d->key != NULL ? json_string(d->key) : json_null());
-	json_object_set_new(r, "attempt", json_integer(d->attempt));
-	json_object_set_new(r, "lease", json_string(d->lease));
-	json_object_set_new(r, "delivery_id", json_string(id));
-	json_object_set_new(r, "lane", json_integer(d->lane));
-	return r;
+	return (struct rb_result){ .event_id = d->event_id, .handler = d->handler, .lease = d->lease,
+	    .delivery_id = d->id, .verdict = verdict, .retry_ms = -1, .outcome = RB_OUTCOME_LOST,
+	    .attempts = -1 };
 }

@@ -8,11 +8,12 @@
  *   struct rb_delivery_fields     one claimed delivery, as text columns
  *   rb_delivery_line/_object      the one place a delivery line is spelled
  *   rb_dl_new, rb_dl_fill         a claimed delivery as struct rb_dl
+ *   rb_outcome_name/_of           the one name table of the outcomes
  *   rb_admin_status_flags         the status words of rb_admin.h
  *
  * The public record functions (rb_event_validate, rb_result_validate,
- * rb_subscription_parse, rb_publish_acks_*, rb_dl_free, rb_dl_result,
- * rb_result_completes, rb_admin_status_valid) are declared in rb_store.h
+ * rb_result_parse, rb_subscription_parse, rb_publish_acks_*, rb_dl_free,
+ * rb_result_of, rb_outcome_*, rb_admin_status_valid) are declared in rb_store.h
  * and rb_admin.h and defined in records.c and delivery.c.  Nothing here
  * knows a store or a backend.  Allocation dies on out-of-memory
  * (rb_util.h).
@@ -60,9 +61,9 @@ json_t	*rb_delivery_object(const struct rb_delivery_fields *, bool text, struct 
 struct rb_dl *rb_dl_new(const struct rb_delivery_fields *);
 /**
  * Its event's part (f: the claim's fields and the event's): the key and
- * the line (text) or the delivery object; sets fetched.  b: scratch.
+ * the line; sets fetched.  b: scratch.
  */
-void	rb_dl_fill(struct rb_dl *, const struct rb_delivery_fields *f, bool text, struct rb_sbuf *b);
+void	rb_dl_fill(struct rb_dl *, const struct rb_delivery_fields *f, struct rb_sbuf *b);
 
 /** The statuses of rb_admin.h, in the order of rb_admin_status_flags' flags. */
 #define RB_ADMIN_NSTATUS	4

@@ -19,6 +19,8 @@
 
 #include <jansson.h>
 
+#include "rb_util.h"	/* struct rb_lease */
+
 struct rb_store;
 
 struct rb_error {
@@ -132,25 +134,22 @@ struct rb_claim_opts {
 	int		 batch;		/* at most this many deliveries */
 	int64_t		 lease_ms;
 	int		 max_attempts;	/* a takeover buries a delivery reaching this */
-	/* the delivery ids the caller still runs (claimed, not yet completed or
-	 * failed), if it knows them: the claim then need not look them up.
-	 * NULL: unknown.  Never leave one out (a superset is harmless). */
+	/* the deliveries the caller still runs (claimed, not yet completed or
+	 * failed), if it knows them: their ids, and their lanes element by
+	 * element (or NULL).  The claim then need not look them up, and a held
+	 * lane gets no more than fills it to 32 in flight.  NULL: unknown.
+	 * Never leave one out (a superset is harmless). */
 	const int64_t	*live;
 	size_t		 n_live;
-	/* their lanes, element by element, or NULL: a held lane then gets no
-	 * more than fills it to 32 in flight (relaybus_claim_ids) */
 	const int	*live_lanes;
-	/* do not look for more lanes unless none is held (relaybus_claim's
-	 * p_search): the last look found too few, and nothing woke us since */
-	bool		 no_search;
+	/* take only from the lanes the owner holds already, and look for no
+	 * more: the caller's last claim that looked found fewer than it asked
+	 * for, and nothing woke it since (a cheaper claim) */
+	bool		 held_only;
 	/* take up to this many deliveries of one key at once (0 or 1: only the
 	 * head of each key).  They come in sequence order; the caller must run
 	 * each only after the previous one's completion committed. */
 	int		 chain;
-	/* each delivery carries its line, newline-terminated, as the string
-	 * member RB_LINE_TEXT_KEY instead of "payload" and "headers" (which
-	 * are then not parsed at all) */
-	bool		 line_text;
 	/* claim only: rb_store_claim_recv's deliveries come without their
 	 * events (not fetched), for rb_store_fetch_send */
 	bool		 apart;
@@ -158,45 +157,95 @@ struct rb_claim_opts {
 #define RB_LINE_TEXT_KEY	"_line"
 
 /*
- * A claimed delivery as rb-dispatch carries it through the two-step calls
- * (rb_store_claim_recv, rb_store_fetch_*, rb_store_complete_send): plain
- * fields in one allocation, its line as text, and no JSON object unless
- * one is asked for (a dispatcher spent most of its time building,
- * copying and freeing objects of eight members).  Free with rb_dl_free.
+ * A claimed delivery: plain fields in one allocation and its line as text
+ * (the JSON line of DESIGN.md "delivery out", as the store spelled it),
+ * no JSON object (a dispatcher spent most of its time building, copying
+ * and freeing objects of eight members).  The lease is integers; its
+ * token ("lane:epoch:claims") exists only in the line.  Free with
+ * rb_dl_free.
  */
 struct rb_dl {
 	int64_t		 id;		/* delivery_id */
-	int64_t		 epoch, claims;
-	int		 lane;
+	struct rb_lease	 lease;
 	int		 attempt;	/* this attempt: attempts so far + 1 */
 	const char	*event_id, *handler;
 	const char	*sequence;	/* as text; NULL: none */
 	const char	*created_at;
-	char		 lease[64];	/* lane:epoch:claims */
-	bool		 fetched;	/* key and text (or line) are there */
+	bool		 fetched;	/* key and text are there */
 	const char	*key;		/* NULL: none */
-	const char	*text;		/* its line, newline-terminated (line_text) ... */
+	const char	*text;		/* its line, newline-terminated */
 	size_t		 tlen;
-	json_t		*line;		/* ... or the delivery object (line_text false) */
 	char		*mem;		/* (what key and text point into) */
 };
 void	rb_dl_free(struct rb_dl *);
-/**
- * The delivery as a result object to complete (rb_store_complete): its
- * line as an object (a shallow copy, without RB_LINE_TEXT_KEY) when it has
- * one, else the members a completion reads (event_id, handler, key,
- * attempt, lease, delivery_id, lane).
- */
-json_t	*rb_dl_result(const struct rb_dl *);
 
+/* What the handler said of an attempt. */
+enum rb_verdict {
+	RB_VERDICT_OK,		/* done: complete it (delete, fenced by the lease) */
+	RB_VERDICT_FAIL,	/* failed: retry with backoff, or bury at max_attempts */
+	RB_VERDICT_DEAD,	/* failed for good: bury now */
+	RB_VERDICT_RELEASE,	/* not run: give it back, no attempt charged */
+};
+
+/* What a completion did with a result.  rb_outcome_name: the word of the JSON lines. */
+enum rb_outcome {
+	RB_OUTCOME_COMPLETED,
+	RB_OUTCOME_RESCHEDULED,
+	RB_OUTCOME_BURIED,
+	RB_OUTCOME_RELEASED,
+	RB_OUTCOME_LOST,	/* the lease was taken over: nothing applied */
+};
+#define RB_NOUTCOMES	5
+/** "completed", "rescheduled", "buried", "released", "lost". */
+const char	*rb_outcome_name(enum rb_outcome);
+/** The outcome of a name; RB_OUTCOME_LOST for anything else. */
+enum rb_outcome	 rb_outcome_of(const char *name);
+
+/*
+ * A result to complete: the delivery it is for, the verdict, and (filled
+ * in by the completion) the outcome.  The strings are borrowed and must
+ * outlive the completion.
+ */
+struct rb_result {
+	const char	*event_id, *handler;
+	struct rb_lease	 lease;
+	int64_t		 delivery_id;	/* 0: not known (found by event_id and handler) */
+	enum rb_verdict	 verdict;
+	const char	*error;		/* why it failed; NULL: "handler failed" (no reason for OK) */
+	int64_t		 retry_ms;	/* FAIL: retry after this; < 0: the backoff's delay */
+	/* rb_complete_opts.sql: the result as JSON text, $1 of the statement */
+	const char	*json;
+	/* ---- the outcome ---- */
+	enum rb_outcome	 outcome;
+	bool		 missing;	/* lost, and the delivery no longer exists */
+	int		 attempts;	/* a failure's attempts so far, as recorded; -1: not told */
+	char		*sql_error;	/* the sql statement failed (the result then took the
+					 * failure path): why, a new string the caller frees */
+};
+/** A result for d (pointers into d, which must outlive it), retry_ms -1. */
+struct rb_result rb_result_of(const struct rb_dl *d, enum rb_verdict);
+/**
+ * A result line (a delivery line plus ok, error, retry_ms, dead, release)
+ * as a result: checked (rb_result_validate), then its fields, borrowed
+ * from line.  -1 with a reason in err->msg.
+ */
+int	rb_result_parse(const json_t *line, struct rb_result *out, struct rb_error *err);
+/**
+ * Only the verdict of a result line (ok, dead, release, retry_ms, error:
+ * checked as rb_result_validate checks them) into out's verdict, error
+ * and retry_ms, the rest of out left as it is.  -1 with a reason.
+ */
+int	rb_result_verdict(const json_t *line, struct rb_result *out, struct rb_error *err);
+/** Check a result line's fields; -1 with a reason in err->msg. */
+int	rb_result_validate(const json_t *result, struct rb_error *err);
 
 /**
  * Claim due deliveries in one short transaction (the seed's "Lane
- * leases").  deliveries receives an array of delivery objects (DESIGN.md
- * "delivery out", plus "delivery_id", "lane", "sequence").  Returns the
+ * leases").  deliveries receives a new array of the deliveries (fetched:
+ * each with its line), the array and them the caller's.  Returns the
  * number claimed, or -1.
  */
-int	rb_store_claim(struct rb_store *, const struct rb_claim_opts *, json_t **deliveries,
+int	rb_store_claim(struct rb_store *, const struct rb_claim_opts *, struct rb_dl ***deliveries,
 	    struct rb_error *err);
 
 /**
@@ -219,35 +268,30 @@ int	rb_store_claim_recv(struct rb_store *, bool wait, struct rb_dl ***deliveries
  * on first use, closed with the first), so that reading the events runs
  * beside the next claim instead of inside it.  One at a time; the array
  * and the deliveries stay the caller's and must outlive the fetch.  recv
- * fills in each one's key and text (line_text) or line, and sets fetched
- * (not for one whose event is gone); it returns the number fetched, -1, or
- * RB_CLAIM_PENDING.  rb_store_fetch_socket: the socket to poll while one
- * is out, else -1.
+ * fills in each one's key and text, and sets fetched (not for one whose
+ * event is gone); it returns the number fetched, -1, or RB_CLAIM_PENDING.
+ * rb_store_fetch_socket: the socket to poll while one is out, else -1.
  */
-int	rb_store_fetch_send(struct rb_store *, struct rb_dl *const *claimed, size_t n, bool line_text,
-	    struct rb_error *err);
+int	rb_store_fetch_send(struct rb_store *, struct rb_dl *const *claimed, size_t n, struct rb_error *err);
 int	rb_store_fetch_recv(struct rb_store *, bool wait, struct rb_error *err);
 int	rb_store_fetch_socket(const struct rb_store *);
 
 /**
- * Complete n deliveries that all succeeded (no --sql) in two steps, as the
+ * Complete n results that all succeeded (no --sql) in two steps, as the
  * claim (rb_store_claim_send): one statement, sent now, its outcomes
- * collected later.  The array and the deliveries stay the caller's and
- * must outlive it.  While it is out the store takes no other call but
- * rb_store_notified and rb_store_socket.  recv returns 0 with an outcome
- * per delivery in outcome[] (RB_DL_*), -1, or RB_CLAIM_PENDING.  apart: on
- * a third connection of the store's (opened on first use, closed with the
- * first), so that it runs beside a claim, and the store takes every other
- * call meanwhile but another completion; rb_store_complete_socket is then
- * the socket to poll for its answer (else -1).
+ * collected later into the results (completed or lost).  The results stay
+ * the caller's and must outlive it.  While it is out the store takes no
+ * other call but rb_store_notified and rb_store_socket.  recv returns 0,
+ * -1, or RB_CLAIM_PENDING.  apart: on a third connection of the store's
+ * (opened on first use, closed with the first), so that it runs beside a
+ * claim, and the store takes every other call meanwhile but another
+ * completion; rb_store_complete_socket is then the socket to poll for its
+ * answer (else -1).
  */
-enum { RB_DL_LOST, RB_DL_COMPLETED, RB_DL_MISSING /* lost, and the delivery is gone */ };
-int	rb_store_complete_send(struct rb_store *, struct rb_dl *const *v, size_t n, bool apart,
+int	rb_store_complete_send(struct rb_store *, struct rb_result *v, size_t n, bool apart,
 	    struct rb_error *err);
-int	rb_store_complete_recv(struct rb_store *, bool wait, unsigned char *outcome, struct rb_error *err);
+int	rb_store_complete_recv(struct rb_store *, bool wait, struct rb_error *err);
 int	rb_store_complete_socket(const struct rb_store *);
-/** Whether a result completes its delivery (ok, not released, not dead). */
-bool	rb_result_completes(const json_t *result);
 
 /** Renew the lease of every lane held by owner for handler.  Returns lanes renewed, or -1. */
 int	rb_store_extend(struct rb_store *, const char *handler, const char *owner, int64_t lease_ms,
@@ -262,24 +306,19 @@ struct rb_backoff {
 struct rb_complete_opts {
 	int			max_attempts;	/* a failure reaching this buries */
 	struct rb_backoff	backoff;
-	const char		*sql;		/* run per ok delivery in its completing transaction, $1 = delivery JSON */
+	const char		*sql;		/* run per ok delivery in its completing transaction,
+						 * $1 = the result's json */
 };
 
 /**
- * Apply results (a JSON array of objects: a delivery line plus ok, error,
- * retry_ms, dead, release).  ok (default true) completes (deletes, fenced);
- * a failure reschedules with backoff or buries at max_attempts; dead buries
- * now; release gives the delivery back without charging an attempt.
- * Every element must carry event_id, handler and a well-formed lease
- * (check with rb_result_validate first).  outcomes receives one object per
- * result, in order: {"event_id", "handler", "outcome"} with outcome one of
- * completed, rescheduled, buried, released, lost (plus "error" when --sql
- * failed, and "missing": true when the delivery no longer exists).
+ * Apply n results in order: OK completes (deletes, fenced by the lease);
+ * FAIL reschedules with backoff or buries at max_attempts; DEAD buries
+ * now; RELEASE gives the delivery back without charging an attempt.
+ * Fills in each one's outcome, missing, attempts and sql_error (when
+ * o->sql failed: the result then takes the failure path).
  */
-int	rb_store_complete(struct rb_store *, const struct rb_complete_opts *, const json_t *results,
-	    json_t **outcomes, struct rb_error *err);
-/** Check a result line's fields; -1 with a reason in err->msg. */
-int	rb_result_validate(const json_t *result, struct rb_error *err);
+int	rb_store_complete(struct rb_store *, const struct rb_complete_opts *, struct rb_result *v, size_t n,
+	    struct rb_error *err);
 
 /** Hand back every lane of handler held by owner that runs nothing.  Returns lanes freed, or -1. */
 int	rb_store_relinquish(struct rb_store *, const char *handler, const char *owner,
@@ -295,10 +334,12 @@ int	rb_store_relinquish(struct rb_store *, const char *handler, const char *owne
 int	rb_store_relinquish_owner(struct rb_store *, const char *handler, const char *owner,
 	    struct rb_error *err);
 /**
- * Hand back the lanes named by leases (array of {"handler", "lease"}) when
- * they still have that epoch and run nothing.  Returns lanes freed, or -1.
+ * Hand back the lanes of n results (their handler, and their lease's lane
+ * and epoch: nothing else is read) when they still have that epoch and
+ * run nothing.  Returns lanes freed, or -1.
  */
-int	rb_store_relinquish_leases(struct rb_store *, const json_t *leases, struct rb_error *err);
+int	rb_store_relinquish_leases(struct rb_store *, const struct rb_result *v, size_t n,
+	    struct rb_error *err);
 
 /* ---- wake-up --------------------------------------------------------- */
 

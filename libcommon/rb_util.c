@@ -299,6 +299,19 @@ rb_lease_parse(const char *s, struct rb_lease *out)
 	return 0;
 }
 
+int
+rb_lease_parsen(const char *s, size_t n, struct rb_lease *out)
+{
+	char tmp[64];
+
+	/* (the longest token is 3 + 19 + 10 digits and two colons) */
+	if (n >= sizeof tmp)
+		return -1;
+	memcpy(tmp, s, n);
+	tmp[n] = '\0';
+	return rb_lease_parse(tmp, out);
+}
+
 bool
 rb_ident_valid(const char *s)
 {

@@ -69,6 +69,8 @@ void	rb_lease_format(const struct rb_lease *, char *buf, size_t len);
 size_t	rb_fmt_int(char *buf, int64_t v);
 /** Parse "lane:epoch:claims"; -1 on anything malformed or out of range. */
 int	rb_lease_parse(const char *, struct rb_lease *);
+/** rb_lease_parse of the n bytes at s (no NUL needed). */
+int	rb_lease_parsen(const char *s, size_t n, struct rb_lease *);
 
 /** A SQL identifier we accept for a schema name: [a-z_][a-z0-9_]{0,49}. */
 bool	rb_ident_valid(const char *);

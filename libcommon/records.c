@@ -59,14 +59,29 @@ rb_publish_acks_json(const struct rb_publish_acks *a)
 	return out;
 }
 
-bool
-rb_result_completes(const json_t *r)
-{
-	const json_t *ok = json_object_get(r, "ok");
+/* ---- outcomes ------------------------------------------------------------ */
 
-	if (json_is_true(json_object_get(r, "release")) || json_is_true(json_object_get(r, "dead")))
-		return false;
-	return ok == NULL || json_is_true(ok);
+static const char *const outcome_names[RB_NOUTCOMES] = {
+	[RB_OUTCOME_COMPLETED] = "completed",
+	[RB_OUTCOME_RESCHEDULED] = "rescheduled",
+	[RB_OUTCOME_BURIED] = "buried",
+	[RB_OUTCOME_RELEASED] = "released",
+	[RB_OUTCOME_LOST] = "lost",
+};
+
+const char *
+rb_outcome_name(enum rb_outcome o)
+{
+	return (unsigned)o < RB_NOUTCOMES ? outcome_names[o] : "lost";
+}
+
+enum rb_outcome
+rb_outcome_of(const char *name)
+{
+	for (int i = 0; name != NULL && i < RB_NOUTCOMES; i++)
+		if (strcmp(name, outcome_names[i]) == 0)
+			return (enum rb_outcome)i;
+	return RB_OUTCOME_LOST;
 }
 
 /* ---- record validation ------------------------------------------------ */
@@ -158,21 +173,12 @@ rb_event_validate(const json_t *e, struct rb_error *err)
 	return 0;
 }
 
-int
-rb_result_validate(const json_t *r, struct rb_error *err)
+/* The verdict members of a result line (ok, dead, release, retry_ms, error). */
+static int
+verdict_check(const json_t *r, struct rb_error *err)
 {
 	const json_t *v;
-	struct rb_lease lease;
 
-	if (want_string(r, "event_id", true, 1000, err) < 0 || want_string(r, "handler", true, 200, err) < 0)
-		return -1;
-	if (!rb_handler_valid(json_string_value(json_object_get(r, "handler"))))
-		return rb_seterr(err, RB_EXIT_DATAERR, "field 'handler' is not a handler name");
-	v = json_object_get(r, "lease");
-	if (v == NULL)
-		return rb_seterr(err, RB_EXIT_DATAERR, "missing field 'lease'");
-	if (!json_is_string(v) || rb_lease_parse(json_string_value(v), &lease) < 0)
-		return rb_seterr(err, RB_EXIT_DATAERR, "field 'lease' is not a lease token (lane:epoch:claims)");
 	v = json_object_get(r, "ok");
 	if (v != NULL && !json_is_boolean(v))
 		return rb_seterr(err, RB_EXIT_DATAERR, "field 'ok' must be true or false");
@@ -188,6 +194,70 @@ rb_result_validate(const json_t *r, struct rb_error *err)
 	v = json_object_get(r, "error");
 	if (v != NULL && !json_is_null(v) && !json_is_string(v))
 		return rb_seterr(err, RB_EXIT_DATAERR, "field 'error' must be a string");
+	return 0;
+}
+
+int
+rb_result_validate(const json_t *r, struct rb_error *err)
+{
+	const json_t *v;
+	struct rb_lease lease;
+
+	if (want_string(r, "event_id", true, 1000, err) < 0 || want_string(r, "handler", true, 200, err) < 0)
+		return -1;
+	if (!rb_handler_valid(json_string_value(json_object_get(r, "handler"))))
+		return rb_seterr(err, RB_EXIT_DATAERR, "field 'handler' is not a handler name");
+	v = json_object_get(r, "lease");
+	if (v == NULL)
+		return rb_seterr(err, RB_EXIT_DATAERR, "missing field 'lease'");
+	if (!json_is_string(v) || rb_lease_parse(json_string_value(v), &lease) < 0)
+		return rb_seterr(err, RB_EXIT_DATAERR, "field 'lease' is not a lease token (lane:epoch:claims)");
+	return verdict_check(r, err);
+}
+
+int
+rb_result_parse(const json_t *r, struct rb_result *out, struct rb_error *err)
+{
+	const json_t *v;
+	int64_t id;
+
+	if (rb_result_validate(r, err) < 0)
+		return -1;
+	*out = (struct rb_result){ .event_id = json_string_value(json_object_get(r, "event_id")),
+	    .handler = json_string_value(json_object_get(r, "handler")) };
+	rb_lease_parse(json_string_value(json_object_get(r, "lease")), &out->lease);
+	/* a delivery_id that is not one is no reason to refuse the line: the
+	 * delivery is then found by event_id and handler */
+	v = json_object_get(r, "delivery_id");
+	if (json_is_string(v) && rb_parse_int64(json_string_value(v), 1, INT64_MAX, &id) == 0)
+		out->delivery_id = id;
+	return rb_result_verdict(r, out, err);
+}
+
+int
+rb_result_verdict(const json_t *r, struct rb_result *out, struct rb_error *err)
+{
+	const json_t *v;
+
+	if (verdict_check(r, err) < 0)
+		return -1;
+	out->retry_ms = -1;
+	out->outcome = RB_OUTCOME_LOST;
+	out->missing = false;
+	out->attempts = -1;
+	out->sql_error = NULL;
+	if (json_is_true(json_object_get(r, "release")))
+		out->verdict = RB_VERDICT_RELEASE;
+	else if (json_is_true(json_object_get(r, "dead")))
+		out->verdict = RB_VERDICT_DEAD;
+	else if (json_is_false(json_object_get(r, "ok")))
+		out->verdict = RB_VERDICT_FAIL;
+	else
+		out->verdict = RB_VERDICT_OK;
+	v = json_object_get(r, "retry_ms");
+	if (json_is_integer(v))
+		out->retry_ms = json_integer_value(v);
+	out->error = json_string_value(json_object_get(r, "error"));
 	return 0;
 }
 

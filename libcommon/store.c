@@ -279,7 +279,7 @@ claim_opts_check(const struct rb_claim_opts *o, struct rb_error *err)
 }
 
 int
-rb_store_claim(struct rb_store *s, const struct rb_claim_opts *o, json_t **out, struct rb_error *err)
+rb_store_claim(struct rb_store *s, const struct rb_claim_opts *o, struct rb_dl ***out, struct rb_error *err)
 {
 	*out = NULL;
 	NEED_OP(s, claim, err);
@@ -306,11 +306,10 @@ rb_store_claim_recv(struct rb_store *s, bool wait, struct rb_dl ***out, struct r
 }
 
 int
-rb_store_fetch_send(struct rb_store *s, struct rb_dl *const *claimed, size_t n, bool line_text,
-    struct rb_error *err)
+rb_store_fetch_send(struct rb_store *s, struct rb_dl *const *claimed, size_t n, struct rb_error *err)
 {
 	NEED_OP(s, fetch_send, err);
-	return s->ops->fetch_send(s, claimed, n, line_text, err);
+	return s->ops->fetch_send(s, claimed, n, err);
 }
 
 int
@@ -340,28 +339,40 @@ rb_store_extend(struct rb_store *s, const char *handler, const char *owner, int6
 	return s->ops->extend(s, handler, owner, lease_ms, err);
 }
 
-int
-rb_store_complete(struct rb_store *s, const struct rb_complete_opts *o, const json_t *results,
-    json_t **outcomes, struct rb_error *err)
+/* The outcome part of n results, before a completion fills it in. */
+static void
+outcomes_reset(struct rb_result *v, size_t n)
 {
-	*outcomes = NULL;
-	NEED_OP(s, complete, err);
-	return s->ops->complete(s, o, results, outcomes, err);
+	for (size_t i = 0; i < n; i++) {
+		v[i].outcome = RB_OUTCOME_LOST;
+		v[i].missing = false;
+		v[i].attempts = -1;
+		v[i].sql_error = NULL;
+	}
 }
 
 int
-rb_store_complete_send(struct rb_store *s, struct rb_dl *const *v, size_t n, bool apart,
+rb_store_complete(struct rb_store *s, const struct rb_complete_opts *o, struct rb_result *v, size_t n,
     struct rb_error *err)
 {
+	outcomes_reset(v, n);
+	NEED_OP(s, complete, err);
+	return s->ops->complete(s, o, v, n, err);
+}
+
+int
+rb_store_complete_send(struct rb_store *s, struct rb_result *v, size_t n, bool apart, struct rb_error *err)
+{
 	NEED_OP(s, complete_send, err);
+	outcomes_reset(v, n);
 	return s->ops->complete_send(s, v, n, apart, err);
 }
 
 int
-rb_store_complete_recv(struct rb_store *s, bool wait, unsigned char *outcome, struct rb_error *err)
+rb_store_complete_recv(struct rb_store *s, bool wait, struct rb_error *err)
 {
 	NEED_OP(s, complete_recv, err);
-	return s->ops->complete_recv(s, wait, outcome, err);
+	return s->ops->complete_recv(s, wait, err);
 }
 
 int
@@ -380,10 +391,10 @@ rb_store_relinquish_owner(struct rb_store *s, const char *handler, const char *o
 }
 
 int
-rb_store_relinquish_leases(struct rb_store *s, const json_t *leases, struct rb_error *err)
+rb_store_relinquish_leases(struct rb_store *s, const struct rb_result *v, size_t n, struct rb_error *err)
 {
 	NEED_OP(s, relinquish_leases, err);
-	return s->ops->relinquish_leases(s, leases, err);
+	return s->ops->relinquish_leases(s, v, n, err);
 }
 
 int

@@ -81,9 +81,9 @@ struct rb_store_ops {
 	int	(*publish)(struct rb_store *s, const char *events_json, size_t n,
 		    struct rb_publish_acks *acks, struct rb_error *err);
 	/* Claim (o checked by the front: handler and owner valid, batch,
-	 * lease_ms, max_attempts >= 1): deliveries receives a new array of
-	 * delivery objects (rb_delivery_object).  Returns how many. */
-	int	(*claim)(struct rb_store *s, const struct rb_claim_opts *o, json_t **deliveries,
+	 * lease_ms, max_attempts >= 1): out receives a new array of n new
+	 * rb_dl, each fetched (rb_dl_new, rb_dl_fill).  Returns n. */
+	int	(*claim)(struct rb_store *s, const struct rb_claim_opts *o, struct rb_dl ***out,
 		    struct rb_error *err);
 	/* rb_store_claim_send/recv (rb_store.h): send the claim, collect it
 	 * later (wait false: RB_CLAIM_PENDING until it arrived); recv gives a
@@ -94,25 +94,24 @@ struct rb_store_ops {
 	/* rb_store_fetch_send/recv/socket: read the events of n deliveries a
 	 * claim took with o->apart (the array and its rb_dl stay the caller's
 	 * and outlive the fetch); recv fills them in (rb_dl_fill). */
-	int	(*fetch_send)(struct rb_store *s, struct rb_dl *const *claimed, size_t n, bool line_text,
+	int	(*fetch_send)(struct rb_store *s, struct rb_dl *const *claimed, size_t n,
 		    struct rb_error *err);
 	int	(*fetch_recv)(struct rb_store *s, bool wait, struct rb_error *err);
 	/* the socket to poll while a fetch is out, else -1 (no error) */
 	int	(*fetch_socket)(const struct rb_store *s);
-	/* rb_store_complete_send/recv/socket: complete n successes in one
-	 * statement, collected later; v and its rb_dl stay the caller's and
-	 * outlive it; recv writes n RB_DL_* into outcome (n bytes). */
-	int	(*complete_send)(struct rb_store *s, struct rb_dl *const *v, size_t n, bool apart,
+	/* rb_store_complete_send/recv/socket: complete n OK results in one
+	 * statement, collected later; v stays the caller's and outlives it;
+	 * recv fills in each one's outcome (completed or lost) and missing. */
+	int	(*complete_send)(struct rb_store *s, struct rb_result *v, size_t n, bool apart,
 		    struct rb_error *err);
-	int	(*complete_recv)(struct rb_store *s, bool wait, unsigned char *outcome,
-		    struct rb_error *err);
+	int	(*complete_recv)(struct rb_store *s, bool wait, struct rb_error *err);
 	/* the socket to poll while a completion is out apart, else -1 */
 	int	(*complete_socket)(const struct rb_store *s);
-	/* Apply results (an array that passed rb_result_validate, one object
-	 * each): outcomes receives a new array, one object per result in
-	 * order (rb_store.h rb_store_complete). */
-	int	(*complete)(struct rb_store *s, const struct rb_complete_opts *o, const json_t *results,
-		    json_t **outcomes, struct rb_error *err);
+	/* Apply n results in order (rb_store.h rb_store_complete): fills in
+	 * each one's outcome, missing, attempts and sql_error (the front has
+	 * reset them: LOST, false, -1, NULL). */
+	int	(*complete)(struct rb_store *s, const struct rb_complete_opts *o, struct rb_result *v,
+		    size_t n, struct rb_error *err);
 	/* Renew every lane of handler held by owner for lease_ms; lanes renewed. */
 	int	(*extend)(struct rb_store *s, const char *handler, const char *owner, int64_t lease_ms,
 		    struct rb_error *err);
@@ -122,9 +121,10 @@ struct rb_store_ops {
 	/* Hand back (and fence) every lane of handler held by owner; lanes freed. */
 	int	(*relinquish_owner)(struct rb_store *s, const char *handler, const char *owner,
 		    struct rb_error *err);
-	/* Hand back the lanes of leases ([{"handler", "lease"}], malformed
-	 * ones skipped) that still have that epoch and run nothing. */
-	int	(*relinquish_leases)(struct rb_store *s, const json_t *leases, struct rb_error *err);
+	/* Hand back the lanes of n results (handler, lease.lane and
+	 * lease.epoch) that still have that epoch and run nothing. */
+	int	(*relinquish_leases)(struct rb_store *s, const struct rb_result *v, size_t n,
+		    struct rb_error *err);
 
 	/* ---- wake-up ------------------------------------------------------ */
 

@@ -27,7 +27,7 @@ const char pg_tmpl_claim[] =
     "payload::text, headers::text, created_at "
     "FROM @S@.relaybus_claim($1, $2, $3::integer, $4::bigint, $5::integer, $6::bigint[], $7::boolean, $8::integer, "
     "$9::smallint[])";
-/* the claim without events, for the second connection to read them (rb_claim_opts.apart) */
+/* the claim without events, for the second connection to read them */
 const char pg_tmpl_claim_ids[] = "SELECT id, event_id, handler, lane, epoch, claims, attempts, sequence, created_at "
     "FROM @S@.relaybus_claim_ids($1, $2, $3::integer, $4::bigint, $5::integer, $6::bigint[], $7::boolean, $8::integer, "
     "$9::smallint[])";
@@ -97,8 +97,7 @@ claim_params(struct pg_be *be, const struct rb_claim_opts *o, const char *params
 			pg_arr_int(&be->claim_live_lanes, o->live_lanes[i]);
 		pg_arr_end(&be->claim_live_lanes);
 	}
-	be->claim_quiet = o->no_search;
-	be->claim_text = o->line_text;
+	be->claim_quiet = o->held_only;
 	snprintf(be->claim_chain, sizeof be->claim_chain, "%d", o->chain > 1 ? o->chain : 1);
 	claim_param_list(be, params);
 }
@@ -116,26 +115,9 @@ claim_cols(const PGresult *res, int i)
 	};
 }
 
-/* The deliveries of a claim's result (relaybus_claim's columns). */
-static json_t *
-claim_rows(PGresult *res, bool text)
-{
-	json_t *arr = json_array();
-	struct rb_sbuf b;
-
-	rb_sb_init(&b);
-	for (int i = 0; i < PQntuples(res); i++) {
-		struct rb_delivery_fields c = claim_cols(res, i);
-
-		json_array_append_new(arr, rb_delivery_object(&c, text, &b));
-	}
-	free(b.s);
-	return arr;
-}
-
 /* The deliveries of a claim's result (relaybus_claim's columns), as rb_dl. */
 static struct rb_dl **
-claim_dls(PGresult *res, bool text)
+claim_dls(PGresult *res)
 {
 	int n = PQntuples(res);
 	struct rb_dl **v = xcalloc(n > 0 ? (size_t)n : 1, sizeof *v);
@@ -146,7 +128,7 @@ claim_dls(PGresult *res, bool text)
 		struct rb_delivery_fields c = claim_cols(res, i);
 
 		v[i] = rb_dl_new(&c);
-		rb_dl_fill(v[i], &c, text, &b);
+		rb_dl_fill(v[i], &c, &b);
 	}
 	free(b.s);
 	return v;
@@ -174,19 +156,21 @@ claimed_dls(PGresult *res)
 }
 
 int
-pg_claim(struct rb_store *s, const struct rb_claim_opts *o, json_t **out, struct rb_error *err)
+pg_claim(struct rb_store *s, const struct rb_claim_opts *o, struct rb_dl ***out, struct rb_error *err)
 {
 	struct pg_be *be = pg_be(s);
 	const char *params[9];
 	PGresult *res;
+	int n;
 
 	claim_params(be, o, params);
 	res = pg_run(s, be->q_claim, 9, params, PGRES_TUPLES_OK, "claim", true, err);
 	if (res == NULL)
 		return -1;
-	*out = claim_rows(res, o->line_text);
+	n = PQntuples(res);
+	*out = claim_dls(res);
 	PQclear(res);
-	return (int)json_array_size(*out);
+	return n;
 }
 
 int
@@ -225,7 +209,7 @@ pg_claim_recv(struct rb_store *s, bool wait, struct rb_dl ***out, struct rb_erro
 		if (res != NULL && PQresultStatus(res) == PGRES_TUPLES_OK) {
 			int n = PQntuples(res);
 
-			*out = be->claim_apart ? claimed_dls(res) : claim_dls(res, be->claim_text);
+			*out = be->claim_apart ? claimed_dls(res) : claim_dls(res);
 			PQclear(res);
 			return n;
 		}
@@ -273,7 +257,7 @@ fetch_failed(struct rb_store *s, PGresult *res, struct rb_error *err)
 }
 
 int
-pg_fetch_send(struct rb_store *s, struct rb_dl *const *claimed, size_t n, bool text, struct rb_error *err)
+pg_fetch_send(struct rb_store *s, struct rb_dl *const *claimed, size_t n, struct rb_error *err)
 {
 	struct pg_be *be = pg_be(s);
 	struct rb_sbuf ids;
@@ -297,7 +281,6 @@ pg_fetch_send(struct rb_store *s, struct rb_dl *const *claimed, size_t n, bool t
 	if (!ok)
 		return fetch_failed(s, NULL, err);
 	be->fetch_pending = true;
-	be->fetch_text = text;
 	be->fetch_v = claimed;
 	be->fetch_n = n;
 	return 0;
@@ -336,13 +319,13 @@ pg_fetch_recv(struct rb_store *s, bool wait, struct rb_error *err)
 			continue;
 		id[rb_fmt_int(id, d->id)] = '\0';
 		c = (struct rb_delivery_fields){
-			.id = id, .event_id = d->event_id, .handler = d->handler, .lane = d->lane,
-			.epoch = d->epoch, .claims = d->claims, .attempts = d->attempt - 1,
+			.id = id, .event_id = d->event_id, .handler = d->handler, .lane = d->lease.lane,
+			.epoch = d->lease.epoch, .claims = d->lease.claims, .attempts = d->attempt - 1,
 			.sequence = d->sequence, .created_at = d->created_at,
 			.name = pg_col(res, i, 1), .key = pg_col(res, i, 2),
 			.payload = pg_col(res, i, 3), .headers = pg_col(res, i, 4),
 		};
-		rb_dl_fill(d, &c, be->fetch_text, &b);
+		rb_dl_fill(d, &c, &b);
 		got++;
 	}
 	free(b.s);
@@ -390,14 +373,12 @@ pg_relinquish_owner(struct rb_store *s, const char *handler, const char *owner, 
 }
 
 int
-pg_relinquish_leases(struct rb_store *s, const json_t *leases, struct rb_error *err)
+pg_relinquish_leases(struct rb_store *s, const struct rb_result *v, size_t n, struct rb_error *err)
 {
 	struct rb_sbuf h, lane, epoch;
-	size_t i;
-	json_t *v;
-	int n;
+	int freed;
 
-	if (json_array_size(leases) == 0)
+	if (n == 0)
 		return 0;
 	rb_sb_init(&h);
 	rb_sb_init(&lane);
@@ -405,23 +386,18 @@ pg_relinquish_leases(struct rb_store *s, const json_t *leases, struct rb_error *
 	pg_arr_start(&h);
 	pg_arr_start(&lane);
 	pg_arr_start(&epoch);
-	json_array_foreach(leases, i, v) {
-		struct rb_lease l;
-
-		if (rb_lease_parse(json_string_value(json_object_get(v, "lease")), &l) < 0 ||
-		    !json_is_string(json_object_get(v, "handler")))
-			continue;
-		pg_arr_text(&h, json_string_value(json_object_get(v, "handler")));
-		pg_arr_int(&lane, l.lane);
-		pg_arr_int(&epoch, l.epoch);
+	for (size_t i = 0; i < n; i++) {
+		pg_arr_text(&h, v[i].handler);
+		pg_arr_int(&lane, v[i].lease.lane);
+		pg_arr_int(&epoch, v[i].lease.epoch);
 	}
 	pg_arr_end(&h);
 	pg_arr_end(&lane);
 	pg_arr_end(&epoch);
 	const char *params[3] = { h.s, lane.s, epoch.s };
-	n = pg_run_affected(s, pg_be(s)->q_relinquish_leases, 3, params, "relinquish", err);
+	freed = pg_run_affected(s, pg_be(s)->q_relinquish_leases, 3, params, "relinquish", err);
 	free(h.s);
 	free(lane.s);
 	free(epoch.s);
-	return n;
+	return freed;
 }

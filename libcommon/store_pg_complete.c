@@ -89,36 +89,17 @@ fa_init(struct pg_fence *a)
 }
 
 static void
-fa_add(struct pg_fence *a, const json_t *r)
+fa_add(struct pg_fence *a, const struct rb_result *r)
 {
-	struct rb_lease l;
-
-	rb_lease_parse(json_string_value(json_object_get(r, "lease")), &l);
-	pg_arr_text(&a->ev, json_string_value(json_object_get(r, "event_id")));
-	pg_arr_text(&a->h, json_string_value(json_object_get(r, "handler")));
-	pg_arr_int(&a->lane, l.lane);
-	pg_arr_int(&a->epoch, l.epoch);
-	pg_arr_int(&a->claims, l.claims);
-	{
-		const char *id = json_string_value(json_object_get(r, "delivery_id"));
-		int64_t v;
-
-		if (id != NULL && rb_parse_int64(id, 1, INT64_MAX, &v) == 0)
-			pg_arr_int(&a->id, v);
-		else
-			pg_arr_text(&a->id, NULL);
-	}
-}
-
-static void
-fa_add_dl(struct pg_fence *a, const struct rb_dl *d)
-{
-	pg_arr_text(&a->ev, d->event_id);
-	pg_arr_text(&a->h, d->handler);
-	pg_arr_int(&a->lane, d->lane);
-	pg_arr_int(&a->epoch, d->epoch);
-	pg_arr_int(&a->claims, d->claims);
-	pg_arr_int(&a->id, d->id);
+	pg_arr_text(&a->ev, r->event_id);
+	pg_arr_text(&a->h, r->handler);
+	pg_arr_int(&a->lane, r->lease.lane);
+	pg_arr_int(&a->epoch, r->lease.epoch);
+	pg_arr_int(&a->claims, r->lease.claims);
+	if (r->delivery_id > 0)
+		pg_arr_int(&a->id, r->delivery_id);
+	else
+		pg_arr_text(&a->id, NULL);
 }
 
 static void
@@ -141,20 +122,6 @@ fa_free(struct pg_fence *a)
 
 /* ---- completion at once (rb_store_complete) -------------------------------- */
 
-static void
-set_outcome(json_t *outcomes, size_t i, const json_t *r, const char *outcome)
-{
-	/* (built by hand: json_pack parses its format each time, and this
-	 * runs once a delivery) */
-	json_t *o = json_object();
-	json_t *ev = json_object_get(r, "event_id"), *h = json_object_get(r, "handler");
-
-	json_object_set_new(o, "event_id", ev != NULL ? json_incref(ev) : json_null());
-	json_object_set_new(o, "handler", h != NULL ? json_incref(h) : json_null());
-	json_object_set_new(o, "outcome", json_string(outcome));
-	json_array_set_new(outcomes, i, o);
-}
-
 /* Does a delivery (event_id, handler) still exist? 1 yes, 0 no, -1 error */
 static int
 delivery_exists(struct rb_store *s, PGconn *c, const char *event_id, const char *handler,
@@ -175,47 +142,38 @@ delivery_exists(struct rb_store *s, PGconn *c, const char *event_id, const char 
 
 /*
  * The outcomes of a completion statement (res: the positions of the rows
- * it deleted, 1-based in results order): completed or lost, and "missing"
- * when a lost delivery is gone.  idx: the results' places in outcomes (and
- * results), or NULL for 0..n-1.
+ * it deleted, 1-based in the order of idx): completed or lost, and
+ * missing when a lost delivery is gone.  idx: the results' places in v,
+ * or NULL for 0..n-1.
  */
 static int
-complete_outcomes(struct rb_store *s, PGconn *c, const json_t *results, const size_t *idx, size_t n,
-    PGresult *res, json_t *outcomes, struct rb_error *err)
+complete_outcomes(struct rb_store *s, PGconn *c, struct rb_result *v, const size_t *idx, size_t n,
+    PGresult *res, struct rb_error *err)
 {
-	bool *done = xcalloc(n > 0 ? n : 1, sizeof *done);
-
+	for (size_t k = 0; k < n; k++)
+		v[idx != NULL ? idx[k] : k].outcome = RB_OUTCOME_LOST;
 	for (int i = 0; i < PQntuples(res); i++) {
 		long ord = strtol(PQgetvalue(res, i, 0), NULL, 10);
 
 		if (ord >= 1 && (size_t)ord <= n)
-			done[ord - 1] = true;
+			v[idx != NULL ? idx[ord - 1] : (size_t)ord - 1].outcome = RB_OUTCOME_COMPLETED;
 	}
 	for (size_t k = 0; k < n; k++) {
-		size_t at = idx != NULL ? idx[k] : k;
-		const json_t *r = json_array_get(results, at);
+		struct rb_result *r = &v[idx != NULL ? idx[k] : k];
+		int ex;
 
-		set_outcome(outcomes, at, r, done[k] ? "completed" : "lost");
-		if (!done[k]) {
-			int ex = delivery_exists(s, c, json_string_value(json_object_get(r, "event_id")),
-			    json_string_value(json_object_get(r, "handler")), err);
-
-			if (ex < 0) {
-				free(done);
-				return -1;
-			}
-			if (!ex)
-				json_object_set_new(json_array_get(outcomes, at), "missing", json_true());
-		}
+		if (r->outcome == RB_OUTCOME_COMPLETED)
+			continue;
+		if ((ex = delivery_exists(s, c, r->event_id, r->handler, err)) < 0)
+			return -1;
+		r->missing = !ex;
 	}
-	free(done);
 	return 0;
 }
 
 /* Complete the ok results in one statement; marks completed or lost. */
 static int
-complete_ok(struct rb_store *s, const json_t *results, const size_t *idx, size_t n, json_t *outcomes,
-    struct rb_error *err)
+complete_ok(struct rb_store *s, struct rb_result *v, const size_t *idx, size_t n, struct rb_error *err)
 {
 	struct pg_fence a;
 	PGresult *res;
@@ -225,7 +183,7 @@ complete_ok(struct rb_store *s, const json_t *results, const size_t *idx, size_t
 		return -1;
 	fa_init(&a);
 	for (size_t k = 0; k < n; k++)
-		fa_add(&a, json_array_get(results, idx[k]));
+		fa_add(&a, &v[idx[k]]);
 	fa_close(&a);
 	const char *params[6] = { a.ev.s, a.h.s, a.lane.s, a.epoch.s, a.claims.s, a.id.s };
 
@@ -234,7 +192,7 @@ complete_ok(struct rb_store *s, const json_t *results, const size_t *idx, size_t
 	fa_free(&a);
 	if (res == NULL)
 		return -1;
-	rc = complete_outcomes(s, pg_be(s)->conn, results, idx, n, res, outcomes, err);
+	rc = complete_outcomes(s, pg_be(s)->conn, v, idx, n, res, err);
 	PQclear(res);
 	return rc;
 }
@@ -301,7 +259,7 @@ complete_failed(struct rb_store *s, PGresult *res, struct rb_error *err)
 }
 
 int
-pg_complete_send(struct rb_store *s, struct rb_dl *const *v, size_t n, bool apart, struct rb_error *err)
+pg_complete_send(struct rb_store *s, struct rb_result *v, size_t n, bool apart, struct rb_error *err)
 {
 	struct pg_be *be = pg_be(s);
 	int hist;
@@ -319,7 +277,7 @@ pg_complete_send(struct rb_store *s, struct rb_dl *const *v, size_t n, bool apar
 	be->complete_fa = xcalloc(1, sizeof *be->complete_fa);
 	fa_init(be->complete_fa);
 	for (size_t i = 0; i < n; i++)
-		fa_add_dl(be->complete_fa, v[i]);
+		fa_add(be->complete_fa, &v[i]);
 	fa_close(be->complete_fa);
 	be->complete_v = v;
 	be->complete_n = n;
@@ -332,7 +290,7 @@ pg_complete_send(struct rb_store *s, struct rb_dl *const *v, size_t n, bool apar
 }
 
 int
-pg_complete_recv(struct rb_store *s, bool wait, unsigned char *outcome, struct rb_error *err)
+pg_complete_recv(struct rb_store *s, bool wait, struct rb_error *err)
 {
 	struct pg_be *be = pg_be(s);
 
@@ -340,7 +298,7 @@ pg_complete_recv(struct rb_store *s, bool wait, unsigned char *outcome, struct r
 		return rb_seterr(err, RB_EXIT_SOFTWARE, "complete: no completion in progress");
 	for (;;) {
 		PGresult *res;
-		int got = pg_take_result(complete_conn(be), wait, &res);
+		int got = pg_take_result(complete_conn(be), wait, &res), rc;
 
 		if (got == RB_CLAIM_PENDING)
 			return got;
@@ -348,34 +306,10 @@ pg_complete_recv(struct rb_store *s, bool wait, unsigned char *outcome, struct r
 			return complete_failed(s, NULL, err);
 		be->complete_pending = false;
 		if (res != NULL && PQresultStatus(res) == PGRES_TUPLES_OK) {
-			/* (the positions of the rows deleted, 1-based; a delivery
-			 * not deleted is lost, "missing" when it is gone) */
-			size_t n = be->complete_n;
-
-			memset(outcome, RB_DL_LOST, n);
-			for (int i = 0; i < PQntuples(res); i++) {
-				long ord = strtol(PQgetvalue(res, i, 0), NULL, 10);
-
-				if (ord >= 1 && (size_t)ord <= n)
-					outcome[ord - 1] = RB_DL_COMPLETED;
-			}
+			rc = complete_outcomes(s, complete_conn(be), be->complete_v, NULL, be->complete_n, res, err);
 			PQclear(res);
-			for (size_t k = 0; k < n; k++) {
-				int ex;
-
-				if (outcome[k] == RB_DL_COMPLETED)
-					continue;
-				ex = delivery_exists(s, complete_conn(be), be->complete_v[k]->event_id,
-				    be->complete_v[k]->handler, err);
-				if (ex < 0) {
-					pg_complete_forget(be);
-					return -1;
-				}
-				if (!ex)
-					outcome[k] = RB_DL_MISSING;
-			}
 			pg_complete_forget(be);
-			return 0;
+			return rc;
 		}
 		/* a deadlock or serialization failure: the statement runs again, as pg_run() does */
 		if (pg_retryable(res) && be->complete_tries < 5) {
@@ -401,25 +335,23 @@ pg_complete_socket(const struct rb_store *s)
 	    PQsocket(be->conn3) : -1;
 }
 
-/* Complete one result with the caller's SQL in the same transaction. */
+/* Complete one result with the caller's SQL in the same transaction: 0
+ * (its outcome set), 1 (the SQL failed: r->sql_error set, it takes the
+ * failure path) or -1. */
 static int
-complete_sql(struct rb_store *s, const struct rb_complete_opts *o, const json_t *r, size_t i,
-    json_t *outcomes, struct rb_error *err)
+complete_sql(struct rb_store *s, const struct rb_complete_opts *o, struct rb_result *r,
+    struct rb_error *err)
 {
 	struct pg_be *be = pg_be(s);
-	struct rb_lease l;
 	char lane[16], epoch[32];
-	const char *handler = json_string_value(json_object_get(r, "handler"));
-	const char *lp[3] = { handler, lane, epoch };
+	const char *lp[3] = { r->handler, lane, epoch };
 	PGresult *res;
-	char *text;
 	int hist = pg_history(s, pg_be(s)->conn, "complete", err);
 
 	if (hist < 0)
 		return -1;
-	rb_lease_parse(json_string_value(json_object_get(r, "lease")), &l);
-	snprintf(lane, sizeof lane, "%d", l.lane);
-	snprintf(epoch, sizeof epoch, "%" PRId64, l.epoch);
+	lane[rb_fmt_int(lane, r->lease.lane)] = '\0';
+	epoch[rb_fmt_int(epoch, r->lease.epoch)] = '\0';
 	if (pg_run_cmd(s, "BEGIN", "complete", err) < 0)
 		return -1;
 	/* KEY SHARE on the lane row: a takeover (FOR UPDATE) skips the lane
@@ -430,14 +362,12 @@ complete_sql(struct rb_store *s, const struct rb_complete_opts *o, const json_t 
 	if (PQntuples(res) == 0) {
 		PQclear(res);
 		pg_rollback_quietly(s);
-		set_outcome(outcomes, i, r, "lost");
+		r->outcome = RB_OUTCOME_LOST;
 		return 0;
 	}
 	PQclear(res);
-	text = json_dumps(r, JSON_COMPACT);
-	const char *sp[1] = { text };
+	const char *sp[1] = { r->json };
 	res = PQexecParams(be->conn, o->sql, strstr(o->sql, "$1") != NULL ? 1 : 0, NULL, sp, NULL, NULL, 0);
-	free(text);
 	if (res == NULL || (PQresultStatus(res) != PGRES_COMMAND_OK && PQresultStatus(res) != PGRES_TUPLES_OK)) {
 		if (PQstatus(be->conn) == CONNECTION_BAD) {
 			pg_fail(s, res, "complete", err);
@@ -445,13 +375,11 @@ complete_sql(struct rb_store *s, const struct rb_complete_opts *o, const json_t 
 			return -1;
 		}
 		const char *m = res != NULL ? PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY) : NULL;
-		char msg[300];
 
-		snprintf(msg, sizeof msg, "--sql failed: %s", m != NULL ? m : "unknown error");
+		r->sql_error = xasprintf("--sql failed: %.285s", m != NULL ? m : "unknown error");
 		PQclear(res);
 		pg_rollback_quietly(s);
 		/* the statement failed: the handler failed, count it as an attempt */
-		json_object_set_new(json_array_get(outcomes, i), "error", json_string(msg));
 		return 1;
 	}
 	PQclear(res);
@@ -472,13 +400,13 @@ complete_sql(struct rb_store *s, const struct rb_complete_opts *o, const json_t 
 		/* fenced out: the SQL's effect must not commit either */
 		PQclear(res);
 		pg_rollback_quietly(s);
-		set_outcome(outcomes, i, r, "lost");
+		r->outcome = RB_OUTCOME_LOST;
 		return 0;
 	}
 	PQclear(res);
 	if (pg_run_cmd(s, "COMMIT", "complete", err) < 0)
 		return -1;
-	set_outcome(outcomes, i, r, "completed");
+	r->outcome = RB_OUTCOME_COMPLETED;
 	return 0;
 fail:
 	pg_rollback_quietly(s);
@@ -486,18 +414,14 @@ fail:
 }
 
 static const char *
-fail_kind(const json_t *r)
+fail_kind(const struct rb_result *r)
 {
-	if (json_is_true(json_object_get(r, "release")))
-		return "release";
-	if (json_is_true(json_object_get(r, "dead")))
-		return "bury";
-	return "retry";
+	return r->verdict == RB_VERDICT_RELEASE ? "release" : r->verdict == RB_VERDICT_DEAD ? "bury" : "retry";
 }
 
 static int
-complete_fail(struct rb_store *s, const struct rb_complete_opts *o, const json_t *results,
-    const size_t *idx, size_t n, json_t *outcomes, struct rb_error *err)
+complete_fail(struct rb_store *s, const struct rb_complete_opts *o, struct rb_result *v,
+    const size_t *idx, size_t n, struct rb_error *err)
 {
 	struct pg_fence a;
 	struct rb_sbuf kinds, retry, errors;
@@ -512,22 +436,16 @@ complete_fail(struct rb_store *s, const struct rb_complete_opts *o, const json_t
 	pg_arr_start(&retry);
 	pg_arr_start(&errors);
 	for (size_t k = 0; k < n; k++) {
-		const json_t *r = json_array_get(results, idx[k]);
-		const json_t *rm = json_object_get(r, "retry_ms");
-		const json_t *e = json_object_get(r, "error");
-		const json_t *oe = json_object_get(json_array_get(outcomes, idx[k]), "error");
+		const struct rb_result *r = &v[idx[k]];
 
 		fa_add(&a, r);
 		pg_arr_text(&kinds, fail_kind(r));
-		if (json_is_integer(rm))
-			pg_arr_int(&retry, json_integer_value(rm));
+		if (r->retry_ms >= 0)
+			pg_arr_int(&retry, r->retry_ms);
 		else
 			pg_arr_text(&retry, NULL);
-		if (json_is_string(oe))
-			pg_arr_text(&errors, json_string_value(oe));
-		else
-			pg_arr_text(&errors, json_is_string(e) ? json_string_value(e) :
-			    (json_is_true(json_object_get(r, "release")) ? NULL : "handler failed"));
+		pg_arr_text(&errors, r->sql_error != NULL ? r->sql_error : r->error != NULL ? r->error :
+		    r->verdict == RB_VERDICT_RELEASE ? NULL : "handler failed");
 	}
 	fa_close(&a);
 	pg_arr_end(&kinds);
@@ -548,40 +466,34 @@ complete_fail(struct rb_store *s, const struct rb_complete_opts *o, const json_t
 		return -1;
 	for (int i = 0; i < PQntuples(res) && (size_t)i < n; i++) {
 		size_t k = (size_t)atoi(PQgetvalue(res, i, 0)) - 1;
-		const json_t *r;
-		json_t *prev_err;
+		struct rb_result *r;
 
 		if (k >= n)
 			continue;
-		r = json_array_get(results, idx[k]);
-		prev_err = json_incref(json_object_get(json_array_get(outcomes, idx[k]), "error"));
-		set_outcome(outcomes, idx[k], r, PQgetvalue(res, i, 1));
-		json_t *oc = json_array_get(outcomes, idx[k]);
+		r = &v[idx[k]];
+		r->outcome = rb_outcome_of(PQgetvalue(res, i, 1));
 		if (!PQgetisnull(res, i, 2))
-			json_object_set_new(oc, "attempts", json_integer(atoi(PQgetvalue(res, i, 2))));
-		if (PQgetvalue(res, i, 3)[0] == 't')
-			json_object_set_new(oc, "missing", json_true());
-		if (prev_err != NULL)
-			json_object_set_new(oc, "error", prev_err);
+			r->attempts = atoi(PQgetvalue(res, i, 2));
+		r->missing = PQgetvalue(res, i, 3)[0] == 't';
 	}
 	PQclear(res);
 	return 0;
 }
 
 int
-pg_complete(struct rb_store *s, const struct rb_complete_opts *o, const json_t *results,
-    json_t **outcomes_out, struct rb_error *err)
+pg_complete(struct rb_store *s, const struct rb_complete_opts *o, struct rb_result *v, size_t n,
+    struct rb_error *err)
 {
-	size_t n = json_array_size(results), nok = 0, nfail = 0;
-	size_t *ok = xcalloc(n, sizeof *ok), *fail = xcalloc(n, sizeof *fail);
-	json_t *outcomes = json_array();
+	size_t nok = 0, nfail = 0;
+	size_t *ok = xcalloc(n > 0 ? n : 1, sizeof *ok), *fail = xcalloc(n > 0 ? n : 1, sizeof *fail);
 	int rc = -1;
 
 	for (size_t i = 0; i < n; i++) {
-		const json_t *r = json_array_get(results, i);
-
-		json_array_append_new(outcomes, json_object());
-		if (rb_result_completes(r))
+		v[i].outcome = RB_OUTCOME_LOST;
+		v[i].missing = false;
+		v[i].attempts = -1;
+		v[i].sql_error = NULL;
+		if (v[i].verdict == RB_VERDICT_OK)
 			ok[nok++] = i;
 		else
 			fail[nfail++] = i;
@@ -589,7 +501,7 @@ pg_complete(struct rb_store *s, const struct rb_complete_opts *o, const json_t *
 	if (o->sql != NULL && *o->sql != '\0') {
 		/* one transaction per delivery: the caller's statement and the deletion */
 		for (size_t k = 0; k < nok; k++) {
-			int c = complete_sql(s, o, json_array_get(results, ok[k]), ok[k], outcomes, err);
+			int c = complete_sql(s, o, &v[ok[k]], err);
 
 			if (c < 0)
 				goto out;
@@ -598,7 +510,7 @@ pg_complete(struct rb_store *s, const struct rb_complete_opts *o, const json_t *
 				fail[nfail++] = ok[k];
 			}
 		}
-	} else if (nok > 0 && complete_ok(s, results, ok, nok, outcomes, err) < 0)
+	} else if (nok > 0 && complete_ok(s, v, ok, nok, err) < 0)
 		goto out;
 	if (nfail > 0) {
 		/* keep input order for the failure function's ord */
@@ -608,14 +520,16 @@ pg_complete(struct rb_store *s, const struct rb_complete_opts *o, const json_t *
 				fail[b] = fail[b - 1];
 				fail[b - 1] = t;
 			}
-		if (complete_fail(s, o, results, fail, nfail, outcomes, err) < 0)
+		if (complete_fail(s, o, v, fail, nfail, err) < 0)
 			goto out;
 	}
-	*outcomes_out = outcomes;
-	outcomes = NULL;
 	rc = 0;
 out:
-	json_decref(outcomes);
+	if (rc < 0)
+		for (size_t i = 0; i < n; i++) {
+			free(v[i].sql_error);
+			v[i].sql_error = NULL;
+		}
 	free(ok);
 	free(fail);
 	return rc;

@@ -518,10 +518,11 @@ run_lane_lease(struct rb_store *s, const struct rb_inspect_opts *o, json_t *repo
 	PGconn *c = pg_be(s)->conn;
 	PGconn *holder = NULL;
 	struct rb_publish_acks acks = { 0 };
-	json_t *events = NULL, *dl = NULL, *outcomes = NULL, *leases = NULL;
-	const char *oc;
+	json_t *events = NULL;
+	struct rb_dl **dl = NULL;
+	struct rb_result r;
 	char id[64], *text;
-	int lane, pub, rc = -1;
+	int lane, pub, n = 0, rc = -1;
 
 	if (pg_setup(s, &so, err) < 0)
 		return -1;
@@ -544,24 +545,22 @@ run_lane_lease(struct rb_store *s, const struct rb_inspect_opts *o, json_t *repo
 	free(text);
 	if (pub < 0 || stopped(o, err))
 		goto out;
-	if (pg_claim(s, &co, &dl, err) < 0 || stopped(o, err))
+	if ((n = pg_claim(s, &co, &dl, err)) < 0 || stopped(o, err))
 		goto out;
-	if (json_array_size(dl) != 1) {
-		rb_seterr(err, RB_EXIT_SOFTWARE, "claim: expected 1 delivery, got %zu", json_array_size(dl));
+	if (n != 1) {
+		rb_seterr(err, RB_EXIT_SOFTWARE, "claim: expected 1 delivery, got %d", n);
 		goto out;
 	}
-	lane = (int)json_integer_value(json_object_get(json_array_get(dl, 0), "lane"));
-	if (pg_complete(s, &cpo, dl, &outcomes, err) < 0 || stopped(o, err))
+	lane = dl[0]->lease.lane;
+	r = rb_result_of(dl[0], RB_VERDICT_OK);
+	if (pg_complete(s, &cpo, &r, 1, err) < 0 || stopped(o, err))
 		goto out;
-	oc = json_string_value(json_object_get(json_array_get(outcomes, 0), "outcome"));
-	if (oc == NULL || strcmp(oc, "completed") != 0) {
+	if (r.outcome != RB_OUTCOME_COMPLETED) {
 		rb_seterr(err, RB_EXIT_SOFTWARE, "complete: the delivery was not completed");
 		goto out;
 	}
 	/* rb-complete hands the lanes back at end of input: so do we */
-	leases = json_pack("[{s:O, s:O}]", "handler", json_object_get(json_array_get(dl, 0), "handler"),
-	    "lease", json_object_get(json_array_get(dl, 0), "lease"));
-	if (pg_relinquish_leases(s, leases, err) < 0 || stopped(o, err))
+	if (pg_relinquish_leases(s, &r, 1, err) < 0 || stopped(o, err))
 		goto out;
 	json_object_set_new(report, "event_id", json_string(id));
 	json_object_set_new(report, "handler", json_string(RB_INSPECT_HANDLER));
@@ -573,9 +572,9 @@ out:
 	if (holder != NULL)
 		PQfinish(holder);
 	json_decref(events);
-	json_decref(dl);
-	json_decref(outcomes);
-	json_decref(leases);
+	for (int i = 0; i < n; i++)
+		rb_dl_free(dl[i]);
+	free(dl);
 	return rc;
 }
 

@@ -51,19 +51,18 @@ struct pg_be {
 	bool	 claim_lanes_known;
 	bool	 claim_live_known;
 	bool	 claim_quiet;		/* ... and the seventh: p_search false */
-	bool	 claim_text;		/* rb_claim_opts.line_text */
 	char	 claim_chain[16];	/* ... and the eighth: p_chain */
 	bool	 claim_apart;		/* rb_claim_opts.apart: relaybus_claim_ids */
 	/* a completion sent and not collected yet (rb_store_complete_send) */
 	bool	 complete_pending, complete_hist;
 	int	 complete_tries;
-	struct rb_dl *const *complete_v;	/* what it completes (the caller's) */
+	struct rb_result *complete_v;	/* what it completes (the caller's) */
 	size_t	 complete_n;
 	struct pg_fence *complete_fa;	/* its parameters, kept for a retry */
 	/* the second connection, for rb_store_fetch_send (opened on first use) */
 	PGconn	*conn2;
 	unsigned prepared2;
-	bool	 fetch_pending, fetch_text;
+	bool	 fetch_pending;
 	struct rb_dl *const *fetch_v;	/* what the fetch out reads the events of (the caller's) */
 	size_t	 fetch_n;
 	/* the third, for completions sent apart (rb_store_complete_send) */
@@ -224,24 +223,24 @@ int	pg_setup(struct rb_store *, const struct rb_setup_opts *, struct rb_error *)
 int	pg_publish(struct rb_store *, const char *events, size_t n, struct rb_publish_acks *,
 	    struct rb_error *);
 /* store_pg_claim.c */
-int	pg_claim(struct rb_store *, const struct rb_claim_opts *, json_t **, struct rb_error *);
+int	pg_claim(struct rb_store *, const struct rb_claim_opts *, struct rb_dl ***, struct rb_error *);
 int	pg_claim_send(struct rb_store *, const struct rb_claim_opts *, struct rb_error *);
 int	pg_claim_recv(struct rb_store *, bool wait, struct rb_dl ***, struct rb_error *);
-int	pg_fetch_send(struct rb_store *, struct rb_dl *const *, size_t, bool text, struct rb_error *);
+int	pg_fetch_send(struct rb_store *, struct rb_dl *const *, size_t, struct rb_error *);
 int	pg_fetch_recv(struct rb_store *, bool wait, struct rb_error *);
 int	pg_fetch_socket(const struct rb_store *);
 int	pg_extend(struct rb_store *, const char *handler, const char *owner, int64_t lease_ms,
 	    struct rb_error *);
 int	pg_relinquish(struct rb_store *, const char *handler, const char *owner, struct rb_error *);
 int	pg_relinquish_owner(struct rb_store *, const char *handler, const char *owner, struct rb_error *);
-int	pg_relinquish_leases(struct rb_store *, const json_t *leases, struct rb_error *);
+int	pg_relinquish_leases(struct rb_store *, const struct rb_result *, size_t, struct rb_error *);
 /** Close the second connection and forget the fetch out on it. */
 void	pg_close_conn2(struct pg_be *);
 /* store_pg_complete.c */
-int	pg_complete(struct rb_store *, const struct rb_complete_opts *, const json_t *, json_t **,
+int	pg_complete(struct rb_store *, const struct rb_complete_opts *, struct rb_result *, size_t,
 	    struct rb_error *);
-int	pg_complete_send(struct rb_store *, struct rb_dl *const *, size_t, bool apart, struct rb_error *);
-int	pg_complete_recv(struct rb_store *, bool wait, unsigned char *, struct rb_error *);
+int	pg_complete_send(struct rb_store *, struct rb_result *, size_t, bool apart, struct rb_error *);
+int	pg_complete_recv(struct rb_store *, bool wait, struct rb_error *);
 int	pg_complete_socket(const struct rb_store *);
 /** Forget the completion out (its arrays freed). */
 void	pg_complete_forget(struct pg_be *);

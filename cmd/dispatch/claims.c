@@ -70,7 +70,7 @@ start_chains(struct dispatcher *dp, struct claimed got, unsigned gen)
 		for (size_t j = i; d->key != NULL && dp->opt.chain > 1 && j-- > 0;) {
 			const struct rb_dl *e = got.v[j];
 
-			if (e->lane != d->lane)
+			if (e->lease.lane != d->lease.lane)
 				break;
 			if (e->key != NULL && strcmp(e->key, d->key) == 0) {
 				head[i] = head[j] >= 0 ? head[j] : (int)j;
@@ -135,7 +135,7 @@ chain_next(struct dispatcher *dp, struct chain *followers, unsigned gen, bool go
 		return;
 	}
 	for (size_t i = followers->at; i < followers->n; i++)
-		queue_result(dp, followers->v[i], result_release(followers->v[i]), gen, NULL);
+		queue_result(dp, followers->v[i], verdict_release(), gen, NULL);
 	dp->nwait -= (int)n;
 	followers->at = followers->n;
 	chain_free(followers);
@@ -148,7 +148,7 @@ start_claimed(struct dispatcher *dp, struct claimed got, unsigned gen)
 {
 	if (dp->stop_level > 0) {
 		for (size_t i = 0; i < got.n; i++)
-			queue_result(dp, got.v[i], result_release(got.v[i]), gen, NULL);
+			queue_result(dp, got.v[i], verdict_release(), gen, NULL);
 		free(got.v);
 	} else
 		start_chains(dp, got, gen);
@@ -177,8 +177,7 @@ fetch_send(struct dispatcher *dp, struct claimed got, unsigned gen)
 
 	dp->fetch_out = got;
 	dp->fetch_gen = gen;
-	if (rb_store_fetch_send(dp->store, dp->fetch_out.v, dp->fetch_out.n, dp->opt.kind->line_text,
-	    &err) < 0) {
+	if (rb_store_fetch_send(dp->store, dp->fetch_out.v, dp->fetch_out.n, &err) < 0) {
 		fetch_drop(dp, &dp->fetch_out, dp->fetch_gen);
 		db_error(dp, &err, "fetch");
 		return;
@@ -309,7 +308,7 @@ live_ids(struct dispatcher *dp)
 		dp->live = xrealloc(dp->live, want * sizeof *dp->live);
 		dp->live_lanes = xrealloc(dp->live_lanes, want * sizeof *dp->live_lanes);
 	}
-#define LIVE(dl) do { dp->live[n] = (dl)->id; dp->live_lanes[n++] = (dl)->lane; } while (0)
+#define LIVE(dl) do { dp->live[n] = (dl)->id; dp->live_lanes[n++] = (dl)->lease.lane; } while (0)
 	for (int i = 0; i < dp->opt.concurrency; i++)
 		if (dp->slots[i].used) {
 			const struct chain *c = dp->slots[i].followers;
@@ -350,7 +349,6 @@ maybe_claim(struct dispatcher *dp, int64_t now)
 	    .max_attempts = dp->opt.complete.max_attempts };
 	claim.n_live = live_ids(dp);
 	claim.chain = dp->opt.chain;
-	claim.line_text = dp->opt.kind->line_text;
 	/* (never NULL: NULL would mean "unknown", and the claim would take
 	 * whatever a lane lists as in flight for running) */
 	claim.live = dp->live != NULL ? dp->live : (const int64_t[]){ 0 };
@@ -359,9 +357,9 @@ maybe_claim(struct dispatcher *dp, int64_t now)
 	/* look for more lanes unless the last look found too few and nothing
 	 * changed since; a claim with nothing running always looks (its
 	 * answer decides --drain and idleness) */
-	claim.no_search = dp->lanes_dry && !dp->wake && now < dp->next_poll &&
+	claim.held_only = dp->lanes_dry && !dp->wake && now < dp->next_poll &&
 	    dp->running + (int)dp->nqueue > 0;
-	dp->claim_searched = !claim.no_search;
+	dp->claim_searched = !claim.held_only;
 	dp->wake = false;
 	dp->next_poll = now + dp->opt.poll_ms;
 	if (rb_store_claim_send(dp->store, &claim, &err) < 0) {

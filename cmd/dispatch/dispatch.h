@@ -43,7 +43,7 @@
  *     |  finish_slot: the handler's verdict, --timeout, abort, a dead
  *     |  co-process; a success starts the next of its chain now (chain_next)
  *     v
- *   queued  (queue[], r NULL for a plain success)
+ *   queued  (queue[]: the delivery and its verdict)
  *     |  flush_results, after --window (at once: stopping, 1000 queued, --sql):
  *     |    all plain successes: rb_store_complete_send
  *     |                               [completing, conn 1; 3 with --connections 3]
@@ -171,12 +171,41 @@ struct owner {
 	long	 count;		/* deliveries in flight or queued */
 };
 
+/* What a handler said of an attempt (finish_slot); error is borrowed. */
+struct verdict {
+	enum rb_verdict	 v;
+	const char	*error;		/* FAIL, DEAD: why (NULL: "handler failed") */
+	int64_t		 retry_ms;	/* FAIL: retry after this; < 0: the backoff's */
+	bool		 failed;	/* logged as a failed attempt: a FAIL, or a DEAD said
+					 * with "ok": false */
+};
+
+static inline struct verdict
+verdict_ok(void)
+{
+	return (struct verdict){ .v = RB_VERDICT_OK, .retry_ms = -1 };
+}
+
+static inline struct verdict
+verdict_fail(const char *error)
+{
+	return (struct verdict){ .v = RB_VERDICT_FAIL, .error = error, .retry_ms = -1, .failed = true };
+}
+
+static inline struct verdict
+verdict_release(void)
+{
+	return (struct verdict){ .v = RB_VERDICT_RELEASE, .retry_ms = -1 };
+}
+
 /* A result waiting for the next group completion. */
 struct queued {
-	struct rb_dl *d;
-	json_t	*r;		/* the result to apply; NULL: d succeeded (no --sql) */
-	unsigned gen;
-	struct chain *followers;	/* the rest of its key's chain, or NULL */
+	struct rb_dl	*d;
+	enum rb_verdict	 verdict;
+	char		*error;		/* (owned) NULL: none */
+	int64_t		 retry_ms;
+	unsigned	 gen;
+	struct chain	*followers;	/* the rest of its key's chain, or NULL */
 };
 
 struct dispatcher {
@@ -231,7 +260,7 @@ struct dispatcher {
 	/* the completion out */
 	bool		 completing;	/* a completion is out (flush_results) ... */
 	size_t		 ncompleting;	/* ... of the first this many queued results ... */
-	struct rb_dl	**completing_v;	/* ... sent as this array (theirs) */
+	struct rb_result *completing_v;	/* ... sent as these results */
 
 	/* timers (monotonic ms; 0: off) */
 	int64_t		 next_poll, next_extend, next_stats;
@@ -293,13 +322,10 @@ void	chain_next(struct dispatcher *, struct chain *followers, unsigned gen, bool
 void	chain_free(struct chain *);
 
 /* results.c */
-json_t	*result_ok(const struct rb_dl *);
-json_t	*result_fail(const struct rb_dl *, const char *error);
-json_t	*result_release(const struct rb_dl *);
-void	queue_result(struct dispatcher *, struct rb_dl *d, json_t *r, unsigned gen,
+void	queue_result(struct dispatcher *, struct rb_dl *d, struct verdict v, unsigned gen,
 	    struct chain *followers);
 struct slot *slot_take(struct dispatcher *, struct rb_dl *d, unsigned gen, struct chain *followers);
-void	finish_slot(struct dispatcher *, struct slot *s, json_t *r);
+void	finish_slot(struct dispatcher *, struct slot *s, struct verdict v);
 bool	flush_results(struct dispatcher *);
 void	complete_collect(struct dispatcher *, bool wait);
 void	db_settle(struct dispatcher *);

@@ -9,9 +9,9 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <string.h>
 #include <unistd.h>
 
-#include "rb_jsonl.h"
 #include "rb_util.h"
 
 #include "dispatch.h"
@@ -69,15 +69,9 @@ spawn(const char *cmd, int in_fd, int out_fd)
 char *
 line_text(const struct rb_dl *d, size_t *len)
 {
-	struct rb_sbuf b;
+	char *s = xmalloc(d->tlen + 1);
 
-	rb_sb_init(&b);
-	if (d->text != NULL)	/* made from the claim's columns (rb_claim_opts.line_text) */
-		rb_sb_putn(&b, d->text, d->tlen);
-	else {
-		rb_json_sb_dump(&b, d->line);
-		rb_sb_putn(&b, "\n", 1);
-	}
-	*len = b.len;
-	return b.s;
+	memcpy(s, d->text, d->tlen + 1);
+	*len = d->tlen;
+	return s;
 }

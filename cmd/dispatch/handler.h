@@ -48,9 +48,6 @@ struct handler_kind {
 	const char	*option;	/* "--exec": for messages */
 	/* the defaults of --concurrency, --batch and --chain */
 	int		 concurrency, batch, chain;
-	/* the handler takes each delivery's line as text (rb_claim_opts.line_text);
-	 * --sql hands its statement the parsed line instead */
-	bool		 line_text;
 	/* a delivery's result is ready as soon as it starts (--sql: the
 	 * statement runs in its completion): complete without --window */
 	bool		 at_once;

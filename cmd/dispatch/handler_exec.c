@@ -66,7 +66,7 @@ exec_start(struct dispatcher *dp, struct rb_dl *d, unsigned gen, struct chain *f
 			close(p[0]);
 			close(p[1]);
 		}
-		finish_slot(dp, s, result_fail(s->d, msg));
+		finish_slot(dp, s, verdict_fail(msg));
 		return;
 	}
 	close(p[0]);
@@ -103,16 +103,16 @@ exec_child_exited(struct dispatcher *dp, struct slot *s, int status)
 	char msg[200];
 
 	if (s->h.exec.aborted) {
-		finish_slot(dp, s, result_release(s->d));
+		finish_slot(dp, s, verdict_release());
 		return;
 	}
 	if (s->h.exec.timed_out) {
 		snprintf(msg, sizeof msg, "timed out after %" PRId64 "ms", dp->opt.timeout_ms);
-		finish_slot(dp, s, result_fail(s->d, msg));
+		finish_slot(dp, s, verdict_fail(msg));
 		return;
 	}
 	if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
-		finish_slot(dp, s, NULL);
+		finish_slot(dp, s, verdict_ok());
 		return;
 	}
 	if (WIFEXITED(status) && WEXITSTATUS(status) == RB_EXIT_TEMPFAIL)
@@ -121,7 +121,7 @@ exec_child_exited(struct dispatcher *dp, struct slot *s, int status)
 		snprintf(msg, sizeof msg, "exit %d", WEXITSTATUS(status));
 	else
 		snprintf(msg, sizeof msg, "killed by signal %d", WTERMSIG(status));
-	finish_slot(dp, s, result_fail(s->d, msg));
+	finish_slot(dp, s, verdict_fail(msg));
 }
 
 static void
@@ -164,7 +164,6 @@ exec_ready(struct dispatcher *dp, int ref)
 const struct handler_kind handler_exec = {
 	.option = "--exec",
 	.concurrency = 10, .batch = RB_DEFAULT_BATCH, .chain = 8,
-	.line_text = true,
 	.start = exec_start,
 	.release = exec_release,
 	.cancel = exec_cancel,

@@ -113,8 +113,6 @@ static void
 proc_send(struct coproc *c, const struct rb_dl *d)
 {
 	size_t len = d->tlen;
-	char *dump = d->text == NULL ? line_text(d, &len) : NULL;
-	const char *text = dump != NULL ? dump : d->text;
 
 	if (c->woff > 0 && c->woff == c->wlen)
 		c->wlen = c->woff = 0;
@@ -129,19 +127,20 @@ proc_send(struct coproc *c, const struct rb_dl *d)
 			c->wbuf = xrealloc(c->wbuf, c->wcap);
 		}
 	}
-	memcpy(c->wbuf + c->wlen, text, len);
+	memcpy(c->wbuf + c->wlen, d->text, len);
 	c->wlen += len;
-	free(dump);
 	/* written by the caller once the whole claim is queued: one write,
 	 * not one per line (each would wake the co-process) */
 }
 
-/* The slot of a pipe result: same event_id and lease (the two hashes
- * combined, so that "ab" "c" and "a" "bc" differ). */
+/* The slot of a pipe result: same event_id and lease (the event id's
+ * hash and the lease's integers mixed). */
 static uint32_t
-slot_hash(const char *ev, size_t evlen, const char *lease, size_t leaselen)
+slot_hash(const char *ev, size_t evlen, const struct rb_lease *l)
 {
-	return rb_fnv1a32(ev, evlen) * 16777619u ^ rb_fnv1a32(lease, leaselen);
+	uint64_t k = (uint64_t)l->epoch * 1000003u ^ (uint64_t)l->claims << 8 ^ (uint64_t)l->lane;
+
+	return (rb_fnv1a32(ev, evlen) ^ (uint32_t)k ^ (uint32_t)(k >> 32)) * 16777619u;
 }
 
 /* Index slot s (its delivery in place). */
@@ -151,8 +150,7 @@ slot_index(struct dispatcher *dp, struct slot *s)
 	struct pipe_state *ps = dp->kind_state;
 	size_t p;
 
-	s->h.pipe.hash = slot_hash(s->d->event_id, strlen(s->d->event_id), s->d->lease,
-	    strlen(s->d->lease));
+	s->h.pipe.hash = slot_hash(s->d->event_id, strlen(s->d->event_id), &s->d->lease);
 	for (p = s->h.pipe.hash & ps->sidx_mask; ps->sidx[p] != 0; p = (p + 1) & ps->sidx_mask)
 		;
 	ps->sidx[p] = (int)(s - dp->slots) + 1;
@@ -193,16 +191,24 @@ same(const char *s, const char *t, size_t tlen)
 	return strncmp(s, t, tlen) == 0 && s[tlen] == '\0';
 }
 
+/* The slot of the delivery with this event id and lease token (the
+ * result line's), or NULL. */
 static struct slot *
-find_slot(struct dispatcher *dp, const char *ev, size_t evlen, const char *lease, size_t leaselen)
+find_slot(struct dispatcher *dp, const char *ev, size_t evlen, const char *token, size_t toklen)
 {
 	struct pipe_state *ps = dp->kind_state;
-	uint32_t h = slot_hash(ev, evlen, lease, leaselen);
+	struct rb_lease l;
+	uint32_t h;
 
+	if (rb_lease_parsen(token, toklen, &l) < 0)
+		return NULL;
+	h = slot_hash(ev, evlen, &l);
 	for (size_t p = h & ps->sidx_mask; ps->sidx[p] != 0; p = (p + 1) & ps->sidx_mask) {
 		struct slot *s = &dp->slots[ps->sidx[p] - 1];
+		const struct rb_lease *sl = &s->d->lease;
 
-		if (s->h.pipe.hash == h && same(s->d->event_id, ev, evlen) && same(s->d->lease, lease, leaselen))
+		if (s->h.pipe.hash == h && sl->lane == l.lane && sl->epoch == l.epoch && sl->claims == l.claims &&
+		    same(s->d->event_id, ev, evlen))
 			return s;
 	}
 	return NULL;
@@ -281,15 +287,17 @@ static void
 proc_result(struct dispatcher *dp, int i, const char *text, size_t len)
 {
 	struct pipe_state *ps = dp->kind_state;
-	json_t *in, *r;
-	const json_t *ev, *lease, *v;
+	json_t *in;
+	const json_t *ev, *lease;
+	struct rb_result r;
+	struct verdict v;
 	struct slot *s;
 	char why[256];
 	struct rb_error err = { 0 };
 
 	if ((s = plain_success(dp, text, len)) != NULL) {
 		ps->procs[i].backoff_ms = 0;	/* it works: a later crash restarts it at once */
-		finish_slot(dp, s, NULL);
+		finish_slot(dp, s, verdict_ok());
 		return;
 	}
 	if ((in = result_fields(text, len, why, sizeof why)) == NULL) {
@@ -310,29 +318,18 @@ proc_result(struct dispatcher *dp, int i, const char *text, size_t len)
 		    i, json_string_value(ev), json_string_value(lease));
 		goto out;
 	}
-	/* the result is our delivery plus the handler's verdict */
-	r = rb_dl_result(s->d);
-	if ((v = json_object_get(in, "ok")) != NULL)
-		json_object_set(r, "ok", (json_t *)v);
-	if ((v = json_object_get(in, "error")) != NULL)
-		json_object_set(r, "error", (json_t *)v);
-	if ((v = json_object_get(in, "retry_ms")) != NULL)
-		json_object_set(r, "retry_ms", (json_t *)v);
-	if ((v = json_object_get(in, "dead")) != NULL)
-		json_object_set(r, "dead", (json_t *)v);
-	if (rb_result_validate(r, &err) < 0) {
+	/* the result is our delivery (the slot's) and the handler's verdict */
+	if (rb_result_verdict(in, &r, &err) < 0) {
 		rb_warn("co-process %d: line %ld: %s: counted as a failure", i,
 		    rb_jsonl_lineno(ps->procs[i].rd), err.msg);
-		json_decref(r);
-		r = result_fail(s->d, err.msg);
-	} else if (!json_is_false(json_object_get(r, "ok")) && !json_is_true(json_object_get(r, "dead"))) {
-		json_decref(r);		/* a success */
-		r = NULL;
-	} else if (!json_is_string(json_object_get(r, "error"))) {
-		json_object_set_new(r, "error", json_string("handler failed"));
-	}
+		v = verdict_fail(err.msg);
+	} else if (r.verdict == RB_VERDICT_OK)
+		v = verdict_ok();
+	else
+		v = (struct verdict){ .v = r.verdict, .error = r.error != NULL ? r.error : "handler failed",
+		    .retry_ms = r.retry_ms, .failed = json_is_false(json_object_get(in, "ok")) };
 	ps->procs[i].backoff_ms = 0;	/* it works: a later crash restarts it at once */
-	finish_slot(dp, s, r);
+	finish_slot(dp, s, v);
 out:
 	json_decref(in);
 }
@@ -394,8 +391,7 @@ proc_exited(struct dispatcher *dp, int i, int status)
 		snprintf(msg, sizeof msg, "handler process killed by signal %d", WTERMSIG(status));
 	for (int k = 0; k < dp->opt.concurrency; k++)
 		if (dp->slots[k].used && dp->slots[k].h.pipe.proc == i)
-			finish_slot(dp, &dp->slots[k], dp->stop_level > 0 ? result_release(dp->slots[k].d) :
-			    result_fail(dp->slots[k].d, msg));
+			finish_slot(dp, &dp->slots[k], dp->stop_level > 0 ? verdict_release() : verdict_fail(msg));
 	c->inflight = 0;
 	if (dp->stop_level > 0)
 		return;
@@ -438,7 +434,7 @@ pipe_start(struct dispatcher *dp, struct rb_dl *d, unsigned gen, struct chain *f
 		    (best < 0 || ps->procs[i].inflight < ps->procs[best].inflight))
 			best = i;
 	if (best < 0) {
-		finish_slot(dp, s, result_release(d));
+		finish_slot(dp, s, verdict_release());
 		return;
 	}
 	s->h.pipe.proc = best;
@@ -465,11 +461,11 @@ pipe_cancel(struct dispatcher *dp, struct slot *s, enum cancel why)
 	char msg[100];
 
 	if (why == CANCEL_ABORT) {
-		finish_slot(dp, s, result_release(s->d));
+		finish_slot(dp, s, verdict_release());
 		return;
 	}
 	snprintf(msg, sizeof msg, "timed out after %" PRId64 "ms", dp->opt.timeout_ms);
-	finish_slot(dp, s, result_fail(s->d, msg));
+	finish_slot(dp, s, verdict_fail(msg));
 }
 
 static void
@@ -615,7 +611,6 @@ pipe_fini(struct dispatcher *dp)
 const struct handler_kind handler_pipe = {
 	.option = "--pipe",
 	.concurrency = 3200, .batch = 800, .chain = 32,
-	.line_text = true,
 	.begin = pipe_begin,
 	.start = pipe_start,
 	.release = pipe_release,

@@ -12,18 +12,18 @@
 
 #include "dispatch.h"
 
-/* Its result is a success at once: the statement runs, and commits or
- * fails, in the transaction that completes it (flush_results). */
+/* Its result is a success at once: the statement runs ($1: the line
+ * parsed, plus "ok": true), and commits or fails, in the transaction that
+ * completes it (flush_results). */
 static void
 sql_start(struct dispatcher *dp, struct rb_dl *d, unsigned gen, struct chain *followers)
 {
-	queue_result(dp, d, result_ok(d), gen, followers);
+	queue_result(dp, d, verdict_ok(), gen, followers);
 }
 
 const struct handler_kind handler_sql = {
 	.option = "--sql",
 	.concurrency = 10, .batch = RB_DEFAULT_BATCH, .chain = 8,
-	.line_text = false,	/* the statement gets the parsed line */
 	.at_once = true,
 	.start = sql_start,
 };

@@ -380,7 +380,7 @@ dispatcher_free(struct dispatcher *dp)
 		free(dp->owners[i].name);
 	for (size_t i = 0; i < dp->nqueue; i++) {
 		rb_dl_free(dp->queue[i].d);
-		json_decref(dp->queue[i].r);
+		free(dp->queue[i].error);
 		chain_free(dp->queue[i].followers);
 	}
 	free(dp->queue);

@@ -20,52 +20,27 @@
 
 #include "dispatch.h"
 
-/* Queue the result of d (d, r and followers stolen; r NULL: d succeeded)
- * for the next group completion. */
+/* Queue the result of d (d and followers stolen, v's error copied) for
+ * the next group completion. */
 void
-queue_result(struct dispatcher *dp, struct rb_dl *d, json_t *r, unsigned gen,
+queue_result(struct dispatcher *dp, struct rb_dl *d, struct verdict v, unsigned gen,
     struct chain *followers)
 {
+	struct queued *q;
+
 	if (dp->nqueue == dp->capqueue) {
 		dp->capqueue = dp->capqueue == 0 ? 64 : dp->capqueue * 2;
 		dp->queue = xrealloc(dp->queue, dp->capqueue * sizeof *dp->queue);
 	}
 	if (dp->nqueue == 0)
 		dp->queue_since = rb_mono_ms();
-	dp->queue[dp->nqueue].d = d;
-	dp->queue[dp->nqueue].r = r;
-	dp->queue[dp->nqueue].gen = gen;
-	dp->queue[dp->nqueue].followers = followers;
-	dp->nqueue++;
-}
-
-json_t *
-result_fail(const struct rb_dl *d, const char *error)
-{
-	json_t *r = rb_dl_result(d);
-
-	json_object_set_new(r, "ok", json_false());
-	json_object_set_new(r, "error", json_string(error));
-	return r;
-}
-
-/* A success as an object: --sql hands it to the statement. */
-json_t *
-result_ok(const struct rb_dl *d)
-{
-	json_t *r = rb_dl_result(d);
-
-	json_object_set_new(r, "ok", json_true());
-	return r;
-}
-
-json_t *
-result_release(const struct rb_dl *d)
-{
-	json_t *r = rb_dl_result(d);
-
-	json_object_set_new(r, "release", json_true());
-	return r;
+	q = &dp->queue[dp->nqueue++];
+	q->d = d;
+	q->verdict = v.v;
+	q->error = v.error != NULL ? xstrdup(v.error) : NULL;
+	q->retry_ms = v.retry_ms;
+	q->gen = gen;
+	q->followers = followers;
 }
 
 /* A free slot for d (stolen), its deadline set; the kind fills in the rest. */
@@ -87,24 +62,23 @@ slot_take(struct dispatcher *dp, struct rb_dl *d, unsigned gen, struct chain *fo
 	return s;
 }
 
-/* The slot's delivery is done: queue its result (stolen; NULL: it
- * succeeded) and free the slot. */
+/* The slot's delivery is done: queue its result and free the slot. */
 void
-finish_slot(struct dispatcher *dp, struct slot *s, json_t *r)
+finish_slot(struct dispatcher *dp, struct slot *s, struct verdict v)
 {
 	struct rb_dl *d = s->d;
 
-	if (r != NULL && json_is_false(json_object_get(r, "ok")))
+	if (v.failed)
 		rb_info("%s: attempt %d failed: %s", d->event_id, d->attempt,
-		    json_string_value(json_object_get(r, "error")));
+		    v.error != NULL ? v.error : "handler failed");
 	struct chain *followers = s->followers;
 	unsigned gen = s->gen;
 	/* the rest of its chain goes on once it succeeded; with --sql only
 	 * once that committed (the handler is the completion), see flush_results */
-	bool go = followers != NULL && dp->opt.complete.sql == NULL && (r == NULL || rb_result_completes(r)) &&
+	bool go = followers != NULL && dp->opt.complete.sql == NULL && v.v == RB_VERDICT_OK &&
 	    dp->stop_level == 0;
 
-	queue_result(dp, d, r, gen, go ? NULL : followers);
+	queue_result(dp, d, v, gen, go ? NULL : followers);
 	dp->opt.kind->release(dp, s);
 	memset(s, 0, sizeof *s);
 	dp->free_slot[dp->nfree_slot++] = (int)(s - dp->slots);
@@ -128,7 +102,7 @@ queue_applied(struct dispatcher *dp, size_t n, const bool *go, bool progress)
 	for (i = 0; i < n; i++) {
 		owner_done(dp, dp->queue[i].gen);
 		rb_dl_free(dp->queue[i].d);
-		json_decref(dp->queue[i].r);
+		free(dp->queue[i].error);
 		next[i].followers = dp->queue[i].followers;
 		next[i].gen = dp->queue[i].gen;
 	}
@@ -151,82 +125,110 @@ queue_applied(struct dispatcher *dp, size_t n, const bool *go, bool progress)
 }
 
 /*
- * What the outcomes of the first n queued results (arr, the statement's
- * input) say: the counts, the chains behind them, and the queue moves on.
- * Takes arr and outcomes.
+ * What the outcomes of the first n queued results (v, the completion's
+ * input, in queue order) say: the counts, the chains behind them, and
+ * the queue moves on.  Frees v's sql errors.
  */
 static void
-apply_outcomes(struct dispatcher *dp, size_t n, json_t *arr, json_t *outcomes)
-{
-	size_t i;
-	json_t *o;
-	bool progress = false;
-	bool *go = xcalloc(n > 0 ? n : 1, sizeof *go);
-
-	json_array_foreach(outcomes, i, o) {
-		const char *oc = json_string_value(json_object_get(o, "outcome"));
-		const char *ev = json_string_value(json_object_get(o, "event_id"));
-
-		if (oc == NULL)
-			oc = "lost";
-		if (strcmp(oc, "completed") == 0) {
-			dp->stats.completed++;
-			progress = true;
-			if (i < n)
-				go[i] = true;	/* its chain goes on */
-		} else if (strcmp(oc, "rescheduled") == 0) {
-			dp->stats.rescheduled++;
-			progress = true;
-		} else if (strcmp(oc, "buried") == 0) {
-			dp->stats.buried++;
-			rb_warn("%s: buried after %" JSON_INTEGER_FORMAT " attempts: %s", ev,
-			    json_integer_value(json_object_get(o, "attempts")),
-			    json_string_value(json_object_get(json_array_get(arr, i), "error")));
-		} else if (strcmp(oc, "released") == 0)
-			dp->stats.released++;
-		else {
-			dp->stats.lost++;
-			if (json_is_true(json_object_get(o, "missing")))
-				rb_debug("%s: already gone (completed before a reconnect)", ev);
-			else
-				rb_info("%s: lease lost, not applied (it runs again elsewhere)", ev);
-		}
-		if (json_is_string(json_object_get(o, "error")))
-			rb_info("%s: %s", ev, json_string_value(json_object_get(o, "error")));
-		rb_debug("%s: %s", ev, oc);
-	}
-	json_decref(outcomes);
-	json_decref(arr);
-	queue_applied(dp, n, go, progress);
-	free(go);
-}
-
-/* The same for the first n queued results completed in one statement
- * (rb_store_complete_send): outcome[i] is RB_DL_*. */
-static void
-apply_completed(struct dispatcher *dp, size_t n, const unsigned char *outcome)
+apply_results(struct dispatcher *dp, size_t n, struct rb_result *v)
 {
 	bool progress = false;
 	bool *go = xcalloc(n > 0 ? n : 1, sizeof *go);
 
 	for (size_t i = 0; i < n; i++) {
-		const char *ev = dp->queue[i].d->event_id;
+		const struct rb_result *r = &v[i];
+		const char *ev = r->event_id;
 
-		if (outcome[i] == RB_DL_COMPLETED) {
+		switch (r->outcome) {
+		case RB_OUTCOME_COMPLETED:
 			dp->stats.completed++;
-			progress = go[i] = true;
-			rb_debug("%s: completed", ev);
-			continue;
+			progress = go[i] = true;	/* its chain goes on */
+			break;
+		case RB_OUTCOME_RESCHEDULED:
+			dp->stats.rescheduled++;
+			progress = true;
+			break;
+		case RB_OUTCOME_BURIED:
+			dp->stats.buried++;
+			rb_warn("%s: buried after %d attempts: %s", ev, r->attempts > 0 ? r->attempts : 0,
+			    r->error != NULL ? r->error : r->sql_error != NULL ? r->sql_error : "handler failed");
+			break;
+		case RB_OUTCOME_RELEASED:
+			dp->stats.released++;
+			break;
+		case RB_OUTCOME_LOST:
+			dp->stats.lost++;
+			if (r->missing)
+				rb_debug("%s: already gone (completed before a reconnect)", ev);
+			else
+				rb_info("%s: lease lost, not applied (it runs again elsewhere)", ev);
+			break;
 		}
-		dp->stats.lost++;
-		if (outcome[i] == RB_DL_MISSING)
-			rb_debug("%s: already gone (completed before a reconnect)", ev);
-		else
-			rb_info("%s: lease lost, not applied (it runs again elsewhere)", ev);
-		rb_debug("%s: lost", ev);
+		if (r->sql_error != NULL)
+			rb_info("%s: %s", ev, r->sql_error);
+		rb_debug("%s: %s", ev, rb_outcome_name(r->outcome));
 	}
+	for (size_t i = 0; i < n; i++)
+		free(v[i].sql_error);
 	queue_applied(dp, n, go, progress);
 	free(go);
+}
+
+/*
+ * d as the JSON --sql hands its statement ($1): the delivery object (its
+ * line parsed) with "ok": true, compact.  A line jansson cannot take (a
+ * number beyond 64 bits in the payload) is spliced as text instead.
+ */
+static char *
+sql_json(const struct rb_dl *d)
+{
+	json_t *o = json_loadb(d->text, d->tlen, 0, NULL);
+	char *text;
+
+	if (o == NULL) {
+		size_t n = d->tlen;
+
+		if (n > 0 && d->text[n - 1] == '\n')
+			n--;
+		if (n > 0 && d->text[n - 1] == '}')
+			n--;
+		return xasprintf("%.*s,\"ok\":true}", (int)n, d->text);
+	}
+	json_object_set_new(o, "ok", json_true());
+	text = json_dumps(o, JSON_COMPACT);
+	json_decref(o);
+	if (text == NULL)
+		rb_die(RB_EXIT_OSERR, "out of memory");
+	return text;
+}
+
+/* The first n queued results as a completion's input (their strings
+ * borrowed from the queue); with --sql each success's delivery as JSON,
+ * the statement's $1, in json[i] (the caller frees them). */
+static struct rb_result *
+results_of(struct dispatcher *dp, size_t n, char ***json)
+{
+	struct rb_result *v = xmalloc(n * sizeof *v);
+
+	*json = dp->opt.complete.sql != NULL ? xcalloc(n, sizeof **json) : NULL;
+	for (size_t i = 0; i < n; i++) {
+		const struct queued *q = &dp->queue[i];
+
+		v[i] = rb_result_of(q->d, q->verdict);
+		v[i].error = q->error;
+		v[i].retry_ms = q->retry_ms;
+		if (*json != NULL && q->verdict == RB_VERDICT_OK)
+			v[i].json = (*json)[i] = sql_json(q->d);
+	}
+	return v;
+}
+
+static void
+free_json(char **json, size_t n)
+{
+	for (size_t i = 0; json != NULL && i < n; i++)
+		free(json[i]);
+	free(json);
 }
 
 /*
@@ -241,21 +243,19 @@ flush_results(struct dispatcher *dp)
 {
 	while (dp->nqueue > 0 && !dp->db_down && !dp->completing) {
 		size_t n = dp->nqueue > 1000 ? 1000 : dp->nqueue, i;
-		json_t *arr, *outcomes = NULL;
 		struct rb_error err = { 0 };
+		struct rb_result *v;
+		char **json;
 		/* (a --sql statement runs in the completion of every success:
 		 * the one-statement completion below cannot run it) */
 		bool all_ok = dp->opt.complete.sql == NULL;
 
 		for (i = 0; i < n && all_ok; i++)
-			all_ok = dp->queue[i].r == NULL;
+			all_ok = dp->queue[i].verdict == RB_VERDICT_OK;
 		if (all_ok && dp->claiming && !completes_apart(dp))
 			return true;	/* sent once the claim's answer is in */
+		v = results_of(dp, n, &json);
 		if (all_ok) {
-			struct rb_dl **v = xmalloc(n * sizeof *v);
-
-			for (i = 0; i < n; i++)
-				v[i] = dp->queue[i].d;
 			if (rb_store_complete_send(dp->store, v, n, completes_apart(dp), &err) < 0) {
 				free(v);
 				db_error(dp, &err, "complete");
@@ -266,18 +266,17 @@ flush_results(struct dispatcher *dp)
 			dp->completing_v = v;
 			return true;
 		}
-		arr = json_array();
-		for (i = 0; i < n; i++)
-			json_array_append_new(arr, dp->queue[i].r != NULL ? json_incref(dp->queue[i].r) :
-			    result_ok(dp->queue[i].d));
 		claim_collect(dp, true);
-		if (dp->db_down || rb_store_complete(dp->store, &dp->opt.complete, arr, &outcomes, &err) < 0) {
-			json_decref(arr);
+		if (dp->db_down || rb_store_complete(dp->store, &dp->opt.complete, v, n, &err) < 0) {
+			free_json(json, n);
+			free(v);
 			if (!dp->db_down)
 				db_error(dp, &err, "complete");
 			return false;
 		}
-		apply_outcomes(dp, n, arr, outcomes);
+		free_json(json, n);
+		apply_results(dp, n, v);
+		free(v);
 	}
 	return true;
 }
@@ -287,28 +286,25 @@ void
 complete_collect(struct dispatcher *dp, bool wait)
 {
 	struct rb_error err = { 0 };
-	unsigned char *outcome;
+	struct rb_result *v;
 	int rc;
 
 	if (!dp->completing)
 		return;
-	outcome = xmalloc(dp->ncompleting > 0 ? dp->ncompleting : 1);
-	rc = rb_store_complete_recv(dp->store, wait, outcome, &err);
-	if (rc == STORE_PENDING) {
-		free(outcome);
+	rc = rb_store_complete_recv(dp->store, wait, &err);
+	if (rc == STORE_PENDING)
 		return;
-	}
 	dp->completing = false;
-	free(dp->completing_v);
+	v = dp->completing_v;
 	dp->completing_v = NULL;
 	if (rc < 0) {
 		/* the results stay queued: applied again after the reconnect */
-		free(outcome);
+		free(v);
 		db_error(dp, &err, "complete");
 		return;
 	}
-	apply_completed(dp, dp->ncompleting, outcome);
-	free(outcome);
+	apply_results(dp, dp->ncompleting, v);
+	free(v);
 }
 
 /* Nothing out on the connection: the next statement may go. */

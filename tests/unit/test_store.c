@@ -76,27 +76,29 @@ test_unsupported(void)
 	struct rb_admin_filter f = { 0 };
 	struct rb_publish_acks acks;
 	struct rb_error err;
-	struct rb_dl **dls;
-	unsigned char outcome[1];
+	struct rb_dl **dls = (struct rb_dl **)&dls;
+	struct rb_result res[1] = { { .event_id = "e", .handler = "h" } };
 	json_t *arr = json_array(), *out = (json_t *)&out;
 
 #define TRY(slot, call) do { memset(&err, 0, sizeof err); refused((call), &err, slot); } while (0)
 	TRY("reconnect", rb_store_reconnect(&s, &err));
 	TRY("setup", rb_store_setup(&s, &so, &err));
 	TRY("publish", rb_store_publish_text(&s, "[]", 0, &acks, &err));
-	TRY("claim", rb_store_claim(&s, &co, &out, &err));
-	ok(out == NULL, "claim: out-parameter NULL");
+	TRY("claim", rb_store_claim(&s, &co, &dls, &err));
+	ok(dls == NULL, "claim: out-parameter NULL");
 	TRY("claim_send", rb_store_claim_send(&s, &co, &err));
 	TRY("claim_recv", rb_store_claim_recv(&s, true, &dls, &err));
-	TRY("fetch_send", rb_store_fetch_send(&s, NULL, 0, true, &err));
+	TRY("fetch_send", rb_store_fetch_send(&s, NULL, 0, &err));
 	TRY("fetch_recv", rb_store_fetch_recv(&s, true, &err));
-	TRY("complete", rb_store_complete(&s, &cpo, arr, &out, &err));
+	TRY("complete", rb_store_complete(&s, &cpo, res, 1, &err));
+	ok(res[0].outcome == RB_OUTCOME_LOST && res[0].attempts == -1 && res[0].sql_error == NULL,
+	    "complete: the outcomes reset (lost, attempts -1)");
 	TRY("complete_send", rb_store_complete_send(&s, NULL, 0, false, &err));
-	TRY("complete_recv", rb_store_complete_recv(&s, true, outcome, &err));
+	TRY("complete_recv", rb_store_complete_recv(&s, true, &err));
 	TRY("extend", rb_store_extend(&s, "h", "o", 1000, &err));
 	TRY("relinquish", rb_store_relinquish(&s, "h", "o", &err));
 	TRY("relinquish_owner", rb_store_relinquish_owner(&s, "h", "o", &err));
-	TRY("relinquish_leases", rb_store_relinquish_leases(&s, arr, &err));
+	TRY("relinquish_leases", rb_store_relinquish_leases(&s, res, 1, &err));
 	TRY("listen", rb_store_listen(&s, &err));
 	TRY("notified", rb_store_notified(&s, NULL, 0, &err));
 	TRY("admin_stats", rb_admin_stats(&s, &out, &err));
@@ -206,16 +208,69 @@ test_delivery_line(void)
 	ok(json_object_get(o, "payload") == NULL, "with text: no payload member");
 	json_decref(o);
 	d = rb_dl_new(&f);
-	ok(!d->fetched && d->id == 42 && d->attempt == 3 && strcmp(d->lease, "3:4:5") == 0 &&
-	    strcmp(d->sequence, "7") == 0, "rb_dl_new: the claim's part");
-	rb_dl_fill(d, &f, true, &b);
+	ok(!d->fetched && d->id == 42 && d->attempt == 3 && d->lease.lane == 3 && d->lease.epoch == 4 &&
+	    d->lease.claims == 5 && strcmp(d->sequence, "7") == 0, "rb_dl_new: the claim's part, the lease as integers");
+	rb_dl_fill(d, &f, &b);
 	ok(d->fetched && d->key == NULL && d->tlen == strlen(want) && strcmp(d->text, want) == 0,
 	    "rb_dl_fill: the same line");
-	o = rb_dl_result(d);
-	is_str(json_string_value(json_object_get(o, "lease")), "3:4:5", "rb_dl_result: its lease");
-	json_decref(o);
+	{
+		struct rb_result r = rb_result_of(d, RB_VERDICT_RELEASE);
+
+		ok(r.delivery_id == 42 && r.lease.lane == 3 && r.lease.epoch == 4 && r.lease.claims == 5 &&
+		    r.event_id == d->event_id && r.verdict == RB_VERDICT_RELEASE && r.retry_ms < 0 &&
+		    r.attempts == -1, "rb_result_of: the delivery's lease and id, no object");
+	}
 	rb_dl_free(d);
 	free(b.s);
+}
+
+/* ---- outcomes and result lines ------------------------------------------ */
+
+static void
+test_results(void)
+{
+	static const char *const names[RB_NOUTCOMES] = { "completed", "rescheduled", "buried", "released", "lost" };
+	static const struct {
+		const char	*line;
+		enum rb_verdict	 verdict;
+		const char	*error;
+		int64_t		 retry_ms, id;
+	} cases[] = {
+		{ "{\"event_id\":\"e\",\"handler\":\"h\",\"lease\":\"1:2:3\",\"delivery_id\":\"9\"}",
+		  RB_VERDICT_OK, NULL, -1, 9 },
+		{ "{\"event_id\":\"e\",\"handler\":\"h\",\"lease\":\"1:2:3\",\"ok\":false,\"error\":\"x\","
+		  "\"retry_ms\":50}", RB_VERDICT_FAIL, "x", 50, 0 },
+		{ "{\"event_id\":\"e\",\"handler\":\"h\",\"lease\":\"1:2:3\",\"ok\":false,\"dead\":true,"
+		  "\"delivery_id\":\"no\"}", RB_VERDICT_DEAD, NULL, -1, 0 },
+		{ "{\"event_id\":\"e\",\"handler\":\"h\",\"lease\":\"1:2:3\",\"dead\":true,\"release\":true}",
+		  RB_VERDICT_RELEASE, NULL, -1, 0 },
+	};
+	struct rb_error err = { 0 };
+	struct rb_result r;
+	json_t *o;
+
+	for (int i = 0; i < RB_NOUTCOMES; i++)
+		ok(strcmp(rb_outcome_name((enum rb_outcome)i), names[i]) == 0 &&
+		    rb_outcome_of(names[i]) == (enum rb_outcome)i, "outcome %d is '%s' both ways", i, names[i]);
+	ok(rb_outcome_of("gone") == RB_OUTCOME_LOST && rb_outcome_of(NULL) == RB_OUTCOME_LOST,
+	    "an unknown outcome word is lost");
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		o = json_loads(cases[i].line, 0, NULL);
+		ok(rb_result_parse(o, &r, &err) == 0 && r.verdict == cases[i].verdict &&
+		    (cases[i].error == NULL ? r.error == NULL : r.error != NULL && strcmp(r.error, cases[i].error) == 0) &&
+		    r.retry_ms == cases[i].retry_ms && r.delivery_id == cases[i].id && r.lease.lane == 1 &&
+		    r.lease.epoch == 2 && r.lease.claims == 3 && strcmp(r.handler, "h") == 0,
+		    "result line %zu: verdict %d, its error, retry_ms and delivery_id", i, (int)r.verdict);
+		json_decref(o);
+	}
+	o = json_loads("{\"event_id\":\"e\",\"handler\":\"h\",\"lease\":\"1:2:3\",\"retry_ms\":1.5}", 0, NULL);
+	ok(rb_result_parse(o, &r, &err) < 0 && strcmp(err.msg, "field 'retry_ms' must be a whole number >= 0") == 0,
+	    "a bad retry_ms: %s", err.msg);
+	json_decref(o);
+	o = json_loads("{\"ok\":\"yes\"}", 0, NULL);
+	ok(rb_result_verdict(o, &r, &err) < 0 && strcmp(err.msg, "field 'ok' must be true or false") == 0,
+	    "the verdict alone is checked as a result line's: %s", err.msg);
+	json_decref(o);
 }
 
 static void
@@ -233,6 +288,7 @@ main(void)
 	test_setup_script();
 	test_backends();
 	test_delivery_line();
+	test_results();
 	test_statuses();
 	return done_testing();
 }

@@ -119,6 +119,12 @@ test_lease(void)
 	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
 		ok(rb_lease_parse(bad[i], &p) < 0, "malformed token '%s' rejected", bad[i]);
 	ok(rb_lease_parse(NULL, &p) < 0, "NULL token rejected");
+	ok(rb_lease_parsen("218:7:3\",\"ok\"", 7, &p) == 0 && p.lane == 218 && p.epoch == 7 && p.claims == 3,
+	    "parsen: the token in a line, by its length");
+	ok(rb_lease_parsen("218:7:31", 7, &p) == 0 && p.claims == 3 && rb_lease_parsen("218:7:3", 6, &p) < 0,
+	    "parsen: only the bytes given");
+	ok(rb_lease_parsen("1:2:3333333333333333333333333333333333333333333333333333333333333", 65, &p) < 0,
+	    "parsen: too long");
 }
 
 static void
