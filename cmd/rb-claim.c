@@ -183,7 +183,7 @@ main(int argc, char **argv)
 		free_claimed(deliveries, n);
 		deliveries = NULL;
 		if (!listening) {
-			if (rb_store_listen(store, &err) < 0)
+			if (rb_store_listen(store, opt.handler, &err) < 0)
 				goto fail;
 			listening = true;
 			continue;	/* claim once more: an event may have come before LISTEN */

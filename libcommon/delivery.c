@@ -177,3 +177,76 @@ rb_result_of(const struct rb_dl *d, enum rb_verdict verdict)
 	    .delivery_id = d->id, .verdict = verdict, .retry_ms = -1, .outcome = RB_OUTCOME_LOST,
 	    .attempts = -1 };
 }
+
+/* ---- what a store has to report ------------------------------------------ */
+
+void
+rb_evq_push(struct rb_evq *q, const struct rb_store_event *ev)
+{
+	if (q->n == 0)
+		q->head = 0;
+	if (q->head + q->n == q->cap) {
+		if (q->head > 0) {
+			memmove(q->v, q->v + q->head, q->n * sizeof *q->v);
+			q->head = 0;
+		} else {
+			q->cap = q->cap == 0 ? 8 : q->cap * 2;
+			q->v = xrealloc(q->v, q->cap * sizeof *q->v);
+		}
+	}
+	q->v[q->head + q->n++] = *ev;
+}
+
+bool
+rb_evq_pop(struct rb_evq *q, struct rb_store_event *ev)
+{
+	if (q->n == 0)
+		return false;
+	*ev = q->v[q->head++];
+	q->n--;
+	return true;
+}
+
+bool
+rb_evq_take_last(struct rb_evq *q, enum rb_store_event_kind kind, struct rb_store_event *ev)
+{
+	for (size_t i = q->n; i-- > 0;) {
+		struct rb_store_event *e = &q->v[q->head + i];
+
+		if (e->kind != kind)
+			continue;
+		*ev = *e;
+		memmove(e, e + 1, (q->n - i - 1) * sizeof *e);
+		q->n--;
+		return true;
+	}
+	return false;
+}
+
+void
+rb_evq_clear(struct rb_evq *q)
+{
+	struct rb_store_event ev;
+
+	while (rb_evq_pop(q, &ev)) {
+		for (size_t i = 0; i < ev.n; i++)
+			rb_dl_free(ev.v[i]);
+		free(ev.v);
+	}
+}
+
+void
+rb_evq_free(struct rb_evq *q)
+{
+	rb_evq_clear(q);
+	free(q->v);
+	memset(q, 0, sizeof *q);
+}
+
+void
+rb_evq_failed(struct rb_evq *q, enum rb_store_event_kind what, int dropped, const struct rb_error *err)
+{
+	struct rb_store_event ev = { .kind = RB_STORE_FAILED, .failed = what, .dropped = dropped, .err = *err };
+
+	rb_evq_push(q, &ev);
+}

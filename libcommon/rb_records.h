@@ -9,6 +9,7 @@
  *   rb_delivery_line/_object      the one place a delivery line is spelled
  *   rb_dl_new, rb_dl_fill         a claimed delivery as struct rb_dl
  *   rb_outcome_name/_of           the one name table of the outcomes
+ *   struct rb_evq                 what a store has to report (rb_store_service)
  *   rb_admin_status_flags         the status words of rb_admin.h
  *
  * The public record functions (rb_event_validate, rb_result_validate,
@@ -64,6 +65,27 @@ struct rb_dl *rb_dl_new(const struct rb_delivery_fields *);
  * the line; sets fetched.  b: scratch.
  */
 void	rb_dl_fill(struct rb_dl *, const struct rb_delivery_fields *f, struct rb_sbuf *b);
+
+/*
+ * The events a store has to report, in order (struct rb_store's evq: the
+ * front's, which a backend pushes onto).  Events are copied in and out;
+ * the deliveries of a CLAIMED or DELIVERED event are the queue's until
+ * popped.
+ */
+struct rb_evq {
+	struct rb_store_event	*v;
+	size_t			 head, n, cap;	/* v[head .. head + n) */
+};
+void	rb_evq_push(struct rb_evq *, const struct rb_store_event *);
+/** The first event into ev: true, or false when there is none. */
+bool	rb_evq_pop(struct rb_evq *, struct rb_store_event *ev);
+/** The last event of kind into ev (taken out): true, or false. */
+bool	rb_evq_take_last(struct rb_evq *, enum rb_store_event_kind kind, struct rb_store_event *ev);
+/** Forget every event (their deliveries freed); the queue stays usable. */
+void	rb_evq_clear(struct rb_evq *);
+void	rb_evq_free(struct rb_evq *);
+/** A FAILED event of what, err, dropped deliveries. */
+void	rb_evq_failed(struct rb_evq *, enum rb_store_event_kind what, int dropped, const struct rb_error *err);
 
 /** The statuses of rb_admin.h, in the order of rb_admin_status_flags' flags. */
 #define RB_ADMIN_NSTATUS	4

@@ -341,10 +341,101 @@ int	rb_store_relinquish_owner(struct rb_store *, const char *handler, const char
 int	rb_store_relinquish_leases(struct rb_store *, const struct rb_result *v, size_t n,
 	    struct rb_error *err);
 
+/* ---- the delivery path, without waiting (rb-dispatch) ------------------ */
+
+/*
+ * A program that serves its handlers while the store works (pgqd's shape):
+ * it starts a claim or a completion, polls the store's descriptors beside
+ * its own, and after every poll takes what the store has to report:
+ *
+ *	if (rb_store_claim_ready(s)) rb_store_claim_start(s, &opts, &err);
+ *	if (rb_store_complete_ready(s)) rb_store_complete_start(s, &co, v, n, &err);
+ *	n = rb_store_pollfds(s, pfd, max, &timeout);  poll(pfd, n + ..., timeout);
+ *	while (rb_store_service(s, &ev) > 0)
+ *		... ev.kind: CLAIMED, DELIVERED, COMPLETED, WOKEN or FAILED
+ *
+ * How the store overlaps its work is its own business: the PostgreSQL
+ * backend keeps up to $RELAYBUS_PG_CONNECTIONS connections (relaybus(7)).
+ * The synchronous calls (rb_store_extend, _relinquish*, rb_store_claim,
+ * rb_store_complete) may be made at any time: what they find out is
+ * reported by the next rb_store_service, never lost.  A reconnect forgets
+ * what was out and what was not reported yet.
+ */
+struct pollfd;
+
+enum rb_store_event_kind {
+	RB_STORE_CLAIMED = 1,	/* a claim committed: claimed, and v/n of them ready */
+	RB_STORE_DELIVERED,	/* more of a claim's deliveries are ready: v/n (dropped: gone) */
+	RB_STORE_COMPLETED,	/* a completion is done: its results' outcomes are filled in */
+	RB_STORE_WOKEN,		/* new deliveries for the handler of rb_store_listen may be due */
+	RB_STORE_FAILED,	/* what failed (failed) and why (err) */
+};
+
+struct rb_store_event {
+	enum rb_store_event_kind kind;
+	/* CLAIMED: how many deliveries the claim took; they come as v here
+	 * and in DELIVERED events that follow (0: the claim found nothing) */
+	int			 claimed;
+	/* CLAIMED, DELIVERED: those ready to run, a new array of n new rb_dl
+	 * (fetched), the array and they the caller's; NULL when n is 0 */
+	struct rb_dl		**v;
+	size_t			 n;
+	/* DELIVERED, FAILED: deliveries a claim took that will not come (their
+	 * event is gone, or they were lost with the failure) */
+	int			 dropped;
+	/* COMPLETED: the results given to rb_store_complete_start */
+	struct rb_result	*results;
+	size_t			 nresults;
+	/* FAILED: a claim (RB_STORE_CLAIMED), reading a claim's deliveries
+	 * (RB_STORE_DELIVERED), a completion (RB_STORE_COMPLETED: its results
+	 * were not applied), or the connection while idle (RB_STORE_WOKEN) */
+	enum rb_store_event_kind failed;
+	struct rb_error		 err;
+};
+
+/**
+ * Start a claim (o as rb_store_claim; copied).  Its deliveries come as
+ * RB_STORE_CLAIMED, maybe followed by RB_STORE_DELIVERED events, or it
+ * fails (RB_STORE_FAILED).  Only when rb_store_claim_ready.  -1 + err:
+ * nothing started.
+ */
+int	rb_store_claim_start(struct rb_store *, const struct rb_claim_opts *, struct rb_error *err);
+/**
+ * Start a completion of n results (as rb_store_complete; v stays the
+ * caller's until RB_STORE_COMPLETED or RB_STORE_FAILED hands it back).
+ * Only when rb_store_complete_ready.  A store may apply some at once (the
+ * PostgreSQL backend: failures, and o->sql); it still reports them from
+ * rb_store_service.  -1 + err: nothing started.
+ */
+int	rb_store_complete_start(struct rb_store *, const struct rb_complete_opts *, struct rb_result *v,
+	    size_t n, struct rb_error *err);
+/** Whether a claim may start now (else after a later event). */
+bool	rb_store_claim_ready(const struct rb_store *);
+/** Whether a completion may start now (else after a later event). */
+bool	rb_store_complete_ready(const struct rb_store *);
+/**
+ * The store's descriptors to poll (at most max, 3 for PostgreSQL) into
+ * pfd, events set; returns how many.  *timeout_ms is lowered to 0 when the
+ * store has something to report already (call rb_store_service first).
+ */
+int	rb_store_pollfds(struct rb_store *, struct pollfd *pfd, int max, int *timeout_ms);
+/**
+ * After a poll (whatever woke it): the next thing the store has to report
+ * into ev, and 1; 0 when there is nothing (more).  Never waits.
+ */
+int	rb_store_service(struct rb_store *, struct rb_store_event *ev);
+/**
+ * The most connections the store may keep for the calls above, 1 to 3
+ * (rb-dispatch --connections, deprecated); 0: the backend's own setting
+ * (the PostgreSQL backend: $RELAYBUS_PG_CONNECTIONS, else 2).  Any time.
+ */
+void	rb_store_set_connections(struct rb_store *, int n);
+
 /* ---- wake-up --------------------------------------------------------- */
 
-/** LISTEN for new deliveries of this schema (any handler). */
-int	rb_store_listen(struct rb_store *, struct rb_error *err);
+/** Ask to be woken by new deliveries for handler (NULL: any), through
+ * rb_store_notified and RB_STORE_WOKEN. */
+int	rb_store_listen(struct rb_store *, const char *handler, struct rb_error *err);
 /** The connection's socket, for poll(2); -1 when not connected. */
 int	rb_store_socket(const struct rb_store *);
 /**

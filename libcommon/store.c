@@ -161,6 +161,7 @@ rb_store_close(struct rb_store *s)
 		return;
 	if (s->ops != NULL && s->ops->close != NULL)
 		s->ops->close(s);
+	rb_evq_free(&s->evq);
 	free(s->url);
 	free(s->url_redacted);
 	free(s->schema);
@@ -208,6 +209,7 @@ int
 rb_store_reconnect(struct rb_store *s, struct rb_error *err)
 {
 	NEED_OP(s, reconnect, err);
+	rb_evq_clear(&s->evq);		/* what was out is forgotten, and so is what it said */
 	return s->ops->reconnect(s, err);
 }
 
@@ -278,14 +280,94 @@ claim_opts_check(const struct rb_claim_opts *o, struct rb_error *err)
 	return 0;
 }
 
+/* Where a backend has claim_start and complete_start, the synchronous
+ * calls are those with wait set: the backend answers at once, and its
+ * event is the last of its kind on the queue. */
+static int
+answer_of(struct rb_store *s, enum rb_store_event_kind kind, struct rb_store_event *ev, struct rb_error *err)
+{
+	if (rb_evq_take_last(&s->evq, kind, ev))
+		return 0;
+	return rb_seterr(err, RB_EXIT_SOFTWARE, "the %s backend gave no answer", s->ops->name);
+}
+
 int
 rb_store_claim(struct rb_store *s, const struct rb_claim_opts *o, struct rb_dl ***out, struct rb_error *err)
 {
+	struct rb_store_event ev;
+
 	*out = NULL;
-	NEED_OP(s, claim, err);
+	if (s->ops->claim_start == NULL)
+		NEED_OP(s, claim, err);
 	if (claim_opts_check(o, err) < 0)
 		return -1;
-	return s->ops->claim(s, o, out, err);
+	if (s->ops->claim_start == NULL)
+		return s->ops->claim(s, o, out, err);
+	if (s->ops->claim_start(s, o, true, err) < 0 || answer_of(s, RB_STORE_CLAIMED, &ev, err) < 0)
+		return -1;
+	*out = ev.v != NULL ? ev.v : xcalloc(1, sizeof **out);
+	return (int)ev.n;
+}
+
+int
+rb_store_claim_start(struct rb_store *s, const struct rb_claim_opts *o, struct rb_error *err)
+{
+	struct rb_store_event ev = { .kind = RB_STORE_CLAIMED };
+	int n;
+
+	if (s->ops->claim_start == NULL)
+		NEED_OP(s, claim, err);
+	if (claim_opts_check(o, err) < 0)
+		return -1;
+	if (s->ops->claim_start != NULL)
+		return s->ops->claim_start(s, o, false, err);
+	/* a backend that only claims at once: now, reported at the next service */
+	if ((n = s->ops->claim(s, o, &ev.v, err)) < 0)
+		return -1;
+	ev.claimed = n;
+	ev.n = (size_t)n;
+	if (n == 0) {
+		free(ev.v);
+		ev.v = NULL;
+	}
+	rb_evq_push(&s->evq, &ev);
+	return 0;
+}
+
+bool
+rb_store_claim_ready(const struct rb_store *s)
+{
+	return s->ops->claim_ready == NULL || s->ops->claim_ready(s);
+}
+
+bool
+rb_store_complete_ready(const struct rb_store *s)
+{
+	return s->ops->complete_ready == NULL || s->ops->complete_ready(s);
+}
+
+int
+rb_store_pollfds(struct rb_store *s, struct pollfd *pfd, int max, int *timeout_ms)
+{
+	int n = s->ops->pollfds != NULL ? s->ops->pollfds(s, pfd, max, timeout_ms) : 0;
+
+	if (s->evq.n > 0)
+		*timeout_ms = 0;
+	return n;
+}
+
+int
+rb_store_service(struct rb_store *s, struct rb_store_event *ev)
+{
+	if (s->evq.n == 0 && s->ops->service != NULL)
+		s->ops->service(s);
+	return rb_evq_pop(&s->evq, ev) ? 1 : 0;
+}
+
+void
+rb_store_set_connections(struct rb_store *s, int n)
+{
+	s->connections = n >= 1 && n <= 3 ? n : 0;
 }
 
 int
@@ -355,9 +437,33 @@ int
 rb_store_complete(struct rb_store *s, const struct rb_complete_opts *o, struct rb_result *v, size_t n,
     struct rb_error *err)
 {
+	struct rb_store_event ev;
+
 	outcomes_reset(v, n);
+	if (s->ops->complete_start == NULL) {
+		NEED_OP(s, complete, err);
+		return s->ops->complete(s, o, v, n, err);
+	}
+	if (s->ops->complete_start(s, o, v, n, true, err) < 0 || answer_of(s, RB_STORE_COMPLETED, &ev, err) < 0)
+		return -1;
+	return 0;
+}
+
+int
+rb_store_complete_start(struct rb_store *s, const struct rb_complete_opts *o, struct rb_result *v, size_t n,
+    struct rb_error *err)
+{
+	struct rb_store_event ev = { .kind = RB_STORE_COMPLETED, .results = v, .nresults = n };
+
+	outcomes_reset(v, n);
+	if (s->ops->complete_start != NULL)
+		return s->ops->complete_start(s, o, v, n, false, err);
 	NEED_OP(s, complete, err);
-	return s->ops->complete(s, o, v, n, err);
+	/* a backend that only completes at once: now, reported at the next service */
+	if (s->ops->complete(s, o, v, n, err) < 0)
+		return -1;
+	rb_evq_push(&s->evq, &ev);
+	return 0;
 }
 
 int
@@ -398,10 +504,10 @@ rb_store_relinquish_leases(struct rb_store *s, const struct rb_result *v, size_t
 }
 
 int
-rb_store_listen(struct rb_store *s, struct rb_error *err)
+rb_store_listen(struct rb_store *s, const char *handler, struct rb_error *err)
 {
 	NEED_OP(s, listen, err);
-	return s->ops->listen(s, err);
+	return s->ops->listen(s, handler, err);
 }
 
 int

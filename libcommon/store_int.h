@@ -32,6 +32,7 @@
 
 #include "rb_admin.h"
 #include "rb_inspect.h"
+#include "rb_records.h"
 #include "rb_store.h"
 
 struct rb_store_ops {
@@ -107,6 +108,39 @@ struct rb_store_ops {
 	int	(*complete_recv)(struct rb_store *s, bool wait, struct rb_error *err);
 	/* the socket to poll while a completion is out apart, else -1 */
 	int	(*complete_socket)(const struct rb_store *s);
+	/*
+	 * The delivery path without waiting (rb_store_claim_start and the
+	 * rest, rb_store.h).  What a backend has to report it pushes onto
+	 * s->evq (rb_records.h), at once or from service; the front reports
+	 * it.  A backend without claim_start and complete_start needs none of
+	 * these: the front then runs claim and complete at once and reports
+	 * them at the next rb_store_service, with no descriptor to poll.
+	 * With them, the front's rb_store_claim and rb_store_complete are
+	 * claim_start and complete_start with wait set, whose event (pushed
+	 * last) the front takes off the queue.
+	 */
+	/* Start a claim (o checked by the front, and copied here if kept).
+	 * wait: the caller waits for its answer (rb_store_claim): nothing is
+	 * to run beside it, the backend may answer at once.  Pushes CLAIMED
+	 * (then DELIVERED) or FAILED, now or from service.  -1 + err: nothing
+	 * started, nothing pushed. */
+	int	(*claim_start)(struct rb_store *s, const struct rb_claim_opts *o, bool wait,
+		    struct rb_error *err);
+	/* Start a completion of n results (their outcomes reset by the
+	 * front; v the caller's until the COMPLETED or FAILED event that
+	 * gives it back).  wait as for claim_start. */
+	int	(*complete_start)(struct rb_store *s, const struct rb_complete_opts *o, struct rb_result *v,
+		    size_t n, bool wait, struct rb_error *err);
+	/* Whether claim_start and complete_start (wait false) may be called
+	 * now; NULL: always.  Cheap, no I/O. */
+	bool	(*claim_ready)(const struct rb_store *s);
+	bool	(*complete_ready)(const struct rb_store *s);
+	/* The descriptors to poll into pfd (at most max), events set; lowers
+	 * *timeout_ms (to 0: something to report already).  No I/O. */
+	int	(*pollfds)(struct rb_store *s, struct pollfd *pfd, int max, int *timeout_ms);
+	/* Read what has come, without waiting, and push an event for each
+	 * thing done.  Called by the front when s->evq is empty. */
+	void	(*service)(struct rb_store *s);
 	/* Apply n results in order (rb_store.h rb_store_complete): fills in
 	 * each one's outcome, missing, attempts and sql_error (the front has
 	 * reset them: LOST, false, -1, NULL). */
@@ -128,8 +162,9 @@ struct rb_store_ops {
 
 	/* ---- wake-up ------------------------------------------------------ */
 
-	/* Ask to be woken by new deliveries of s->schema (any handler). */
-	int	(*listen)(struct rb_store *s, struct rb_error *err);
+	/* Ask to be woken by new deliveries of s->schema for handler (NULL:
+	 * any): RB_STORE_WOKEN events, rb_store_notified. */
+	int	(*listen)(struct rb_store *s, const char *handler, struct rb_error *err);
 	/* The connection's socket for poll(2), -1 when there is none. */
 	int	(*socket)(const struct rb_store *s);
 	/* Consume wake-ups (timeout_ms > 0: wait that long first): 1 when one
@@ -173,6 +208,12 @@ struct rb_store {
 	char	*url_redacted;
 	char	*schema;	/* validated identifier */
 	char	*app;
+	/* the most connections the caller allows (rb_store_set_connections),
+	 * 1 to 3; 0: the backend's own setting */
+	int	 connections;
+	/* what is to be reported by rb_store_service, in order: the front's
+	 * and the backend's events (rb_records.h); cleared by a reconnect */
+	struct rb_evq evq;
 	void	*be;		/* backend state */
 };
 

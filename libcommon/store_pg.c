@@ -63,6 +63,23 @@ pg_connect(struct rb_store *s, struct rb_error *err)
 	return pg_connect_to(s, &pg_be(s)->conn, err);
 }
 
+/* $RELAYBUS_PG_CONNECTIONS: 1, 2 or 3 (unset or empty: 2), else -1. */
+static int
+connections_env(void)
+{
+	const char *v = getenv("RELAYBUS_PG_CONNECTIONS");
+
+	if (v == NULL || *v == '\0')
+		return 2;
+	return (v[0] >= '1' && v[0] <= '3' && v[1] == '\0') ? v[0] - '0' : -1;
+}
+
+int
+pg_connections(const struct rb_store *s)
+{
+	return s->connections > 0 ? s->connections : pg_be(s)->connections;
+}
+
 static int
 pg_open(struct rb_store *s, struct rb_error *err)
 {
@@ -70,6 +87,9 @@ pg_open(struct rb_store *s, struct rb_error *err)
 
 	s->be = be;
 	be->history = -1;
+	if ((be->connections = connections_env()) < 0)
+		return rb_seterr(err, RB_EXIT_CONFIG, "invalid RELAYBUS_PG_CONNECTIONS '%s': use 1, 2 or 3",
+		    getenv("RELAYBUS_PG_CONNECTIONS"));
 	rb_sb_init(&be->claim_live);
 	rb_sb_init(&be->claim_live_lanes);
 	for (size_t i = 0; i < N_STATEMENTS; i++)
@@ -89,6 +109,8 @@ pg_close(struct rb_store *s)
 	pg_close_conn2(be);
 	pg_close_conn3(be);
 	pg_complete_forget(be);
+	pg_done_forget(be);
+	free(be->wake_for);
 	free(be->claim_live.s);
 	free(be->claim_live_lanes.s);
 	for (size_t i = 0; i < N_STATEMENTS; i++)
@@ -105,7 +127,7 @@ pg_broken(const struct rb_store *s)
 	return be == NULL || be->conn == NULL || PQstatus(be->conn) != CONNECTION_OK;
 }
 
-static int pg_listen(struct rb_store *, struct rb_error *);
+static int pg_listen(struct rb_store *, const char *, struct rb_error *);
 
 static int
 pg_reconnect(struct rb_store *s, struct rb_error *err)
@@ -122,25 +144,129 @@ pg_reconnect(struct rb_store *s, struct rb_error *err)
 	be->history = -1;
 	be->claim_pending = false;
 	pg_complete_forget(be);
+	pg_done_forget(be);
+	be->job = PG_IDLE;
+	be->woken = false;
 	if (pg_connect(s, err) < 0)
 		return -1;
 	if (be->listening)
-		return pg_listen(s, err);
+		return pg_listen(s, be->wake_for, err);
 	return 0;
 }
 
 /* ---- wake-up ------------------------------------------------------------- */
 
 static int
-pg_listen(struct rb_store *s, struct rb_error *err)
+pg_listen(struct rb_store *s, const char *handler, struct rb_error *err)
 {
+	struct pg_be *be = pg_be(s);
 	char sql[128];
 
+	if (handler != be->wake_for) {
+		free(be->wake_for);
+		be->wake_for = handler != NULL ? xstrdup(handler) : NULL;
+	}
 	snprintf(sql, sizeof sql, "LISTEN relaybus_%s", s->schema);
+	pg_settle(s);
 	if (pg_run_cmd(s, sql, "listen", err) < 0)
 		return -1;
-	pg_be(s)->listening = true;
+	be->listening = true;
 	return 0;
+}
+
+/* The notifications libpq has read (with an answer, or during another
+ * statement): whether one is for the handler listened for. */
+static void
+take_notifies(struct pg_be *be)
+{
+	PGnotify *n;
+
+	while ((n = PQnotifies(be->conn)) != NULL) {
+		if (be->wake_for == NULL || strcmp(n->extra, be->wake_for) == 0)
+			be->woken = true;
+		PQfreemem(n);
+	}
+}
+
+/* ---- the calls without waiting: what to poll, and what came ------------- */
+
+void
+pg_settle(struct rb_store *s)
+{
+	struct pg_be *be = pg_be(s);
+
+	while (be->job != PG_IDLE)
+		if (be->job == PG_CLAIM)
+			pg_claim_answer(s, true);
+		else
+			pg_done_answer(s, true);
+}
+
+/* An answer libpq holds already makes no socket readable. */
+static bool
+answered(PGconn *c, enum pg_job job)
+{
+	return job != PG_IDLE && c != NULL && !PQisBusy(c);
+}
+
+int
+pg_pollfds(struct rb_store *s, struct pollfd *pfd, int max, int *timeout_ms)
+{
+	struct pg_be *be = pg_be(s);
+	PGconn *const c[3] = { be->conn, be->conn2, be->conn3 };
+	const enum pg_job job[3] = { be->job, be->job2, be->job3 };
+	int n = 0;
+
+	if (be->conn == NULL)
+		return 0;
+	take_notifies(be);
+	for (int i = 0; i < 3; i++) {
+		/* (the first always: notifications, and a break seen while idle) */
+		if (c[i] == NULL || (i > 0 && job[i] == PG_IDLE) || PQsocket(c[i]) < 0 || n == max)
+			continue;
+		pfd[n].fd = PQsocket(c[i]);
+		pfd[n].events = POLLIN;
+		pfd[n++].revents = 0;
+		if (answered(c[i], job[i]))
+			*timeout_ms = 0;
+	}
+	if (be->woken)
+		*timeout_ms = 0;
+	return n;
+}
+
+void
+pg_service(struct rb_store *s)
+{
+	struct pg_be *be = pg_be(s);
+
+	if (be->conn == NULL)
+		return;
+	/* the first connection: the answer out there first (it may be all
+	 * that came before a break), or what came while idle */
+	if (be->job == PG_CLAIM)
+		pg_claim_answer(s, false);
+	else if (be->job == PG_COMPLETE)
+		pg_done_answer(s, false);
+	else if (PQconsumeInput(be->conn) == 0) {
+		struct rb_error err = { 0 };
+		char msg[300];
+
+		snprintf(msg, sizeof msg, "%s", PQerrorMessage(be->conn));
+		msg[strcspn(msg, "\n")] = '\0';
+		rb_seterr(&err, RB_EXIT_TEMPFAIL, "connection lost: %s", msg);
+		rb_evq_failed(&s->evq, RB_STORE_WOKEN, 0, &err);
+		return;
+	}
+	if (be->job3 == PG_COMPLETE)
+		pg_done_answer(s, false);
+	if (be->job2 == PG_FETCH)
+		pg_fetch_answer(s, false);
+	take_notifies(be);
+	if (be->woken) {
+		be->woken = false;
+		rb_evq_push(&s->evq, &(struct rb_store_event){ .kind = RB_STORE_WOKEN });
+	}
 }
 
 static int
@@ -222,6 +348,12 @@ const struct rb_store_ops rb_store_pg_ops = {
 	.fetch_socket = pg_fetch_socket,
 	.complete_socket = pg_complete_socket,
 	.notified = pg_notified,
+	.claim_start = pg_claim_start,
+	.complete_start = pg_complete_start,
+	.claim_ready = pg_claim_ready,
+	.complete_ready = pg_complete_ready,
+	.pollfds = pg_pollfds,
+	.service = pg_service,
 	.admin_stats = pg_admin_stats,
 	.admin_list = pg_admin_list,
 	.admin_show = pg_admin_show,

@@ -81,12 +81,18 @@ claim_params(struct pg_be *be, const struct rb_claim_opts *o, const char *params
 	snprintf(be->claim_params[2], sizeof be->claim_params[2], "%d", o->batch);
 	snprintf(be->claim_params[3], sizeof be->claim_params[3], "%" PRId64, o->lease_ms);
 	snprintf(be->claim_params[4], sizeof be->claim_params[4], "%d", o->max_attempts);
+	/* (the caller's, and what earlier claims took that is still being
+	 * read here: the caller does not have those yet) */
 	be->claim_live.len = 0;
 	be->claim_live_known = o->live != NULL;
 	if (o->live != NULL) {
 		pg_arr_start(&be->claim_live);
 		for (size_t i = 0; i < o->n_live; i++)
 			pg_arr_int(&be->claim_live, o->live[i]);
+		for (size_t i = 0; i < be->fetch.n; i++)
+			pg_arr_int(&be->claim_live, be->fetch.v[i]->id);
+		for (size_t i = 0; i < be->waiting.n; i++)
+			pg_arr_int(&be->claim_live, be->waiting.v[i]->id);
 		pg_arr_end(&be->claim_live);
 	}
 	be->claim_live_lanes.len = 0;
@@ -95,6 +101,10 @@ claim_params(struct pg_be *be, const struct rb_claim_opts *o, const char *params
 		pg_arr_start(&be->claim_live_lanes);
 		for (size_t i = 0; i < o->n_live; i++)
 			pg_arr_int(&be->claim_live_lanes, o->live_lanes[i]);
+		for (size_t i = 0; i < be->fetch.n; i++)
+			pg_arr_int(&be->claim_live_lanes, be->fetch.v[i]->lease.lane);
+		for (size_t i = 0; i < be->waiting.n; i++)
+			pg_arr_int(&be->claim_live_lanes, be->waiting.v[i]->lease.lane);
 		pg_arr_end(&be->claim_live_lanes);
 	}
 	be->claim_quiet = o->held_only;
@@ -231,6 +241,254 @@ pg_claim_recv(struct rb_store *s, bool wait, struct rb_dl ***out, struct rb_erro
 	}
 }
 
+/* ---- claim without waiting (rb_store_claim_start) --------------------------- */
+
+static void
+push(struct rb_store *s, struct rb_store_event ev)
+{
+	rb_evq_push(&s->evq, &ev);
+}
+
+static void fetch_start(struct rb_store *, struct pg_claimed);
+
+int
+pg_claim_start(struct rb_store *s, const struct rb_claim_opts *o, bool wait, struct rb_error *err)
+{
+	struct pg_be *be = pg_be(s);
+	const char *params[9];
+
+	if (wait) {
+		/* the caller waits: one statement, events and all, on the first
+		 * connection (as rb-claim always did) */
+		struct rb_dl **v;
+		int n;
+
+		pg_settle(s);
+		if ((n = pg_claim(s, o, &v, err)) < 0)
+			return -1;
+		push(s, (struct rb_store_event){ .kind = RB_STORE_CLAIMED, .claimed = n, .v = v, .n = (size_t)n });
+		return 0;
+	}
+	if (!pg_claim_ready(s))
+		return rb_seterr(err, RB_EXIT_SOFTWARE, "claim: a statement is out already");
+	claim_params(be, o, params);
+	be->claim_tries = 1;
+	/* (with a second connection, it reads the events of what this claim
+	 * took while the next claim runs here) */
+	be->claim_ids = pg_connections(s) >= 2;
+	if (!pg_send(be, be->conn, be->claim_ids ? be->q_claim_ids : be->q_claim, 9, params))
+		return pg_fail(s, NULL, "claim", err);
+	be->job = PG_CLAIM;
+	return 0;
+}
+
+bool
+pg_claim_answer(struct rb_store *s, bool wait)
+{
+	struct pg_be *be = pg_be(s);
+	struct rb_error err = { 0 };
+
+	for (;;) {
+		PGresult *res;
+		int rc = pg_take_result(be->conn, wait, &res);
+
+		if (rc == RB_CLAIM_PENDING)
+			return false;
+		be->job = PG_IDLE;
+		if (rc < 0) {
+			pg_fail(s, NULL, "claim", &err);
+			rb_evq_failed(&s->evq, RB_STORE_CLAIMED, 0, &err);
+			return true;
+		}
+		if (res != NULL && PQresultStatus(res) == PGRES_TUPLES_OK) {
+			int n = PQntuples(res);
+			struct pg_claimed got = { .v = be->claim_ids ? claimed_dls(res) : claim_dls(res),
+			    .n = (size_t)n };
+
+			PQclear(res);
+			if (!be->claim_ids || n == 0) {
+				push(s, (struct rb_store_event){ .kind = RB_STORE_CLAIMED, .claimed = n,
+				    .v = n > 0 ? got.v : NULL, .n = got.n });
+				if (n == 0)
+					free(got.v);
+				return true;
+			}
+			/* their events come on the second connection (DELIVERED) */
+			push(s, (struct rb_store_event){ .kind = RB_STORE_CLAIMED, .claimed = n });
+			if (be->job2 == PG_FETCH)
+				be->waiting = got;	/* (no claim goes out meanwhile: pg_claim_ready) */
+			else
+				fetch_start(s, got);
+			return true;
+		}
+		/* a deadlock or serialization failure: the claim runs again, as pg_run() does */
+		if (pg_retryable(res) && be->claim_tries < 5) {
+			const char *params[9];
+
+			PQclear(res);
+			claim_param_list(be, params);
+			be->claim_tries++;
+			if (!pg_send(be, be->conn, be->claim_ids ? be->q_claim_ids : be->q_claim, 9, params)) {
+				pg_fail(s, NULL, "claim", &err);
+				rb_evq_failed(&s->evq, RB_STORE_CLAIMED, 0, &err);
+				return true;
+			}
+			be->job = PG_CLAIM;
+			continue;
+		}
+		pg_fail(s, res, "claim", &err);
+		PQclear(res);
+		rb_evq_failed(&s->evq, RB_STORE_CLAIMED, 0, &err);
+		return true;
+	}
+}
+
+static void
+claimed_free(struct pg_claimed *c)
+{
+	for (size_t i = 0; i < c->n; i++)
+		rb_dl_free(c->v[i]);
+	free(c->v);
+	c->v = NULL;
+	c->n = 0;
+}
+
+void
+pg_fetch_forget(struct pg_be *be)
+{
+	claimed_free(&be->fetch);
+	claimed_free(&be->waiting);
+	be->job2 = PG_IDLE;
+}
+
+/* Reading a claim's events failed (res: its error, or NULL): what is
+ * claimed and not read will not come; conn2 is closed if it broke. */
+static void
+fetch_failed(struct rb_store *s, const PGresult *res)
+{
+	struct pg_be *be = pg_be(s);
+	struct rb_error err = { 0 };
+	int dropped = (int)(be->fetch.n + be->waiting.n);
+
+	pg_fail_on(s, be->conn2, res, "fetch", &err);
+	pg_fetch_forget(be);
+	if (be->conn2 != NULL && PQstatus(be->conn2) != CONNECTION_OK)
+		pg_close_conn2(be);
+	rb_evq_failed(&s->evq, RB_STORE_DELIVERED, dropped, &err);
+}
+
+/* Read the events of what a claim took (got stolen) on the second connection. */
+static void
+fetch_start(struct rb_store *s, struct pg_claimed got)
+{
+	struct pg_be *be = pg_be(s);
+	struct rb_error err = { 0 };
+	struct rb_sbuf ids;
+	const char *params[1];
+	int ok;
+
+	/* (with enable_seqscan off, as the claim runs: young tables have no
+	 * statistics; opening it forgets what was out there: nothing) */
+	if (pg_open_side(s, &be->conn2, pg_close_conn2, "SET enable_seqscan = off", "fetch", &err) < 0) {
+		int dropped = (int)got.n;
+
+		claimed_free(&got);
+		rb_evq_failed(&s->evq, RB_STORE_DELIVERED, dropped, &err);
+		return;
+	}
+	be->fetch = got;
+	rb_sb_init(&ids);
+	pg_arr_start(&ids);
+	for (size_t i = 0; i < got.n; i++)
+		pg_arr_text(&ids, got.v[i]->event_id);
+	pg_arr_end(&ids);
+	params[0] = ids.s;
+	ok = pg_send(be, be->conn2, be->q_fetch, 1, params);
+	free(ids.s);
+	if (!ok) {
+		fetch_failed(s, NULL);
+		return;
+	}
+	be->job2 = PG_FETCH;
+}
+
+bool
+pg_fetch_answer(struct rb_store *s, bool wait)
+{
+	struct pg_be *be = pg_be(s);
+	struct pg_claimed got = be->fetch;
+	struct rb_dl **ready;
+	PGresult *res;
+	struct rb_sbuf b;
+	size_t k = 0;
+	int rc;
+
+	if ((rc = pg_take_result(be->conn2, wait, &res)) == RB_CLAIM_PENDING)
+		return false;
+	if (rc < 0 || res == NULL || PQresultStatus(res) != PGRES_TUPLES_OK) {
+		fetch_failed(s, rc < 0 ? NULL : res);
+		PQclear(res);
+		return true;
+	}
+	be->job2 = PG_IDLE;
+	/* each claimed delivery with its event (one that is gone is dropped):
+	 * the rows come in any order, each with its place */
+	rb_sb_init(&b);
+	for (int i = 0; i < PQntuples(res); i++) {
+		long o = strtol(PQgetvalue(res, i, 0), NULL, 10);
+		struct rb_dl *d = o >= 1 && (size_t)o <= got.n ? got.v[o - 1] : NULL;
+		char id[32];
+		struct rb_delivery_fields c;
+
+		if (d == NULL || d->fetched)
+			continue;
+		id[rb_fmt_int(id, d->id)] = '\0';
+		c = (struct rb_delivery_fields){
+			.id = id, .event_id = d->event_id, .handler = d->handler, .lane = d->lease.lane,
+			.epoch = d->lease.epoch, .claims = d->lease.claims, .attempts = d->attempt - 1,
+			.sequence = d->sequence, .created_at = d->created_at,
+			.name = pg_col(res, i, 1), .key = pg_col(res, i, 2),
+			.payload = pg_col(res, i, 3), .headers = pg_col(res, i, 4),
+		};
+		rb_dl_fill(d, &c, &b);
+	}
+	free(b.s);
+	PQclear(res);
+	/* in the claim's order */
+	ready = xmalloc((got.n > 0 ? got.n : 1) * sizeof *ready);
+	for (size_t i = 0; i < got.n; i++) {
+		if (got.v[i]->fetched)
+			ready[k++] = got.v[i];
+		else
+			rb_dl_free(got.v[i]);
+	}
+	free(got.v);
+	be->fetch = (struct pg_claimed){ 0 };
+	if (k == 0) {
+		free(ready);
+		ready = NULL;
+	}
+	push(s, (struct rb_store_event){ .kind = RB_STORE_DELIVERED, .v = ready, .n = k,
+	    .dropped = (int)(got.n - k) });
+	if (be->waiting.n > 0) {
+		struct pg_claimed next = be->waiting;
+
+		be->waiting = (struct pg_claimed){ 0 };
+		fetch_start(s, next);
+	}
+	return true;
+}
+
+bool
+pg_claim_ready(const struct rb_store *s)
+{
+	const struct pg_be *be = pg_be(s);
+
+	/* (and not while a claim's answer waits for the second connection:
+	 * the next would have to wait behind it too) */
+	return be->job == PG_IDLE && be->waiting.n == 0;
+}
+
 /* ---- reading what a claim took, on the second connection ------------------ */
 
 void
@@ -243,10 +501,11 @@ pg_close_conn2(struct pg_be *be)
 	be->fetch_pending = false;
 	be->fetch_v = NULL;
 	be->fetch_n = 0;
+	pg_fetch_forget(be);
 }
 
 static int
-fetch_failed(struct rb_store *s, PGresult *res, struct rb_error *err)
+old_fetch_failed(struct rb_store *s, PGresult *res, struct rb_error *err)
 {
 	struct pg_be *be = pg_be(s);
 
@@ -279,7 +538,7 @@ pg_fetch_send(struct rb_store *s, struct rb_dl *const *claimed, size_t n, struct
 	ok = pg_send(be, be->conn2, be->q_fetch, 1, params);
 	free(ids.s);
 	if (!ok)
-		return fetch_failed(s, NULL, err);
+		return old_fetch_failed(s, NULL, err);
 	be->fetch_pending = true;
 	be->fetch_v = claimed;
 	be->fetch_n = n;
@@ -299,10 +558,10 @@ pg_fetch_recv(struct rb_store *s, bool wait, struct rb_error *err)
 	if ((rc = pg_take_result(be->conn2, wait, &res)) == RB_CLAIM_PENDING)
 		return rc;
 	if (rc < 0)
-		return fetch_failed(s, NULL, err);
+		return old_fetch_failed(s, NULL, err);
 	be->fetch_pending = false;
 	if (res == NULL || PQresultStatus(res) != PGRES_TUPLES_OK) {
-		fetch_failed(s, res, err);
+		old_fetch_failed(s, res, err);
 		PQclear(res);
 		return -1;
 	}
@@ -351,6 +610,7 @@ pg_extend(struct rb_store *s, const char *handler, const char *owner, int64_t le
 	const char *params[3] = { handler, owner, lease };
 
 	snprintf(lease, sizeof lease, "%" PRId64, lease_ms);
+	pg_settle(s);
 	return pg_run_affected(s, pg_be(s)->q_extend, 3, params, "extend", err);
 }
 
@@ -361,6 +621,7 @@ pg_relinquish(struct rb_store *s, const char *handler, const char *owner, struct
 {
 	const char *params[2] = { handler, owner };
 
+	pg_settle(s);
 	return pg_run_affected(s, pg_be(s)->q_relinquish, 2, params, "relinquish", err);
 }
 
@@ -369,6 +630,7 @@ pg_relinquish_owner(struct rb_store *s, const char *handler, const char *owner, 
 {
 	const char *params[2] = { handler, owner };
 
+	pg_settle(s);
 	return pg_run_affected(s, pg_be(s)->q_relinquish_owner, 2, params, "relinquish", err);
 }
 
@@ -380,6 +642,7 @@ pg_relinquish_leases(struct rb_store *s, const struct rb_result *v, size_t n, st
 
 	if (n == 0)
 		return 0;
+	pg_settle(s);
 	rb_sb_init(&h);
 	rb_sb_init(&lane);
 	rb_sb_init(&epoch);

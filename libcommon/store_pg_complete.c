@@ -211,6 +211,8 @@ pg_close_conn3(struct pg_be *be)
 	if (be->complete_apart)
 		pg_complete_forget(be);
 	be->complete_apart = false;
+	if (be->job3 == PG_COMPLETE)
+		pg_done_forget(be);
 }
 
 void
@@ -333,6 +335,172 @@ pg_complete_socket(const struct rb_store *s)
 
 	return be != NULL && be->complete_pending && be->complete_apart && be->conn3 != NULL ?
 	    PQsocket(be->conn3) : -1;
+}
+
+/* ---- completion without waiting (rb_store_complete_start) ------------------- */
+
+void
+pg_done_forget(struct pg_be *be)
+{
+	if (be->done_fa != NULL) {
+		fa_free(be->done_fa);
+		free(be->done_fa);
+		be->done_fa = NULL;
+	}
+	be->done_v = NULL;
+	be->done_n = 0;
+	if (be->job == PG_COMPLETE)
+		be->job = PG_IDLE;
+	be->job3 = PG_IDLE;
+}
+
+/* The connection the completion out is on. */
+static PGconn *
+done_conn(const struct pg_be *be)
+{
+	return be->job3 == PG_COMPLETE ? be->conn3 : be->conn;
+}
+
+static int
+done_send(struct pg_be *be, PGconn *c)
+{
+	const struct pg_fence *a = be->done_fa;
+	const char *params[6] = { a->ev.s, a->h.s, a->lane.s, a->epoch.s, a->claims.s, a->id.s };
+
+	return pg_send(be, c, be->done_hist ? be->q_complete_hist : be->q_complete, 6, params);
+}
+
+bool
+pg_complete_ready(const struct rb_store *s)
+{
+	const struct pg_be *be = pg_be(s);
+
+	/* (with three connections the successes go on the third, beside the
+	 * claims; anything else then waits for the first, as without) */
+	return pg_connections(s) == 3 ? be->job3 == PG_IDLE : be->job == PG_IDLE;
+}
+
+int
+pg_complete_start(struct rb_store *s, const struct rb_complete_opts *o, struct rb_result *v, size_t n,
+    bool wait, struct rb_error *err)
+{
+	struct pg_be *be = pg_be(s);
+	bool all_ok = !wait && n > 0 && (o->sql == NULL || *o->sql == '\0');
+	bool apart;
+	PGconn *c;
+	int hist;
+
+	for (size_t i = 0; i < n && all_ok; i++)
+		all_ok = v[i].verdict == RB_VERDICT_OK;
+	if (!all_ok) {
+		/* failures, --sql (a transaction a delivery), or waited for: at
+		 * once on the first connection, reported at the next service */
+		pg_settle(s);
+		if (pg_complete(s, o, v, n, err) < 0)
+			return -1;
+		rb_evq_push(&s->evq, &(struct rb_store_event){ .kind = RB_STORE_COMPLETED, .results = v,
+		    .nresults = n });
+		return 0;
+	}
+	/* successes only: one statement, its answer taken by service */
+	if (!pg_complete_ready(s))
+		return rb_seterr(err, RB_EXIT_SOFTWARE, "complete: a statement is out already");
+	apart = pg_connections(s) == 3;
+	if (apart && pg_open_side(s, &be->conn3, pg_close_conn3, NULL, "complete", err) < 0)
+		return -1;
+	c = apart ? be->conn3 : be->conn;
+	if ((hist = pg_history(s, c, "complete", err)) < 0) {
+		if (apart && PQstatus(be->conn3) != CONNECTION_OK)
+			pg_close_conn3(be);
+		return -1;
+	}
+	be->done_fa = xcalloc(1, sizeof *be->done_fa);
+	fa_init(be->done_fa);
+	for (size_t i = 0; i < n; i++)
+		fa_add(be->done_fa, &v[i]);
+	fa_close(be->done_fa);
+	be->done_v = v;
+	be->done_n = n;
+	be->done_hist = hist;
+	be->done_tries = 1;
+	if (!done_send(be, c)) {
+		pg_done_forget(be);
+		if (!apart)
+			return pg_fail(s, NULL, "complete", err);
+		return pg_side_failed(s, be->conn3, pg_close_conn3, NULL, "complete", err);
+	}
+	if (apart)
+		be->job3 = PG_COMPLETE;
+	else
+		be->job = PG_COMPLETE;
+	return 0;
+}
+
+/* The completion out failed (res: its error, or NULL: the connection
+ * broke): reported, and the third connection closed if it broke. */
+static void
+done_failed(struct rb_store *s, const PGresult *res)
+{
+	struct pg_be *be = pg_be(s);
+	struct rb_error err = { 0 };
+	PGconn *c = done_conn(be);
+	bool apart = be->job3 == PG_COMPLETE;
+
+	pg_fail_on(s, c, res, "complete", &err);
+	pg_done_forget(be);
+	if (apart && be->conn3 != NULL && PQstatus(be->conn3) != CONNECTION_OK)
+		pg_close_conn3(be);
+	rb_evq_failed(&s->evq, RB_STORE_COMPLETED, 0, &err);
+}
+
+bool
+pg_done_answer(struct rb_store *s, bool wait)
+{
+	struct pg_be *be = pg_be(s);
+
+	for (;;) {
+		PGconn *c = done_conn(be);
+		PGresult *res;
+		struct rb_error err = { 0 };
+		int got = pg_take_result(c, wait, &res);
+
+		if (got == RB_CLAIM_PENDING)
+			return false;
+		if (got < 0) {
+			done_failed(s, NULL);
+			return true;
+		}
+		if (res != NULL && PQresultStatus(res) == PGRES_TUPLES_OK) {
+			struct rb_result *v = be->done_v;
+			size_t n = be->done_n;
+			int rc;
+
+			/* (the positions of the rows deleted; one not deleted is
+			 * lost, missing when it is gone: asked on the same connection) */
+			rc = complete_outcomes(s, c, v, NULL, n, res, &err);
+			PQclear(res);
+			pg_done_forget(be);
+			if (rc < 0)
+				rb_evq_failed(&s->evq, RB_STORE_COMPLETED, 0, &err);
+			else
+				rb_evq_push(&s->evq, &(struct rb_store_event){ .kind = RB_STORE_COMPLETED,
+				    .results = v, .nresults = n });
+			return true;
+		}
+		/* a deadlock or serialization failure: the statement runs again, as pg_run() does */
+		if (pg_retryable(res) && be->done_tries < 5) {
+			PQclear(res);
+			be->done_tries++;
+			if (!done_send(be, c)) {
+				done_failed(s, NULL);
+				return true;
+			}
+			continue;
+		}
+		done_failed(s, res);
+		PQclear(res);
+		return true;
+	}
 }
 
 /* Complete one result with the caller's SQL in the same transaction: 0

@@ -34,9 +34,28 @@
 
 struct pg_fence;	/* a completion's fence arrays (store_pg_complete.c) */
 
+/* What a connection has out (pgqd's DbState): one statement at a time. */
+enum pg_job {
+	PG_IDLE,
+	PG_CLAIM,	/* the main connection: a claim (relaybus_claim or _ids) */
+	PG_FETCH,	/* the second: the events of what a claim took */
+	PG_COMPLETE,	/* the main or the third: a completion of successes */
+};
+
+/* Deliveries a claim took whose events are not read yet (owned). */
+struct pg_claimed {
+	struct rb_dl	**v;
+	size_t		 n;
+};
+
 struct pg_be {
 	PGconn	*conn;
 	bool	 listening;
+	char	*wake_for;	/* rb_store_listen's handler; NULL: any */
+	bool	 woken;		/* a notification for it came, not reported yet */
+	/* how many connections the calls without waiting may use (1..3):
+	 * $RELAYBUS_PG_CONNECTIONS, else 2 (pg_connections) */
+	int	 connections;
 	int	 history;	/* -1 unknown, 0 no completion history, 1 yes */
 	/* rendered statements, built once per store (pg_statements in store_pg.c) */
 	char	*q_publish, *q_claim, *q_claim_ids, *q_fetch, *q_extend, *q_complete, *q_complete_hist,
@@ -69,6 +88,20 @@ struct pg_be {
 	PGconn	*conn3;
 	unsigned prepared3;
 	bool	 complete_apart;	/* the completion out is on conn3 */
+
+	/* ---- the calls without waiting (rb_store_claim_start and the rest) ---- */
+	enum pg_job job, job2, job3;	/* what conn, conn2 and conn3 have out */
+	/* the claim out on conn (job PG_CLAIM): its parameters (above), and
+	 * whether it reads the events on conn2 (relaybus_claim_ids) */
+	bool	 claim_ids;
+	struct pg_claimed fetch;	/* being read on conn2 (job2 PG_FETCH) ... */
+	struct pg_claimed waiting;	/* ... and the next, waiting for conn2 */
+	/* the completion out on conn or conn3 (job or job3 PG_COMPLETE) */
+	struct rb_result *done_v;	/* the caller's */
+	size_t	 done_n;
+	bool	 done_hist;
+	int	 done_tries;
+	struct pg_fence *done_fa;	/* its parameters, kept for a retry */
 };
 
 /* store_pg.c: the backend's slots */
@@ -236,6 +269,32 @@ int	pg_relinquish_owner(struct rb_store *, const char *handler, const char *owne
 int	pg_relinquish_leases(struct rb_store *, const struct rb_result *, size_t, struct rb_error *);
 /** Close the second connection and forget the fetch out on it. */
 void	pg_close_conn2(struct pg_be *);
+/* the calls without waiting: store_pg.c, and the parts by file */
+int	pg_pollfds(struct rb_store *, struct pollfd *, int max, int *timeout_ms);
+void	pg_service(struct rb_store *);
+bool	pg_claim_ready(const struct rb_store *);
+bool	pg_complete_ready(const struct rb_store *);
+/** How many connections the calls without waiting may use now (1..3). */
+int	pg_connections(const struct rb_store *);
+/** Take the answer out on the main connection (waiting for it), so that a
+ * statement can go there; what it says is pushed onto s->evq. */
+void	pg_settle(struct rb_store *);
+/* store_pg_claim.c */
+int	pg_claim_start(struct rb_store *, const struct rb_claim_opts *, bool wait, struct rb_error *);
+/** The answer of the claim out on conn (PG_CLAIM): true when it came (and
+ * was pushed), false when not yet (only without wait). */
+bool	pg_claim_answer(struct rb_store *, bool wait);
+/** The answer of the fetch out on conn2 (PG_FETCH). */
+bool	pg_fetch_answer(struct rb_store *, bool wait);
+/** Forget what is claimed and not read (the deliveries freed). */
+void	pg_fetch_forget(struct pg_be *);
+/* store_pg_complete.c */
+int	pg_complete_start(struct rb_store *, const struct rb_complete_opts *, struct rb_result *, size_t,
+	    bool wait, struct rb_error *);
+/** The answer of the completion out on conn or conn3 (PG_COMPLETE). */
+bool	pg_done_answer(struct rb_store *, bool wait);
+/** Forget the completion out (its arrays freed). */
+void	pg_done_forget(struct pg_be *);
 /* store_pg_complete.c */
 int	pg_complete(struct rb_store *, const struct rb_complete_opts *, struct rb_result *, size_t,
 	    struct rb_error *);

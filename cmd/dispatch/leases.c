@@ -85,7 +85,7 @@ try_reconnect(struct dispatcher *dp, int64_t now)
 {
 	struct rb_error err = { 0 };
 
-	if (rb_store_reconnect(dp->store, &err) < 0 || rb_store_listen(dp->store, &err) < 0) {
+	if (rb_store_reconnect(dp->store, &err) < 0 || rb_store_listen(dp->store, dp->opt.handler, &err) < 0) {
 		rb_debug("reconnect: %s", err.msg);
 		dp->reconnect_at = now + dp->reconnect_backoff;
 		dp->reconnect_backoff = dp->reconnect_backoff * 2 > 5000 ? 5000 : dp->reconnect_backoff * 2;

@@ -252,7 +252,7 @@ run(struct dispatcher *dp)
 	int exit_code = RB_EXIT_OK;
 	struct rb_error err = { 0 };
 
-	if (rb_store_listen(dp->store, &err) < 0)
+	if (rb_store_listen(dp->store, dp->opt.handler, &err) < 0)
 		db_error(dp, &err, "listen");
 	if (dp->opt.stats_ms > 0)
 		dp->next_stats = last_stats + dp->opt.stats_ms;

@@ -8,6 +8,7 @@
  */
 #include "config.h"
 
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,7 +100,7 @@ test_unsupported(void)
 	TRY("relinquish", rb_store_relinquish(&s, "h", "o", &err));
 	TRY("relinquish_owner", rb_store_relinquish_owner(&s, "h", "o", &err));
 	TRY("relinquish_leases", rb_store_relinquish_leases(&s, res, 1, &err));
-	TRY("listen", rb_store_listen(&s, &err));
+	TRY("listen", rb_store_listen(&s, "h", &err));
 	TRY("notified", rb_store_notified(&s, NULL, 0, &err));
 	TRY("admin_stats", rb_admin_stats(&s, &out, &err));
 	TRY("admin_list", rb_admin_list(&s, &f, &out, &err));
@@ -110,12 +111,186 @@ test_unsupported(void)
 	TRY("admin_subscriptions", rb_admin_subscriptions(&s, NULL, &out, &err));
 	TRY("inspect_sample", rb_inspect_sample(&s, &out, &err));
 	ok(out == NULL, "inspect_sample: out-parameter NULL");
+	TRY("claim", rb_store_claim_start(&s, &co, &err));
+	TRY("complete", rb_store_complete_start(&s, &cpo, res, 1, &err));
 #undef TRY
 	ok(rb_store_socket(&s) == -1 && rb_store_fetch_socket(&s) == -1 &&
 	    rb_store_complete_socket(&s) == -1, "no socket slots: -1, no error");
 	ok(!rb_store_broken(&s), "no broken slot: not broken");
 	is_str(rb_store_backend(&s), "bare", "the backend's name");
 	json_decref(arr);
+}
+
+/* ---- the face without waiting, over a backend that only does things at once ---- */
+
+static int sync_claims, sync_fail;
+
+static struct rb_dl *
+fake_dl(int64_t id, const char *event_id)
+{
+	struct rb_delivery_fields f = { .id = "0", .event_id = event_id, .handler = "h", .name = "n",
+	    .payload = "{}", .headers = "{}", .created_at = "2026-01-31T12:00:00Z", .lane = 7,
+	    .epoch = 1, .claims = 2 };
+	struct rb_sbuf b;
+	struct rb_dl *d = rb_dl_new(&f);
+
+	rb_sb_init(&b);
+	rb_dl_fill(d, &f, &b);
+	free(b.s);
+	d->id = id;
+	return d;
+}
+
+static int
+sync_claim(struct rb_store *s, const struct rb_claim_opts *o, struct rb_dl ***out, struct rb_error *err)
+{
+	(void)s;
+	if (sync_fail)
+		return rb_seterr(err, RB_EXIT_TEMPFAIL, "down");
+	sync_claims++;
+	*out = xcalloc(2, sizeof **out);
+	(*out)[0] = fake_dl(1, "e1");
+	(*out)[1] = fake_dl(2, "e2");
+	return o->batch < 2 ? o->batch : 2;
+}
+
+static int
+sync_complete(struct rb_store *s, const struct rb_complete_opts *o, struct rb_result *v, size_t n,
+    struct rb_error *err)
+{
+	(void)s;
+	(void)o;
+	(void)err;
+	for (size_t i = 0; i < n; i++)
+		v[i].outcome = v[i].verdict == RB_VERDICT_OK ? RB_OUTCOME_COMPLETED : RB_OUTCOME_RESCHEDULED;
+	return 0;
+}
+
+static const char *const sync_schemes[] = { "sync", NULL };
+
+static const struct rb_store_ops sync_ops = {
+	.name = "sync", .schemes = sync_schemes, .version = bare_version, .open = bare_open,
+	.close = bare_close, .claim = sync_claim, .complete = sync_complete,
+};
+
+static void
+free_dls(struct rb_dl **v, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		rb_dl_free(v[i]);
+	free(v);
+}
+
+static void
+test_emulated(void)
+{
+	struct rb_store s = { .ops = &sync_ops, .schema = "public" };
+	struct rb_claim_opts co = { .handler = "h", .owner = "o", .batch = 2, .lease_ms = 1000,
+	    .max_attempts = 1 };
+	struct rb_complete_opts cpo = { .max_attempts = 1 };
+	struct rb_store_event ev;
+	struct rb_error err = { 0 };
+	struct rb_result res[2];
+	struct pollfd pfd[3];
+	int timeout = 500;
+
+	ok(rb_store_claim_ready(&s) && rb_store_complete_ready(&s), "always ready");
+	ok(rb_store_pollfds(&s, pfd, 3, &timeout) == 0 && timeout == 500, "nothing to poll, nothing to report");
+	ok(rb_store_service(&s, &ev) == 0, "service: nothing");
+	ok(rb_store_claim_start(&s, &co, &err) == 0 && sync_claims == 1, "claim_start runs the claim at once");
+	ok(rb_store_pollfds(&s, pfd, 3, &timeout) == 0 && timeout == 0, "then no descriptor, but no wait either");
+	ok(rb_store_service(&s, &ev) == 1 && ev.kind == RB_STORE_CLAIMED && ev.claimed == 2 && ev.n == 2 &&
+	    ev.v[1]->id == 2, "service reports CLAIMED with the deliveries");
+	ok(rb_store_service(&s, &ev) == 0, "and nothing after it");
+	{
+		struct rb_store_event got = ev;
+
+		res[0] = rb_result_of(got.v[0], RB_VERDICT_OK);
+		res[1] = rb_result_of(got.v[1], RB_VERDICT_FAIL);
+		ok(rb_store_complete_start(&s, &cpo, res, 2, &err) == 0, "complete_start runs the completion at once");
+		ok(rb_store_service(&s, &ev) == 1 && ev.kind == RB_STORE_COMPLETED && ev.results == res &&
+		    ev.nresults == 2 && res[0].outcome == RB_OUTCOME_COMPLETED &&
+		    res[1].outcome == RB_OUTCOME_RESCHEDULED, "service reports COMPLETED, the outcomes filled in");
+		free_dls(got.v, got.n);
+	}
+	co.batch = 1;
+	sync_fail = 1;
+	memset(&err, 0, sizeof err);
+	ok(rb_store_claim_start(&s, &co, &err) == -1 && err.exit_code == RB_EXIT_TEMPFAIL &&
+	    rb_store_service(&s, &ev) == 0, "a claim that fails at once: -1 from start, nothing reported");
+	sync_fail = 0;
+	{
+		struct rb_dl **v;
+
+		ok(rb_store_claim(&s, &co, &v, &err) == 1 && v[0]->id == 1, "rb_store_claim: the slot itself");
+		free_dls(v, 2);
+	}
+	rb_evq_free(&s.evq);
+}
+
+/* ---- the synchronous calls over a backend that only starts things ------- */
+
+static int
+async_claim_start(struct rb_store *s, const struct rb_claim_opts *o, bool wait, struct rb_error *err)
+{
+	struct rb_store_event ev = { .kind = RB_STORE_CLAIMED, .claimed = 1, .n = 1 };
+
+	(void)o;
+	(void)err;
+	ev.v = xcalloc(1, sizeof *ev.v);
+	ev.v[0] = fake_dl(wait ? 10 : 20, "e3");
+	rb_evq_push(&s->evq, &ev);
+	return 0;
+}
+
+static int
+async_complete_start(struct rb_store *s, const struct rb_complete_opts *o, struct rb_result *v, size_t n,
+    bool wait, struct rb_error *err)
+{
+	struct rb_store_event ev = { .kind = RB_STORE_COMPLETED, .results = v, .nresults = n };
+
+	(void)o;
+	(void)wait;
+	(void)err;
+	for (size_t i = 0; i < n; i++)
+		v[i].outcome = RB_OUTCOME_BURIED;
+	rb_evq_push(&s->evq, &ev);
+	return 0;
+}
+
+static const struct rb_store_ops async_ops = {
+	.name = "async", .schemes = sync_schemes, .version = bare_version, .open = bare_open,
+	.close = bare_close, .claim_start = async_claim_start, .complete_start = async_complete_start,
+};
+
+static void
+test_sync_over_async(void)
+{
+	struct rb_store s = { .ops = &async_ops, .schema = "public" };
+	struct rb_claim_opts co = { .handler = "h", .owner = "o", .batch = 2, .lease_ms = 1000,
+	    .max_attempts = 1 };
+	struct rb_complete_opts cpo = { .max_attempts = 1 };
+	struct rb_store_event ev;
+	struct rb_error err = { 0 };
+	struct rb_result r;
+	struct rb_dl **v;
+
+	rb_evq_push(&s.evq, &(struct rb_store_event){ .kind = RB_STORE_WOKEN });
+	ok(rb_store_claim_start(&s, &co, &err) == 0, "a claim started (not waited for)");
+	ok(rb_store_claim(&s, &co, &v, &err) == 1 && v[0]->id == 10, "rb_store_claim: start with wait, its answer");
+	r = rb_result_of(v[0], RB_VERDICT_DEAD);
+	ok(rb_store_complete(&s, &cpo, &r, 1, &err) == 0 && r.outcome == RB_OUTCOME_BURIED,
+	    "rb_store_complete: start with wait, its outcomes");
+	ok(rb_store_service(&s, &ev) == 1 && ev.kind == RB_STORE_WOKEN, "what came before is still reported, in order");
+	ok(rb_store_service(&s, &ev) == 1 && ev.kind == RB_STORE_CLAIMED && ev.v[0]->id == 20,
+	    "the started claim's answer too");
+	free_dls(ev.v, ev.n);
+	ok(rb_store_service(&s, &ev) == 0, "the waited-for answers are not reported again");
+	free_dls(v, 1);
+	rb_evq_push(&s.evq, &(struct rb_store_event){ .kind = RB_STORE_CLAIMED, .claimed = 1, .n = 1,
+	    .v = xcalloc(1, sizeof *ev.v) });
+	s.evq.v[s.evq.head].v[0] = fake_dl(30, "e4");
+	rb_evq_free(&s.evq);	/* (its deliveries freed: valgrind and ASan say so) */
 }
 
 /* ---- the backend of a URL, for the set-up script ------------------------ */
@@ -285,6 +460,8 @@ int
 main(void)
 {
 	test_unsupported();
+	test_emulated();
+	test_sync_over_async();
 	test_setup_script();
 	test_backends();
 	test_delivery_line();
