@@ -190,7 +190,7 @@ main(int argc, char **argv)
 		}
 		int64_t left = deadline - rb_mono_ms();
 		int wait = (int)(left < opt.poll_ms ? left : opt.poll_ms);
-		if (wait > 0 && rb_store_notified(store, opt.handler, wait, &err) < 0)
+		if (wait > 0 && rb_store_notified(store, wait, &err) < 0)
 			goto fail;
 	}
 	if (n == 0) {

@@ -56,10 +56,8 @@ static const char usage_str[] =
 "                         the other, each once the previous one is completed\n"
 "                         (default 32 with --pipe, else 8)\n"
 "      --procs N          --pipe co-processes (default 1)\n"
-"      --connections N    2: read the events of what a claim took on a second database\n"
-"                         connection while the next claim runs (default); 3: and\n"
-"                         complete on a third, beside the claims; 1: one connection,\n"
-"                         less CPU in all\n"
+"      --connections N    deprecated: RELAYBUS_PG_CONNECTIONS=N for this process (1, 2\n"
+"                         or 3 database connections; relaybus(7))\n"
 "  -l, --lease DUR        lane lease, renewed every third of it (default 30s)\n"
 "  -t, --timeout DUR      kill (--exec) or fail (--pipe) an attempt after DUR (default 5m)\n"
 "      --grace DUR        on SIGTERM/SIGINT, let running handlers finish for DUR (default 30s)\n"
@@ -89,7 +87,8 @@ enum { OPT_EXEC = RB_OPT_FIRST_PROGRAM, OPT_PIPE, OPT_SQL, OPT_PROCS, OPT_GRACE,
 static struct options {
 	struct rb_common	common;
 	struct dispatch_opts	dispatch;
-} opt = { .dispatch = { .concurrency = 0, .batch = 0, .chain = 0, .procs = 1, .conns = 2,
+	int			connections;	/* --connections (deprecated): the store's setting */
+} opt = { .dispatch = { .concurrency = 0, .batch = 0, .chain = 0, .procs = 1,
 	  .lease_ms = RB_DEFAULT_LEASE_MS, .timeout_ms = 5 * 60 * 1000, .grace_ms = 30000,
 	  .poll_ms = 1000, .window_ms = 2,
 	  .complete = { .max_attempts = RB_DEFAULT_MAX_ATTEMPTS,
@@ -167,7 +166,7 @@ parse_args(int argc, char **argv)
 			o->chain = rb_cli_int(usage_str, "--chain", optarg, 1, 1000);
 			break;
 		case OPT_CONNS:
-			o->conns = rb_cli_int(usage_str, "--connections", optarg, 1, 3);
+			opt.connections = rb_cli_int(usage_str, "--connections", optarg, 1, 3);
 			break;
 		case OPT_PROCS:
 			o->procs = rb_cli_int(usage_str, "--procs", optarg, 1, 1000);
@@ -252,6 +251,8 @@ main(int argc, char **argv)
 	dp = dispatcher_new(&opt.dispatch);
 	setup_signals();
 	store = rb_cli_open(&opt.common);
+	if (opt.connections > 0)
+		rb_store_set_connections(store, opt.connections);
 	exit_code = dispatcher_run(dp, store);
 	rb_store_close(store);
 	dispatcher_free(dp);

@@ -150,9 +150,6 @@ struct rb_claim_opts {
 	 * head of each key).  They come in sequence order; the caller must run
 	 * each only after the previous one's completion committed. */
 	int		 chain;
-	/* claim only: rb_store_claim_recv's deliveries come without their
-	 * events (not fetched), for rb_store_fetch_send */
-	bool		 apart;
 };
 #define RB_LINE_TEXT_KEY	"_line"
 
@@ -247,51 +244,6 @@ int	rb_result_validate(const json_t *result, struct rb_error *err);
  */
 int	rb_store_claim(struct rb_store *, const struct rb_claim_opts *, struct rb_dl ***deliveries,
 	    struct rb_error *err);
-
-/**
- * rb_store_claim in two steps, so that a program can serve its handlers
- * while the database works on the claim: send it, then collect it when
- * the store's socket is readable (or waiting).  While a claim is out, the
- * store takes no other call but rb_store_notified and rb_store_socket.
- * recv returns the number claimed (the deliveries, as rb_dl, in an array
- * the caller frees with them), -1, or RB_CLAIM_PENDING when wait is false
- * and the answer has not arrived.  A deadlock or serialization failure is
- * retried, as rb_store_claim does.
- */
-#define RB_CLAIM_PENDING (-2)
-int	rb_store_claim_send(struct rb_store *, const struct rb_claim_opts *, struct rb_error *err);
-int	rb_store_claim_recv(struct rb_store *, bool wait, struct rb_dl ***deliveries, struct rb_error *err);
-
-/**
- * Read the events of the n deliveries that a claim sent with
- * rb_claim_opts.apart took, on a second connection of the store's (opened
- * on first use, closed with the first), so that reading the events runs
- * beside the next claim instead of inside it.  One at a time; the array
- * and the deliveries stay the caller's and must outlive the fetch.  recv
- * fills in each one's key and text, and sets fetched (not for one whose
- * event is gone); it returns the number fetched, -1, or RB_CLAIM_PENDING.
- * rb_store_fetch_socket: the socket to poll while one is out, else -1.
- */
-int	rb_store_fetch_send(struct rb_store *, struct rb_dl *const *claimed, size_t n, struct rb_error *err);
-int	rb_store_fetch_recv(struct rb_store *, bool wait, struct rb_error *err);
-int	rb_store_fetch_socket(const struct rb_store *);
-
-/**
- * Complete n results that all succeeded (no --sql) in two steps, as the
- * claim (rb_store_claim_send): one statement, sent now, its outcomes
- * collected later into the results (completed or lost).  The results stay
- * the caller's and must outlive it.  While it is out the store takes no
- * other call but rb_store_notified and rb_store_socket.  recv returns 0,
- * -1, or RB_CLAIM_PENDING.  apart: on a third connection of the store's
- * (opened on first use, closed with the first), so that it runs beside a
- * claim, and the store takes every other call meanwhile but another
- * completion; rb_store_complete_socket is then the socket to poll for its
- * answer (else -1).
- */
-int	rb_store_complete_send(struct rb_store *, struct rb_result *v, size_t n, bool apart,
-	    struct rb_error *err);
-int	rb_store_complete_recv(struct rb_store *, bool wait, struct rb_error *err);
-int	rb_store_complete_socket(const struct rb_store *);
 
 /** Renew the lease of every lane held by owner for handler.  Returns lanes renewed, or -1. */
 int	rb_store_extend(struct rb_store *, const char *handler, const char *owner, int64_t lease_ms,
@@ -436,14 +388,11 @@ void	rb_store_set_connections(struct rb_store *, int n);
 /** Ask to be woken by new deliveries for handler (NULL: any), through
  * rb_store_notified and RB_STORE_WOKEN. */
 int	rb_store_listen(struct rb_store *, const char *handler, struct rb_error *err);
-/** The connection's socket, for poll(2); -1 when not connected. */
-int	rb_store_socket(const struct rb_store *);
 /**
- * Consume pending notifications after the socket became readable (or with
- * timeout_ms > 0, wait up to that long).  Returns 1 when a notification for
- * handler (NULL: any) arrived, 0 if none, -1 on error.
+ * Wait up to timeout_ms (0: not at all) for a wake-up (rb_store_listen):
+ * 1 when one came, 0 if none, -1 on error (the connection lost).  Not
+ * while a claim or completion started without waiting is out.
  */
-int	rb_store_notified(struct rb_store *, const char *handler, int timeout_ms,
-	    struct rb_error *err);
+int	rb_store_notified(struct rb_store *, int timeout_ms, struct rb_error *err);
 
 #endif

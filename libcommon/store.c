@@ -9,6 +9,8 @@
  */
 #include "config.h"
 
+#include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -370,48 +372,11 @@ rb_store_set_connections(struct rb_store *s, int n)
 	s->connections = n >= 1 && n <= 3 ? n : 0;
 }
 
-int
-rb_store_claim_send(struct rb_store *s, const struct rb_claim_opts *o, struct rb_error *err)
-{
-	NEED_OP(s, claim_send, err);
-	if (claim_opts_check(o, err) < 0)
-		return -1;
-	return s->ops->claim_send(s, o, err);
-}
 
-int
-rb_store_claim_recv(struct rb_store *s, bool wait, struct rb_dl ***out, struct rb_error *err)
-{
-	*out = NULL;
-	NEED_OP(s, claim_recv, err);
-	return s->ops->claim_recv(s, wait, out, err);
-}
 
-int
-rb_store_fetch_send(struct rb_store *s, struct rb_dl *const *claimed, size_t n, struct rb_error *err)
-{
-	NEED_OP(s, fetch_send, err);
-	return s->ops->fetch_send(s, claimed, n, err);
-}
 
-int
-rb_store_fetch_recv(struct rb_store *s, bool wait, struct rb_error *err)
-{
-	NEED_OP(s, fetch_recv, err);
-	return s->ops->fetch_recv(s, wait, err);
-}
 
-int
-rb_store_fetch_socket(const struct rb_store *s)
-{
-	return s->ops->fetch_socket != NULL ? s->ops->fetch_socket(s) : -1;
-}
 
-int
-rb_store_complete_socket(const struct rb_store *s)
-{
-	return s->ops->complete_socket != NULL ? s->ops->complete_socket(s) : -1;
-}
 
 int
 rb_store_extend(struct rb_store *s, const char *handler, const char *owner, int64_t lease_ms,
@@ -466,20 +431,7 @@ rb_store_complete_start(struct rb_store *s, const struct rb_complete_opts *o, st
 	return 0;
 }
 
-int
-rb_store_complete_send(struct rb_store *s, struct rb_result *v, size_t n, bool apart, struct rb_error *err)
-{
-	NEED_OP(s, complete_send, err);
-	outcomes_reset(v, n);
-	return s->ops->complete_send(s, v, n, apart, err);
-}
 
-int
-rb_store_complete_recv(struct rb_store *s, bool wait, struct rb_error *err)
-{
-	NEED_OP(s, complete_recv, err);
-	return s->ops->complete_recv(s, wait, err);
-}
 
 int
 rb_store_relinquish(struct rb_store *s, const char *handler, const char *owner, struct rb_error *err)
@@ -510,18 +462,36 @@ rb_store_listen(struct rb_store *s, const char *handler, struct rb_error *err)
 	return s->ops->listen(s, handler, err);
 }
 
+/* (over the face without waiting: a backend without descriptors sleeps) */
 int
-rb_store_socket(const struct rb_store *s)
+rb_store_notified(struct rb_store *s, int timeout_ms, struct rb_error *err)
 {
-	return s->ops->socket != NULL ? s->ops->socket(s) : -1;
+	struct pollfd pfd[4];
+	struct rb_store_event ev;
+	struct rb_evq other = { 0 };
+	int n, hit = 0, timeout = timeout_ms > 0 ? timeout_ms : 0;
+
+	n = rb_store_pollfds(s, pfd, 4, &timeout);
+	if (timeout > 0 || n > 0) {
+		if (poll(pfd, (nfds_t)n, timeout) < 0 && errno != EINTR)
+			return rb_seterr(err, RB_EXIT_OSERR, "poll: %s", strerror(errno));
+	}
+	while (rb_store_service(s, &ev) > 0) {
+		if (ev.kind == RB_STORE_WOKEN)
+			hit = 1;
+		else if (ev.kind == RB_STORE_FAILED && hit >= 0) {
+			*err = ev.err;
+			hit = -1;
+		} else if (ev.kind != RB_STORE_FAILED)
+			rb_evq_push(&other, &ev);	/* (not ours: kept, in order) */
+	}
+	while (rb_evq_pop(&other, &ev))
+		rb_evq_push(&s->evq, &ev);
+	free(other.v);
+	return hit;
 }
 
-int
-rb_store_notified(struct rb_store *s, const char *handler, int timeout_ms, struct rb_error *err)
-{
-	NEED_OP(s, notified, err);
-	return s->ops->notified(s, handler, timeout_ms, err);
-}
+
 
 /* ---- rb_admin.h ---------------------------------------------------------- */
 

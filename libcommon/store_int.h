@@ -23,6 +23,10 @@
  * Makefile.am (under the configure conditional of its client library, as
  * HAVE_MONGO is for libmongoc).  Its records go through rb_records.h, so that its delivery
  * lines, validation messages and error text are those of every backend.
+ * What rb-dispatch needs of it: claim and complete (the front then offers
+ * the face that does not wait over them), or that face's own slots
+ * (claim_start, complete_start, pollfds, service: a backend that overlaps
+ * its work); and extend, relinquish, relinquish_owner, listen, reconnect.
  */
 #ifndef STORE_INT_H
 #define STORE_INT_H
@@ -86,28 +90,11 @@ struct rb_store_ops {
 	 * rb_dl, each fetched (rb_dl_new, rb_dl_fill).  Returns n. */
 	int	(*claim)(struct rb_store *s, const struct rb_claim_opts *o, struct rb_dl ***out,
 		    struct rb_error *err);
-	/* rb_store_claim_send/recv (rb_store.h): send the claim, collect it
-	 * later (wait false: RB_CLAIM_PENDING until it arrived); recv gives a
-	 * new array of new rb_dl (rb_dl_new/rb_dl_fill), the caller's. */
-	int	(*claim_send)(struct rb_store *s, const struct rb_claim_opts *o, struct rb_error *err);
-	int	(*claim_recv)(struct rb_store *s, bool wait, struct rb_dl ***deliveries,
-		    struct rb_error *err);
-	/* rb_store_fetch_send/recv/socket: read the events of n deliveries a
-	 * claim took with o->apart (the array and its rb_dl stay the caller's
-	 * and outlive the fetch); recv fills them in (rb_dl_fill). */
-	int	(*fetch_send)(struct rb_store *s, struct rb_dl *const *claimed, size_t n,
-		    struct rb_error *err);
-	int	(*fetch_recv)(struct rb_store *s, bool wait, struct rb_error *err);
-	/* the socket to poll while a fetch is out, else -1 (no error) */
-	int	(*fetch_socket)(const struct rb_store *s);
-	/* rb_store_complete_send/recv/socket: complete n OK results in one
-	 * statement, collected later; v stays the caller's and outlives it;
-	 * recv fills in each one's outcome (completed or lost) and missing. */
-	int	(*complete_send)(struct rb_store *s, struct rb_result *v, size_t n, bool apart,
-		    struct rb_error *err);
-	int	(*complete_recv)(struct rb_store *s, bool wait, struct rb_error *err);
-	/* the socket to poll while a completion is out apart, else -1 */
-	int	(*complete_socket)(const struct rb_store *s);
+	/* Apply n results in order (rb_store.h rb_store_complete): fills in
+	 * each one's outcome, missing, attempts and sql_error (the front has
+	 * reset them: LOST, false, -1, NULL). */
+	int	(*complete)(struct rb_store *s, const struct rb_complete_opts *o, struct rb_result *v,
+		    size_t n, struct rb_error *err);
 	/*
 	 * The delivery path without waiting (rb_store_claim_start and the
 	 * rest, rb_store.h).  What a backend has to report it pushes onto
@@ -117,7 +104,10 @@ struct rb_store_ops {
 	 * them at the next rb_store_service, with no descriptor to poll.
 	 * With them, the front's rb_store_claim and rb_store_complete are
 	 * claim_start and complete_start with wait set, whose event (pushed
-	 * last) the front takes off the queue.
+	 * last) the front takes off the queue, and claim and complete may be
+	 * NULL.  Every other slot may be called while something started is
+	 * out: a backend that needs the connection it is on takes that
+	 * answer first (and pushes what it says).
 	 */
 	/* Start a claim (o checked by the front, and copied here if kept).
 	 * wait: the caller waits for its answer (rb_store_claim): nothing is
@@ -141,11 +131,6 @@ struct rb_store_ops {
 	/* Read what has come, without waiting, and push an event for each
 	 * thing done.  Called by the front when s->evq is empty. */
 	void	(*service)(struct rb_store *s);
-	/* Apply n results in order (rb_store.h rb_store_complete): fills in
-	 * each one's outcome, missing, attempts and sql_error (the front has
-	 * reset them: LOST, false, -1, NULL). */
-	int	(*complete)(struct rb_store *s, const struct rb_complete_opts *o, struct rb_result *v,
-		    size_t n, struct rb_error *err);
 	/* Renew every lane of handler held by owner for lease_ms; lanes renewed. */
 	int	(*extend)(struct rb_store *s, const char *handler, const char *owner, int64_t lease_ms,
 		    struct rb_error *err);
@@ -163,14 +148,9 @@ struct rb_store_ops {
 	/* ---- wake-up ------------------------------------------------------ */
 
 	/* Ask to be woken by new deliveries of s->schema for handler (NULL:
-	 * any): RB_STORE_WOKEN events, rb_store_notified. */
+	 * any): the backend then pushes RB_STORE_WOKEN from service (the front's
+	 * rb_store_notified waits for one over pollfds and service). */
 	int	(*listen)(struct rb_store *s, const char *handler, struct rb_error *err);
-	/* The connection's socket for poll(2), -1 when there is none. */
-	int	(*socket)(const struct rb_store *s);
-	/* Consume wake-ups (timeout_ms > 0: wait that long first): 1 when one
-	 * for handler (NULL: any) came, 0 if none, -1 on error. */
-	int	(*notified)(struct rb_store *s, const char *handler, int timeout_ms,
-		    struct rb_error *err);
 
 	/* ---- rb_admin.h: the front has set the out-parameter to NULL ------ */
 

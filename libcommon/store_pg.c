@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * store_pg.c: the PostgreSQL backend's ops table (rb_store_pg_ops) and its
- * connection: open, close, reconnect, LISTEN/NOTIFY, libpq's version.  The work is in the
+ * connections: open, close, reconnect, LISTEN/NOTIFY, libpq's version, and
+ * for the calls without waiting what to poll and what came (pg_pollfds,
+ * pg_service), each connection with what it has out (enum pg_job).  The work is in the
  * files by job (store_pg_int.h lists them) over one exec/error layer
  * (store_pg_exec.c); the set-up script and the server-side functions
  * (publish, claim, fail) are in schema_pg.sql.  The hot path is one round
@@ -109,7 +111,6 @@ pg_close(struct rb_store *s)
 	pg_close_conn2(be);
 	pg_close_conn3(be);
 	pg_complete_forget(be);
-	pg_done_forget(be);
 	free(be->wake_for);
 	free(be->claim_live.s);
 	free(be->claim_live_lanes.s);
@@ -142,9 +143,7 @@ pg_reconnect(struct rb_store *s, struct rb_error *err)
 	pg_close_conn2(be);
 	pg_close_conn3(be);
 	be->history = -1;
-	be->claim_pending = false;
 	pg_complete_forget(be);
-	pg_done_forget(be);
 	be->job = PG_IDLE;
 	be->woken = false;
 	if (pg_connect(s, err) < 0)
@@ -199,7 +198,7 @@ pg_settle(struct rb_store *s)
 		if (be->job == PG_CLAIM)
 			pg_claim_answer(s, true);
 		else
-			pg_done_answer(s, true);
+			pg_complete_answer(s, true);
 }
 
 /* An answer libpq holds already makes no socket readable. */
@@ -247,7 +246,7 @@ pg_service(struct rb_store *s)
 	if (be->job == PG_CLAIM)
 		pg_claim_answer(s, false);
 	else if (be->job == PG_COMPLETE)
-		pg_done_answer(s, false);
+		pg_complete_answer(s, false);
 	else if (PQconsumeInput(be->conn) == 0) {
 		struct rb_error err = { 0 };
 		char msg[300];
@@ -259,7 +258,7 @@ pg_service(struct rb_store *s)
 		return;
 	}
 	if (be->job3 == PG_COMPLETE)
-		pg_done_answer(s, false);
+		pg_complete_answer(s, false);
 	if (be->job2 == PG_FETCH)
 		pg_fetch_answer(s, false);
 	take_notifies(be);
@@ -267,43 +266,6 @@ pg_service(struct rb_store *s)
 		be->woken = false;
 		rb_evq_push(&s->evq, &(struct rb_store_event){ .kind = RB_STORE_WOKEN });
 	}
-}
-
-static int
-pg_socket(const struct rb_store *s)
-{
-	struct pg_be *be = pg_be(s);
-
-	return be != NULL && be->conn != NULL ? PQsocket(be->conn) : -1;
-}
-
-static int
-pg_notified(struct rb_store *s, const char *handler, int timeout_ms, struct rb_error *err)
-{
-	struct pg_be *be = pg_be(s);
-	PGnotify *n;
-	int hit = 0;
-
-	if (timeout_ms > 0) {
-		struct pollfd pfd = { .fd = PQsocket(be->conn), .events = POLLIN };
-		int pr = poll(&pfd, 1, timeout_ms);
-
-		if (pr < 0 && errno != EINTR)
-			return rb_seterr(err, RB_EXIT_OSERR, "poll: %s", strerror(errno));
-	}
-	if (PQconsumeInput(be->conn) == 0) {
-		char msg[300];
-
-		snprintf(msg, sizeof msg, "%s", PQerrorMessage(be->conn));
-		msg[strcspn(msg, "\n")] = '\0';
-		return rb_seterr(err, RB_EXIT_TEMPFAIL, "connection lost: %s", msg);
-	}
-	while ((n = PQnotifies(be->conn)) != NULL) {
-		if (handler == NULL || strcmp(n->extra, handler) == 0)
-			hit = 1;
-		PQfreemem(n);
-	}
-	return hit;
 }
 
 static void
@@ -332,22 +294,12 @@ const struct rb_store_ops rb_store_pg_ops = {
 	.setup_script = pg_setup_script,
 	.publish = pg_publish,
 	.claim = pg_claim,
-	.claim_send = pg_claim_send,
-	.claim_recv = pg_claim_recv,
-	.complete_send = pg_complete_send,
-	.complete_recv = pg_complete_recv,
 	.extend = pg_extend,
 	.complete = pg_complete,
 	.relinquish = pg_relinquish,
 	.relinquish_owner = pg_relinquish_owner,
 	.relinquish_leases = pg_relinquish_leases,
 	.listen = pg_listen,
-	.socket = pg_socket,
-	.fetch_send = pg_fetch_send,
-	.fetch_recv = pg_fetch_recv,
-	.fetch_socket = pg_fetch_socket,
-	.complete_socket = pg_complete_socket,
-	.notified = pg_notified,
 	.claim_start = pg_claim_start,
 	.complete_start = pg_complete_start,
 	.claim_ready = pg_claim_ready,

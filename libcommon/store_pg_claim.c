@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * store_pg_claim.c: claiming (relaybus_claim in one short transaction, at
- * once or in two steps), reading the events of what a claim took on the
- * second connection (rb_store_fetch_*), renewing leases and handing lanes
+ * once or without waiting), reading the events of what a claim took on
+ * the second connection meanwhile (with RELAYBUS_PG_CONNECTIONS 2 or 3:
+ * the claim is then relaybus_claim_ids), renewing leases and handing lanes
  * back.  A claimed row becomes a delivery line, object or rb_dl through
  * delivery.c, the same for every backend.
  */
@@ -183,65 +184,8 @@ pg_claim(struct rb_store *s, const struct rb_claim_opts *o, struct rb_dl ***out,
 	return n;
 }
 
-int
-pg_claim_send(struct rb_store *s, const struct rb_claim_opts *o, struct rb_error *err)
-{
-	struct pg_be *be = pg_be(s);
-	const char *params[9];
-
-	if (be->claim_pending || (be->complete_pending && !be->complete_apart))
-		return rb_seterr(err, RB_EXIT_SOFTWARE, "claim: a statement is in progress already");
-	claim_params(be, o, params);
-	be->claim_tries = 1;
-	be->claim_apart = o->apart;
-	if (!pg_send(be, be->conn, o->apart ? be->q_claim_ids : be->q_claim, 9, params))
-		return pg_send_failed(s, "claim", err);
-	be->claim_pending = true;
-	return 0;
-}
-
-int
-pg_claim_recv(struct rb_store *s, bool wait, struct rb_dl ***out, struct rb_error *err)
-{
-	struct pg_be *be = pg_be(s);
-
-	if (!be->claim_pending)
-		return rb_seterr(err, RB_EXIT_SOFTWARE, "claim: no claim in progress");
-	for (;;) {
-		PGresult *res;
-		int rc = pg_take_result(be->conn, wait, &res);
-
-		if (rc == RB_CLAIM_PENDING)
-			return rc;
-		if (rc < 0)
-			return pg_send_failed(s, "claim", err);
-		be->claim_pending = false;
-		if (res != NULL && PQresultStatus(res) == PGRES_TUPLES_OK) {
-			int n = PQntuples(res);
-
-			*out = be->claim_apart ? claimed_dls(res) : claim_dls(res);
-			PQclear(res);
-			return n;
-		}
-		/* a deadlock or serialization failure: the claim runs again, as pg_run() does */
-		if (pg_retryable(res) && be->claim_tries < 5) {
-			const char *params[9];
-
-			PQclear(res);
-			claim_param_list(be, params);
-			be->claim_tries++;
-			if (!pg_send(be, be->conn, be->claim_apart ? be->q_claim_ids : be->q_claim, 9, params))
-				return pg_send_failed(s, "claim", err);
-			be->claim_pending = true;
-			continue;
-		}
-		pg_fail(s, res, "claim", err);
-		PQclear(res);
-		return -1;
-	}
-}
-
-/* ---- claim without waiting (rb_store_claim_start) --------------------------- */
+/* ---- claim without waiting (rb_store_claim_start), and reading what it
+ * took on the second connection --------------------------------------------- */
 
 static void
 push(struct rb_store *s, struct rb_store_event ev)
@@ -292,7 +236,7 @@ pg_claim_answer(struct rb_store *s, bool wait)
 		PGresult *res;
 		int rc = pg_take_result(be->conn, wait, &res);
 
-		if (rc == RB_CLAIM_PENDING)
+		if (rc == PG_PENDING)
 			return false;
 		be->job = PG_IDLE;
 		if (rc < 0) {
@@ -423,7 +367,7 @@ pg_fetch_answer(struct rb_store *s, bool wait)
 	size_t k = 0;
 	int rc;
 
-	if ((rc = pg_take_result(be->conn2, wait, &res)) == RB_CLAIM_PENDING)
+	if ((rc = pg_take_result(be->conn2, wait, &res)) == PG_PENDING)
 		return false;
 	if (rc < 0 || res == NULL || PQresultStatus(res) != PGRES_TUPLES_OK) {
 		fetch_failed(s, rc < 0 ? NULL : res);
@@ -489,8 +433,8 @@ pg_claim_ready(const struct rb_store *s)
 	return be->job == PG_IDLE && be->waiting.n == 0;
 }
 
-/* ---- reading what a claim took, on the second connection ------------------ */
-
+/* The second and third connections go with the first: closed with it,
+ * and with them whatever was out on them. */
 void
 pg_close_conn2(struct pg_be *be)
 {
@@ -498,108 +442,7 @@ pg_close_conn2(struct pg_be *be)
 		PQfinish(be->conn2);
 	be->conn2 = NULL;
 	be->prepared2 = 0;
-	be->fetch_pending = false;
-	be->fetch_v = NULL;
-	be->fetch_n = 0;
 	pg_fetch_forget(be);
-}
-
-static int
-old_fetch_failed(struct rb_store *s, PGresult *res, struct rb_error *err)
-{
-	struct pg_be *be = pg_be(s);
-
-	be->fetch_pending = false;
-	be->fetch_v = NULL;
-	be->fetch_n = 0;
-	return pg_side_failed(s, be->conn2, pg_close_conn2, res, "fetch", err);
-}
-
-int
-pg_fetch_send(struct rb_store *s, struct rb_dl *const *claimed, size_t n, struct rb_error *err)
-{
-	struct pg_be *be = pg_be(s);
-	struct rb_sbuf ids;
-	const char *params[1];
-	int ok;
-
-	if (be->fetch_pending)
-		return rb_seterr(err, RB_EXIT_SOFTWARE, "fetch: a fetch is in progress already");
-	/* (with enable_seqscan off, as the claim runs: young tables have no
-	 * statistics) */
-	if (pg_open_side(s, &be->conn2, pg_close_conn2, "SET enable_seqscan = off", "fetch", err) < 0)
-		return -1;
-	rb_sb_init(&ids);
-	pg_arr_start(&ids);
-	for (size_t i = 0; i < n; i++)
-		pg_arr_text(&ids, claimed[i]->event_id);
-	pg_arr_end(&ids);
-	params[0] = ids.s;
-	ok = pg_send(be, be->conn2, be->q_fetch, 1, params);
-	free(ids.s);
-	if (!ok)
-		return old_fetch_failed(s, NULL, err);
-	be->fetch_pending = true;
-	be->fetch_v = claimed;
-	be->fetch_n = n;
-	return 0;
-}
-
-int
-pg_fetch_recv(struct rb_store *s, bool wait, struct rb_error *err)
-{
-	struct pg_be *be = pg_be(s);
-	PGresult *res;
-	struct rb_sbuf b;
-	int rc, got = 0;
-
-	if (!be->fetch_pending)
-		return rb_seterr(err, RB_EXIT_SOFTWARE, "fetch: no fetch in progress");
-	if ((rc = pg_take_result(be->conn2, wait, &res)) == RB_CLAIM_PENDING)
-		return rc;
-	if (rc < 0)
-		return old_fetch_failed(s, NULL, err);
-	be->fetch_pending = false;
-	if (res == NULL || PQresultStatus(res) != PGRES_TUPLES_OK) {
-		old_fetch_failed(s, res, err);
-		PQclear(res);
-		return -1;
-	}
-	/* each claimed delivery with its event (one that is gone is left as
-	 * it is): the rows come in any order, each with its place */
-	rb_sb_init(&b);
-	for (int i = 0; i < PQntuples(res); i++) {
-		long o = strtol(PQgetvalue(res, i, 0), NULL, 10);
-		struct rb_dl *d = o >= 1 && (size_t)o <= be->fetch_n ? be->fetch_v[o - 1] : NULL;
-		char id[32];
-		struct rb_delivery_fields c;
-
-		if (d == NULL || d->fetched)
-			continue;
-		id[rb_fmt_int(id, d->id)] = '\0';
-		c = (struct rb_delivery_fields){
-			.id = id, .event_id = d->event_id, .handler = d->handler, .lane = d->lease.lane,
-			.epoch = d->lease.epoch, .claims = d->lease.claims, .attempts = d->attempt - 1,
-			.sequence = d->sequence, .created_at = d->created_at,
-			.name = pg_col(res, i, 1), .key = pg_col(res, i, 2),
-			.payload = pg_col(res, i, 3), .headers = pg_col(res, i, 4),
-		};
-		rb_dl_fill(d, &c, &b);
-		got++;
-	}
-	free(b.s);
-	be->fetch_v = NULL;
-	be->fetch_n = 0;
-	PQclear(res);
-	return got;
-}
-
-int
-pg_fetch_socket(const struct rb_store *s)
-{
-	struct pg_be *be = pg_be(s);
-
-	return be != NULL && be->conn2 != NULL && be->fetch_pending ? PQsocket(be->conn2) : -1;
 }
 
 int

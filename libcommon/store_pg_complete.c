@@ -2,8 +2,9 @@
 /*
  * store_pg_complete.c: completion.  The ok results of a batch are one
  * statement (pg_tmpl_complete: a DELETE fenced by lane epoch, claim count
- * and the lane's in_flight list), run at once (rb_store_complete) or in two
- * steps on the first or the third connection (rb_store_complete_send);
+ * and the lane's in_flight list), run at once (rb_store_complete) or
+ * without waiting on the first or (RELAYBUS_PG_CONNECTIONS 3) the third
+ * connection (rb_store_complete_start);
  * --sql runs the caller's statement and the deletion in one transaction
  * per delivery; failures, releases and burials go to relaybus_fail in one
  * statement.
@@ -197,10 +198,8 @@ complete_ok(struct rb_store *s, struct rb_result *v, const size_t *idx, size_t n
 	return rc;
 }
 
-/* ---- completion in two steps (rb_store_complete_send) ---------------------- */
+/* ---- completion without waiting (rb_store_complete_start) ------------------- */
 
-/* The second and third connections go with the first: closed with it,
- * and with them whatever was out on them. */
 void
 pg_close_conn3(struct pg_be *be)
 {
@@ -208,11 +207,8 @@ pg_close_conn3(struct pg_be *be)
 		PQfinish(be->conn3);
 	be->conn3 = NULL;
 	be->prepared3 = 0;
-	if (be->complete_apart)
-		pg_complete_forget(be);
-	be->complete_apart = false;
 	if (be->job3 == PG_COMPLETE)
-		pg_done_forget(be);
+		pg_complete_forget(be);
 }
 
 void
@@ -225,130 +221,6 @@ pg_complete_forget(struct pg_be *be)
 	}
 	be->complete_v = NULL;
 	be->complete_n = 0;
-	be->complete_pending = false;
-}
-
-/* The connection the completion out is on. */
-static PGconn *
-complete_conn(const struct pg_be *be)
-{
-	return be->complete_apart ? be->conn3 : be->conn;
-}
-
-static int
-complete_async_query(struct pg_be *be)
-{
-	const struct pg_fence *a = be->complete_fa;
-	const char *params[6] = { a->ev.s, a->h.s, a->lane.s, a->epoch.s, a->claims.s, a->id.s };
-
-	return pg_send(be, complete_conn(be), be->complete_hist ? be->q_complete_hist : be->q_complete, 6,
-	    params);
-}
-
-/* The completion out failed (res: its error, or NULL: the connection
- * broke).  Apart, the third connection is closed when it broke, and the
- * claim on the first one is not touched. */
-static int
-complete_failed(struct rb_store *s, PGresult *res, struct rb_error *err)
-{
-	struct pg_be *be = pg_be(s);
-	bool apart = be->complete_apart;
-
-	pg_complete_forget(be);
-	if (!apart)
-		return res != NULL ? pg_fail(s, res, "complete", err) : pg_send_failed(s, "complete", err);
-	return pg_side_failed(s, be->conn3, pg_close_conn3, res, "complete", err);
-}
-
-int
-pg_complete_send(struct rb_store *s, struct rb_result *v, size_t n, bool apart, struct rb_error *err)
-{
-	struct pg_be *be = pg_be(s);
-	int hist;
-
-	if (be->complete_pending || (!apart && be->claim_pending))
-		return rb_seterr(err, RB_EXIT_SOFTWARE, "complete: a statement is in progress already");
-	if (apart && pg_open_side(s, &be->conn3, pg_close_conn3, NULL, "complete", err) < 0)
-		return -1;
-	be->complete_apart = apart;
-	if ((hist = pg_history(s, complete_conn(be), "complete", err)) < 0) {
-		if (apart && PQstatus(be->conn3) != CONNECTION_OK)
-			pg_close_conn3(be);
-		return -1;
-	}
-	be->complete_fa = xcalloc(1, sizeof *be->complete_fa);
-	fa_init(be->complete_fa);
-	for (size_t i = 0; i < n; i++)
-		fa_add(be->complete_fa, &v[i]);
-	fa_close(be->complete_fa);
-	be->complete_v = v;
-	be->complete_n = n;
-	be->complete_hist = hist;
-	be->complete_tries = 1;
-	if (!complete_async_query(be))
-		return complete_failed(s, NULL, err);
-	be->complete_pending = true;
-	return 0;
-}
-
-int
-pg_complete_recv(struct rb_store *s, bool wait, struct rb_error *err)
-{
-	struct pg_be *be = pg_be(s);
-
-	if (!be->complete_pending)
-		return rb_seterr(err, RB_EXIT_SOFTWARE, "complete: no completion in progress");
-	for (;;) {
-		PGresult *res;
-		int got = pg_take_result(complete_conn(be), wait, &res), rc;
-
-		if (got == RB_CLAIM_PENDING)
-			return got;
-		if (got < 0)
-			return complete_failed(s, NULL, err);
-		be->complete_pending = false;
-		if (res != NULL && PQresultStatus(res) == PGRES_TUPLES_OK) {
-			rc = complete_outcomes(s, complete_conn(be), be->complete_v, NULL, be->complete_n, res, err);
-			PQclear(res);
-			pg_complete_forget(be);
-			return rc;
-		}
-		/* a deadlock or serialization failure: the statement runs again, as pg_run() does */
-		if (pg_retryable(res) && be->complete_tries < 5) {
-			PQclear(res);
-			be->complete_tries++;
-			if (!complete_async_query(be))
-				return complete_failed(s, NULL, err);
-			be->complete_pending = true;
-			continue;
-		}
-		complete_failed(s, res, err);
-		PQclear(res);
-		return -1;
-	}
-}
-
-int
-pg_complete_socket(const struct rb_store *s)
-{
-	struct pg_be *be = pg_be(s);
-
-	return be != NULL && be->complete_pending && be->complete_apart && be->conn3 != NULL ?
-	    PQsocket(be->conn3) : -1;
-}
-
-/* ---- completion without waiting (rb_store_complete_start) ------------------- */
-
-void
-pg_done_forget(struct pg_be *be)
-{
-	if (be->done_fa != NULL) {
-		fa_free(be->done_fa);
-		free(be->done_fa);
-		be->done_fa = NULL;
-	}
-	be->done_v = NULL;
-	be->done_n = 0;
 	if (be->job == PG_COMPLETE)
 		be->job = PG_IDLE;
 	be->job3 = PG_IDLE;
@@ -356,18 +228,18 @@ pg_done_forget(struct pg_be *be)
 
 /* The connection the completion out is on. */
 static PGconn *
-done_conn(const struct pg_be *be)
+complete_conn(const struct pg_be *be)
 {
 	return be->job3 == PG_COMPLETE ? be->conn3 : be->conn;
 }
 
 static int
-done_send(struct pg_be *be, PGconn *c)
+complete_send(struct pg_be *be, PGconn *c)
 {
-	const struct pg_fence *a = be->done_fa;
+	const struct pg_fence *a = be->complete_fa;
 	const char *params[6] = { a->ev.s, a->h.s, a->lane.s, a->epoch.s, a->claims.s, a->id.s };
 
-	return pg_send(be, c, be->done_hist ? be->q_complete_hist : be->q_complete, 6, params);
+	return pg_send(be, c, be->complete_hist ? be->q_complete_hist : be->q_complete, 6, params);
 }
 
 bool
@@ -414,17 +286,17 @@ pg_complete_start(struct rb_store *s, const struct rb_complete_opts *o, struct r
 			pg_close_conn3(be);
 		return -1;
 	}
-	be->done_fa = xcalloc(1, sizeof *be->done_fa);
-	fa_init(be->done_fa);
+	be->complete_fa = xcalloc(1, sizeof *be->complete_fa);
+	fa_init(be->complete_fa);
 	for (size_t i = 0; i < n; i++)
-		fa_add(be->done_fa, &v[i]);
-	fa_close(be->done_fa);
-	be->done_v = v;
-	be->done_n = n;
-	be->done_hist = hist;
-	be->done_tries = 1;
-	if (!done_send(be, c)) {
-		pg_done_forget(be);
+		fa_add(be->complete_fa, &v[i]);
+	fa_close(be->complete_fa);
+	be->complete_v = v;
+	be->complete_n = n;
+	be->complete_hist = hist;
+	be->complete_tries = 1;
+	if (!complete_send(be, c)) {
+		pg_complete_forget(be);
 		if (!apart)
 			return pg_fail(s, NULL, "complete", err);
 		return pg_side_failed(s, be->conn3, pg_close_conn3, NULL, "complete", err);
@@ -439,47 +311,47 @@ pg_complete_start(struct rb_store *s, const struct rb_complete_opts *o, struct r
 /* The completion out failed (res: its error, or NULL: the connection
  * broke): reported, and the third connection closed if it broke. */
 static void
-done_failed(struct rb_store *s, const PGresult *res)
+complete_failed(struct rb_store *s, const PGresult *res)
 {
 	struct pg_be *be = pg_be(s);
 	struct rb_error err = { 0 };
-	PGconn *c = done_conn(be);
+	PGconn *c = complete_conn(be);
 	bool apart = be->job3 == PG_COMPLETE;
 
 	pg_fail_on(s, c, res, "complete", &err);
-	pg_done_forget(be);
+	pg_complete_forget(be);
 	if (apart && be->conn3 != NULL && PQstatus(be->conn3) != CONNECTION_OK)
 		pg_close_conn3(be);
 	rb_evq_failed(&s->evq, RB_STORE_COMPLETED, 0, &err);
 }
 
 bool
-pg_done_answer(struct rb_store *s, bool wait)
+pg_complete_answer(struct rb_store *s, bool wait)
 {
 	struct pg_be *be = pg_be(s);
 
 	for (;;) {
-		PGconn *c = done_conn(be);
+		PGconn *c = complete_conn(be);
 		PGresult *res;
 		struct rb_error err = { 0 };
 		int got = pg_take_result(c, wait, &res);
 
-		if (got == RB_CLAIM_PENDING)
+		if (got == PG_PENDING)
 			return false;
 		if (got < 0) {
-			done_failed(s, NULL);
+			complete_failed(s, NULL);
 			return true;
 		}
 		if (res != NULL && PQresultStatus(res) == PGRES_TUPLES_OK) {
-			struct rb_result *v = be->done_v;
-			size_t n = be->done_n;
+			struct rb_result *v = be->complete_v;
+			size_t n = be->complete_n;
 			int rc;
 
 			/* (the positions of the rows deleted; one not deleted is
 			 * lost, missing when it is gone: asked on the same connection) */
 			rc = complete_outcomes(s, c, v, NULL, n, res, &err);
 			PQclear(res);
-			pg_done_forget(be);
+			pg_complete_forget(be);
 			if (rc < 0)
 				rb_evq_failed(&s->evq, RB_STORE_COMPLETED, 0, &err);
 			else
@@ -488,16 +360,16 @@ pg_done_answer(struct rb_store *s, bool wait)
 			return true;
 		}
 		/* a deadlock or serialization failure: the statement runs again, as pg_run() does */
-		if (pg_retryable(res) && be->done_tries < 5) {
+		if (pg_retryable(res) && be->complete_tries < 5) {
 			PQclear(res);
-			be->done_tries++;
-			if (!done_send(be, c)) {
-				done_failed(s, NULL);
+			be->complete_tries++;
+			if (!complete_send(be, c)) {
+				complete_failed(s, NULL);
 				return true;
 			}
 			continue;
 		}
-		done_failed(s, res);
+		complete_failed(s, res);
 		PQclear(res);
 		return true;
 	}

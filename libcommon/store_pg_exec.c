@@ -320,19 +320,12 @@ pg_take_result(PGconn *c, bool wait, PGresult **res)
 		int alive = PQconsumeInput(c);
 
 		if (PQisBusy(c))
-			return !alive || PQstatus(c) == CONNECTION_BAD ? -1 : RB_CLAIM_PENDING;
+			return !alive || PQstatus(c) == CONNECTION_BAD ? -1 : PG_PENDING;
 	}
 	*res = PQgetResult(c);
 	while ((more = PQgetResult(c)) != NULL)
 		PQclear(more);
 	return 0;
-}
-
-int
-pg_send_failed(struct rb_store *s, const char *what, struct rb_error *err)
-{
-	pg_be(s)->claim_pending = false;
-	return pg_fail(s, NULL, what, err);
 }
 
 int

@@ -5,13 +5,14 @@
  * one exec/error layer (store_pg_exec.c) and the slots each file of the
  * backend implements for rb_store_pg_ops (store_pg.c):
  *
- *   store_pg.c           the ops table, open/close/reconnect, LISTEN, version
+ *   store_pg.c           the ops table, open/close/reconnect, LISTEN, version,
+ *                        what to poll and what came (the calls without waiting)
  *   store_pg_exec.c      render, text arrays, the SQLSTATE -> exit code map,
  *                        prepare/exec/send/retry, connections, column readers
  *   store_pg_setup.c     the set-up script and rb_store_setup
  *   store_pg_publish.c   publish, and rb_pg_publish (rb_pg.h)
  *   store_pg_claim.c     claim, fetch on the second connection, extend, relinquish
- *   store_pg_complete.c  completion (one statement, in two steps, --sql, failures)
+ *   store_pg_complete.c  completion (one statement, without waiting, --sql, failures)
  *   store_pg_admin.c     rb_admin.h
  *   store_pg_inspect.c   rb_inspect.h
  *
@@ -61,47 +62,31 @@ struct pg_be {
 	char	*q_publish, *q_claim, *q_claim_ids, *q_fetch, *q_extend, *q_complete, *q_complete_hist,
 		*q_fail, *q_relinquish, *q_relinquish_owner, *q_relinquish_leases, *q_lock_lane;
 	unsigned prepared;		/* hot statements prepared on this connection (bits) */
-	/* a claim sent and not collected yet (rb_store_claim_send) */
-	bool	 claim_pending;
+	/* the second connection, for reading what a claim took (opened on
+	 * first use), and the third, for completions beside the claims */
+	PGconn	*conn2, *conn3;
+	unsigned prepared2, prepared3;
+	enum pg_job job, job2, job3;	/* what conn, conn2 and conn3 have out */
+	/* the claim out on conn (job PG_CLAIM) or the last one: its
+	 * parameters, kept for a retry, and whether it reads the events on
+	 * conn2 (relaybus_claim_ids) */
 	int	 claim_tries;
-	char	 claim_params[5][256];	/* its parameters, kept for a retry */
-	struct rb_sbuf claim_live;	/* ... and the sixth: p_live ("{1,2}") */
-	struct rb_sbuf claim_live_lanes;	/* ... and the ninth (claim ids only): their lanes */
+	char	 claim_params[5][256];	/* handler, owner, batch, lease, max_attempts */
+	struct rb_sbuf claim_live;	/* ... the sixth: p_live ("{1,2}") */
+	struct rb_sbuf claim_live_lanes;	/* ... the ninth: their lanes */
 	bool	 claim_lanes_known;
 	bool	 claim_live_known;
-	bool	 claim_quiet;		/* ... and the seventh: p_search false */
-	char	 claim_chain[16];	/* ... and the eighth: p_chain */
-	bool	 claim_apart;		/* rb_claim_opts.apart: relaybus_claim_ids */
-	/* a completion sent and not collected yet (rb_store_complete_send) */
-	bool	 complete_pending, complete_hist;
-	int	 complete_tries;
-	struct rb_result *complete_v;	/* what it completes (the caller's) */
-	size_t	 complete_n;
-	struct pg_fence *complete_fa;	/* its parameters, kept for a retry */
-	/* the second connection, for rb_store_fetch_send (opened on first use) */
-	PGconn	*conn2;
-	unsigned prepared2;
-	bool	 fetch_pending;
-	struct rb_dl *const *fetch_v;	/* what the fetch out reads the events of (the caller's) */
-	size_t	 fetch_n;
-	/* the third, for completions sent apart (rb_store_complete_send) */
-	PGconn	*conn3;
-	unsigned prepared3;
-	bool	 complete_apart;	/* the completion out is on conn3 */
-
-	/* ---- the calls without waiting (rb_store_claim_start and the rest) ---- */
-	enum pg_job job, job2, job3;	/* what conn, conn2 and conn3 have out */
-	/* the claim out on conn (job PG_CLAIM): its parameters (above), and
-	 * whether it reads the events on conn2 (relaybus_claim_ids) */
+	bool	 claim_quiet;		/* ... the seventh: p_search false */
+	char	 claim_chain[16];	/* ... the eighth: p_chain */
 	bool	 claim_ids;
 	struct pg_claimed fetch;	/* being read on conn2 (job2 PG_FETCH) ... */
 	struct pg_claimed waiting;	/* ... and the next, waiting for conn2 */
 	/* the completion out on conn or conn3 (job or job3 PG_COMPLETE) */
-	struct rb_result *done_v;	/* the caller's */
-	size_t	 done_n;
-	bool	 done_hist;
-	int	 done_tries;
-	struct pg_fence *done_fa;	/* its parameters, kept for a retry */
+	struct rb_result *complete_v;	/* the caller's */
+	size_t	 complete_n;
+	bool	 complete_hist;
+	int	 complete_tries;
+	struct pg_fence *complete_fa;	/* its parameters, kept for a retry */
 };
 
 /* store_pg.c: the backend's slots */
@@ -188,15 +173,14 @@ int	pg_run_cmd(struct rb_store *, const char *sql, const char *what, struct rb_e
 /** ROLLBACK on the main connection, errors ignored. */
 void	pg_rollback_quietly(struct rb_store *);
 /**
- * The answer to the statement out on c: RB_CLAIM_PENDING when it has not
+ * The answer to the statement out on c: PG_PENDING when it has not
  * arrived yet (only without wait), -1 when the connection broke before it
  * did, else 0 with *res (NULL: none) and c ready for the next statement.
  * An answer read in full before the connection broke is still taken: a
  * claim that committed has its deliveries.
  */
+#define PG_PENDING	(-2)
 int	pg_take_result(PGconn *c, bool wait, PGresult **res);
-/** A statement on the main connection was not sent or its connection broke: pg_fail, claim_pending cleared. */
-int	pg_send_failed(struct rb_store *, const char *what, struct rb_error *err);
 /**
  * 1 when the schema keeps completion history (relaybus_completions), 0
  * when not, -1 on error; asked on c once per connection of the store.
@@ -257,18 +241,18 @@ int	pg_publish(struct rb_store *, const char *events, size_t n, struct rb_publis
 	    struct rb_error *);
 /* store_pg_claim.c */
 int	pg_claim(struct rb_store *, const struct rb_claim_opts *, struct rb_dl ***, struct rb_error *);
-int	pg_claim_send(struct rb_store *, const struct rb_claim_opts *, struct rb_error *);
-int	pg_claim_recv(struct rb_store *, bool wait, struct rb_dl ***, struct rb_error *);
-int	pg_fetch_send(struct rb_store *, struct rb_dl *const *, size_t, struct rb_error *);
-int	pg_fetch_recv(struct rb_store *, bool wait, struct rb_error *);
-int	pg_fetch_socket(const struct rb_store *);
 int	pg_extend(struct rb_store *, const char *handler, const char *owner, int64_t lease_ms,
 	    struct rb_error *);
 int	pg_relinquish(struct rb_store *, const char *handler, const char *owner, struct rb_error *);
 int	pg_relinquish_owner(struct rb_store *, const char *handler, const char *owner, struct rb_error *);
 int	pg_relinquish_leases(struct rb_store *, const struct rb_result *, size_t, struct rb_error *);
-/** Close the second connection and forget the fetch out on it. */
+/** Close the second connection and forget what is claimed and not read. */
 void	pg_close_conn2(struct pg_be *);
+/* store_pg_complete.c */
+int	pg_complete(struct rb_store *, const struct rb_complete_opts *, struct rb_result *, size_t,
+	    struct rb_error *);
+/** Close the third connection, and with it the completion out on it. */
+void	pg_close_conn3(struct pg_be *);
 /* the calls without waiting: store_pg.c, and the parts by file */
 int	pg_pollfds(struct rb_store *, struct pollfd *, int max, int *timeout_ms);
 void	pg_service(struct rb_store *);
@@ -292,19 +276,9 @@ void	pg_fetch_forget(struct pg_be *);
 int	pg_complete_start(struct rb_store *, const struct rb_complete_opts *, struct rb_result *, size_t,
 	    bool wait, struct rb_error *);
 /** The answer of the completion out on conn or conn3 (PG_COMPLETE). */
-bool	pg_done_answer(struct rb_store *, bool wait);
-/** Forget the completion out (its arrays freed). */
-void	pg_done_forget(struct pg_be *);
-/* store_pg_complete.c */
-int	pg_complete(struct rb_store *, const struct rb_complete_opts *, struct rb_result *, size_t,
-	    struct rb_error *);
-int	pg_complete_send(struct rb_store *, struct rb_result *, size_t, bool apart, struct rb_error *);
-int	pg_complete_recv(struct rb_store *, bool wait, struct rb_error *);
-int	pg_complete_socket(const struct rb_store *);
+bool	pg_complete_answer(struct rb_store *, bool wait);
 /** Forget the completion out (its arrays freed). */
 void	pg_complete_forget(struct pg_be *);
-/** Close the third connection, and with it the completion out on it. */
-void	pg_close_conn3(struct pg_be *);
 /* store_pg_admin.c */
 int	pg_admin_stats(struct rb_store *, json_t **, struct rb_error *);
 int	pg_admin_list(struct rb_store *, const struct rb_admin_filter *, json_t **, struct rb_error *);

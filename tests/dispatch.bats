@@ -221,13 +221,13 @@ drain_cutting() {  # handler statement-prefix n [rb-dispatch args]
   drain_cutting fetchcut 'SELECT p.o, e.name' 6000
 }
 
-@test "--connections 3: the connection that completes is cut, again and again: it reconnects, nothing lost or run twice" {
+@test "RELAYBUS_PG_CONNECTIONS=3: the connection that completes is cut, again and again: it reconnects, nothing lost or run twice" {
   need_pg
   # the third connection is the one whose statement deletes what completed
-  drain_cutting compcut 'WITH r AS (SELECT * FROM unnest(' 9000 --connections 3
+  RELAYBUS_PG_CONNECTIONS=3 drain_cutting compcut 'WITH r AS (SELECT * FROM unnest(' 9000
 }
 
-@test "--connections 3 --drain: a completion that commits beside a claim finding nothing does not end the drain early" {
+@test "RELAYBUS_PG_CONNECTIONS=3 --drain: a completion that commits beside a claim finding nothing does not end the drain early" {
   need_pg
   local out=$BATS_TEST_TMPDIR/o.out i left
   # one key's 320 deliveries run one after another, each one's completion
@@ -238,7 +238,7 @@ drain_cutting() {  # handler statement-prefix n [rb-dispatch args]
     awk -v r="$i" 'BEGIN { for (k = 1; k <= 320; k++)
       printf "{\"id\":\"o%d-%d\",\"name\":\"t\",\"key\":\"one%d\",\"payload\":{\"i\":%d},\"handlers\":[\"onekey\"]}\n", r, k, r, k }' |
       rb-publish -q
-    run -0 rb-dispatch -H onekey --pipe "rb-test-pipe $out" --drain --connections 3
+    RELAYBUS_PG_CONNECTIONS=3 run -0 rb-dispatch -H onekey --pipe "rb-test-pipe $out" --drain
     left=$(pending onekey)
     [ "$left" = 0 ] || { echo "run $i: --drain exited with $left left" >&2; false; }
   done
@@ -265,29 +265,41 @@ drain_cutting() {  # handler statement-prefix n [rb-dispatch args]
   ! grep -q 'server: FATAL' "$BATS_TEST_TMPDIR/i.err"
 }
 
-@test "--connections 1: one database connection, whose claim reads the events too; 2 and 3 hold as many" {
+@test "RELAYBUS_PG_CONNECTIONS=1: one database connection, whose claim reads the events too; 2 and 3 hold as many, and so does the deprecated --connections" {
   need_pg
-  local out=$BATS_TEST_TMPDIR/c1.out url
+  local out=$BATS_TEST_TMPDIR/c1.out url n how
   publish 300 c conns1 10
-  run -0 rb-dispatch -H conns1 --pipe "rb-test-pipe $out" --drain --connections 1
+  RELAYBUS_PG_CONNECTIONS=1 run -0 rb-dispatch -H conns1 --pipe "rb-test-pipe $out" --drain
   [ "$(pending conns1)" = 0 ]
   [ "$(cut -d' ' -f1 "$out" | sort -u | wc -l)" = 300 ]
   [ "$(wc -l <"$out")" = 300 ]
   [ "$(order_violations "$out")" = 0 ]
   # how many connections a running one holds, by an application name of its own
   case $RELAYBUS_URL in *\?*) url="$RELAYBUS_URL&application_name=rbconns" ;; *) url="$RELAYBUS_URL?application_name=rbconns" ;; esac
-  for n in 1 2 3; do
-    rb-dispatch -vv --db "$url" -H conns1 --pipe cat --connections "$n" 2>"$BATS_TEST_TMPDIR/c$n.err" 3>&- & PIDS=$!
-    publish 1 "n$n" conns1
+  for how in env:1 env:2 env:3 opt:1 opt:3 default:2; do
+    n=${how#*:}
+    case $how in
+      env:*) RELAYBUS_PG_CONNECTIONS=$n rb-dispatch -vv --db "$url" -H conns1 --pipe cat 2>"$BATS_TEST_TMPDIR/c$n.err" 3>&- & PIDS=$! ;;
+      # (the option wins over the environment)
+      opt:*) RELAYBUS_PG_CONNECTIONS=2 rb-dispatch -vv --db "$url" -H conns1 --pipe cat --connections "$n" 2>"$BATS_TEST_TMPDIR/c$n.err" 3>&- & PIDS=$! ;;
+      default:*) env -u RELAYBUS_PG_CONNECTIONS rb-dispatch -vv --db "$url" -H conns1 --pipe cat 2>"$BATS_TEST_TMPDIR/c$n.err" 3>&- & PIDS=$! ;;
+    esac
+    publish 1 "n$how" conns1
     wait_for 10 '[ "$(pending conns1)" = 0 ]' || { cat "$BATS_TEST_TMPDIR/c$n.err" >&2;
       q "SELECT 'lane', lane, lease_owner, lease_expires_at, in_flight FROM relaybus_lanes WHERE handler = 'conns1' AND lease_owner IS NOT NULL" >&2
       q "SELECT 'delivery', id, lane, status, available_at, now(), key FROM relaybus_deliveries WHERE handler = 'conns1'" >&2; false; }
-    [ "$(q "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'rbconns'")" = "$n" ]
+    [ "$(q "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'rbconns'")" = "$n" ] ||
+      { echo "$how: $(q "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'rbconns'") connections" >&2; false; }
     kill -TERM "$PIDS"
     wait "$PIDS"
   done
   run -64 --separate-stderr rb-dispatch -H conns1 --pipe cat --connections 4
   [[ "$stderr" == *"--connections"* ]]
+  RELAYBUS_PG_CONNECTIONS=4 run -78 --separate-stderr rb-dispatch -H conns1 --pipe cat
+  [ "$stderr" = "rb-dispatch: conns1: invalid RELAYBUS_PG_CONNECTIONS '4': use 1, 2 or 3" ]
+  # every program opens the store the same way
+  RELAYBUS_PG_CONNECTIONS=two run -78 --separate-stderr rb-claim -H conns1
+  [[ "$stderr" == *"RELAYBUS_PG_CONNECTIONS 'two'"* ]]
 }
 
 @test "SIGTERM: running handlers finish, lanes are handed back, a second dispatcher goes on at once" {

@@ -1,12 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * claims.c: how deliveries come in.  A claim (rb_store_claim_send/_recv)
- * answers with ids and leases; with --connections 2 or 3 their events
- * are read on the store's second connection (rb_store_fetch_send/_recv)
- * while the next claim runs.  Then the first delivery of each key starts
- * and the rest of its chain waits behind it: chain_next starts the next
- * one once the previous one's completion committed (results.c calls it),
- * or hands them all back.
+ * claims.c: how deliveries come in.  A claim (rb_store_claim_start) is
+ * answered by CLAIMED, saying how many it took; those that do not come
+ * with it are owed, and come in DELIVERED events (the store reads their
+ * events while the next claim runs).  Then the first delivery of each key
+ * starts and the rest of its chain waits behind it: chain_next starts the
+ * next one once the previous one's completion committed (results.c calls
+ * it), or hands them all back.
  */
 #include "config.h"
 
@@ -23,17 +23,16 @@
 int64_t
 claim_due(struct dispatcher *dp, int64_t now)
 {
-	int free_slots = dp->opt.concurrency - dp->running - (int)dp->nqueue - dp->nwait - dp->nfetch;
+	int free_slots = dp->opt.concurrency - dp->running - (int)dp->nqueue - dp->nwait - dp->owed;
 	int low = dp->opt.batch < dp->opt.concurrency ? dp->opt.batch : dp->opt.concurrency;
 
 	low = low / 4 > 1 ? low / 4 : 1;
-	if (dp->db_down || dp->claiming || (dp->completing && !completes_apart(dp)) ||
-	    dp->fetch_waiting.v != NULL || dp->stop_level > 0 || dp->fatal_code != 0 ||
-	    free_slots <= 0 ||
+	if (dp->db_down || dp->claim_out || dp->stop_level > 0 || dp->fatal_code != 0 ||
+	    free_slots <= 0 || !rb_store_claim_ready(dp->store) ||
 	    (dp->opt.kind->accepting != NULL && !dp->opt.kind->accepting(dp)))
 		return 0;
 	if (dp->wake || now >= dp->next_poll ||
-	    (dp->more_work && (free_slots >= low || dp->running + (int)dp->nqueue + dp->nfetch == 0)))
+	    (dp->more_work && (free_slots >= low || dp->running + (int)dp->nqueue + dp->owed == 0)))
 		return now;
 	return dp->next_poll;
 }
@@ -154,147 +153,76 @@ start_claimed(struct dispatcher *dp, struct claimed got, unsigned gen)
 		start_chains(dp, got, gen);
 }
 
-/* Forget claimed deliveries that will not be read (their owner's count
- * goes down: an owner with none left is retired, its lanes handed back). */
 void
-fetch_drop(struct dispatcher *dp, struct claimed *got, unsigned gen)
+owed_dropped(struct dispatcher *dp, int n)
 {
-	dp->nfetch -= (int)got->n;
-	for (size_t i = 0; i < got->n; i++) {
-		owner_done(dp, gen);
-		rb_dl_free(got->v[i]);
-	}
-	free(got->v);
-	got->v = NULL;
-	got->n = 0;
+	dp->owed -= n;
+	while (n-- > 0)
+		owner_done(dp, dp->claim_gen);
 }
 
-/* Read what a claim took (got stolen). */
+/* The deliveries of an event (stolen), to start. */
 static void
-fetch_send(struct dispatcher *dp, struct claimed got, unsigned gen)
+start_event(struct dispatcher *dp, const struct rb_store_event *ev)
 {
-	struct rb_error err = { 0 };
-
-	dp->fetch_out = got;
-	dp->fetch_gen = gen;
-	if (rb_store_fetch_send(dp->store, dp->fetch_out.v, dp->fetch_out.n, &err) < 0) {
-		fetch_drop(dp, &dp->fetch_out, dp->fetch_gen);
-		db_error(dp, &err, "fetch");
-		return;
-	}
-	dp->fetching = true;
+	if (ev->n > 0)
+		start_claimed(dp, (struct claimed){ .v = ev->v, .n = ev->n }, dp->claim_gen);
+	else
+		free(ev->v);
+	if (dp->opt.kind->flush != NULL)
+		dp->opt.kind->flush(dp);
 }
 
 /*
- * Take the answer to the claim that is out, waiting for it or only if it
- * has arrived.  Every other database call collects it first (one
- * statement at a time on the connection); in between, the loop serves
- * the handlers while the database works on the claim.
+ * The claim that was asked for committed: ev->claimed deliveries, ev->n
+ * of them here (stolen), the rest owed.  In between, the loop served the
+ * handlers while the store worked on the claim.
  */
 void
-claim_collect(struct dispatcher *dp, bool wait)
+on_claimed(struct dispatcher *dp, const struct rb_store_event *ev)
 {
-	struct rb_error err = { 0 };
-	struct claimed got = { 0 };
-	int n;
+	int n = ev->claimed;
 
-	if (!dp->claiming)
-		return;
-	n = rb_store_claim_recv(dp->store, wait, &got.v, &err);
-	if (n == STORE_PENDING)
-		return;
-	dp->claiming = false;
-	if (n < 0) {
-		db_error(dp, &err, "claim");
-		return;
-	}
-	got.n = (size_t)n;
+	dp->claim_out = false;
 	rb_debug("claimed %d (asked %d%s)", n, dp->claim_asked,
 	    dp->claim_searched ? "" : ", held lanes only");
 	if (dp->claim_searched)
 		dp->lanes_dry = n < dp->claim_asked;
-	/* (a completion that went through while the claim was out, beside it
-	 * on a third connection, may have unblocked a key the claim passed
-	 * over: its "nothing" is then no reason to wait for the next poll.
-	 * And only a claim that looked at every lane can say there is nothing
-	 * due, for --drain.) */
+	/* (a completion that went through while the claim was out, beside it,
+	 * may have unblocked a key the claim passed over: its "nothing" is
+	 * then no reason to wait for the next poll.  And only a claim that
+	 * looked at every lane can say there is nothing due, for --drain.) */
 	dp->more_work = n > 0 || dp->progress_since_claim;
 	dp->idle_seen = n == 0 && !dp->progress_since_claim && dp->claim_searched;
 	dp->stats.claimed += n;
 	dp->owners[dp->claim_gen % NOWNERS].count += n;
 	if (n > 0 && dp->next_extend == 0)
 		dp->next_extend = rb_mono_ms() + dp->opt.lease_ms / 3;
-	if (n == 0) {
-		free(got.v);
-		return;
-	}
-	if (!reads_apart(dp)) {
-		start_claimed(dp, got, dp->claim_gen);
-		if (dp->opt.kind->flush != NULL)
-			dp->opt.kind->flush(dp);
-		return;
-	}
-	dp->nfetch += n;
-	if (dp->fetching) {
-		dp->fetch_waiting = got;	/* claim_due waits for it to go */
-		dp->fetch_waiting_gen = dp->claim_gen;
-	} else
-		fetch_send(dp, got, dp->claim_gen);
+	dp->owed += n - (int)ev->n;
+	if (n > 0)
+		start_event(dp, ev);
+	else
+		free(ev->v);
 }
 
-/* Take the events of the fetch that is out, and start its deliveries. */
+/* Owed deliveries came (stolen); those whose event is gone are not started. */
 void
-fetch_collect(struct dispatcher *dp, bool wait)
+on_delivered(struct dispatcher *dp, const struct rb_store_event *ev)
 {
-	struct rb_error err = { 0 };
-	struct claimed got;
-	size_t k = 0;
-	int n;
-
-	if (!dp->fetching)
-		return;
-	n = rb_store_fetch_recv(dp->store, wait, &err);
-	if (n == STORE_PENDING)
-		return;
-	dp->fetching = false;
-	if (n < 0) {
-		fetch_drop(dp, &dp->fetch_out, dp->fetch_gen);
-		db_error(dp, &err, "fetch");
-		return;
-	}
-	/* (those whose event is gone are not started: their count goes) */
-	got = dp->fetch_out;
-	dp->nfetch -= (int)got.n;
-	for (size_t i = 0; i < got.n; i++) {
-		if (got.v[i]->fetched)
-			got.v[k++] = got.v[i];
-		else {
-			owner_done(dp, dp->fetch_gen);
-			rb_dl_free(got.v[i]);
-		}
-	}
-	got.n = k;
-	dp->fetch_out = (struct claimed){ 0 };
-	start_claimed(dp, got, dp->fetch_gen);
-	if (dp->fetch_waiting.v != NULL && !dp->db_down) {
-		struct claimed next = dp->fetch_waiting;
-
-		dp->fetch_waiting = (struct claimed){ 0 };
-		fetch_send(dp, next, dp->fetch_waiting_gen);
-	}
-	if (dp->opt.kind->flush != NULL)
-		dp->opt.kind->flush(dp);
+	dp->owed -= (int)ev->n;
+	owed_dropped(dp, ev->dropped);
+	start_event(dp, ev);
 }
 
 /*
  * The deliveries still running, waiting in a chain or to be completed, whatever their
  * owner generation, into dp->live and dp->live_lanes: the claim need not look them up
- * (rb_claim_opts.live).  Returns how many.
+ * (rb_claim_opts.live; the owed ones the store knows).  Returns how many.
  */
 static size_t
 live_ids(struct dispatcher *dp)
 {
-	size_t n = 0, want = dp->nqueue + dp->fetch_out.n + dp->fetch_waiting.n;
+	size_t n = 0, want = dp->nqueue;
 
 	/* counted, not derived from running, nqueue and nwait: a slip in
 	 * those counters must not write past the end */
@@ -324,11 +252,7 @@ live_ids(struct dispatcher *dp)
 		for (size_t k = c != NULL ? c->at : 0; c != NULL && k < c->n; k++)
 			LIVE(c->v[k]);
 	}
-	/* claimed, being read */
-	for (size_t i = 0; i < dp->fetch_out.n; i++)
-		LIVE(dp->fetch_out.v[i]);
-	for (size_t i = 0; i < dp->fetch_waiting.n; i++)
-		LIVE(dp->fetch_waiting.v[i]);
+	/* (the owed ones the store adds itself) */
 #undef LIVE
 	return n;
 }
@@ -336,7 +260,7 @@ live_ids(struct dispatcher *dp)
 void
 maybe_claim(struct dispatcher *dp, int64_t now)
 {
-	int free_slots = dp->opt.concurrency - dp->running - (int)dp->nqueue - dp->nwait - dp->nfetch;
+	int free_slots = dp->opt.concurrency - dp->running - (int)dp->nqueue - dp->nwait - dp->owed;
 	struct rb_claim_opts claim;
 	struct rb_error err = { 0 };
 	int64_t due = claim_due(dp, now);
@@ -353,7 +277,6 @@ maybe_claim(struct dispatcher *dp, int64_t now)
 	 * whatever a lane lists as in flight for running) */
 	claim.live = dp->live != NULL ? dp->live : (const int64_t[]){ 0 };
 	claim.live_lanes = dp->live_lanes != NULL ? dp->live_lanes : (const int[]){ 0 };
-	claim.apart = reads_apart(dp);
 	/* look for more lanes unless the last look found too few and nothing
 	 * changed since; a claim with nothing running always looks (its
 	 * answer decides --drain and idleness) */
@@ -362,11 +285,11 @@ maybe_claim(struct dispatcher *dp, int64_t now)
 	dp->claim_searched = !claim.held_only;
 	dp->wake = false;
 	dp->next_poll = now + dp->opt.poll_ms;
-	if (rb_store_claim_send(dp->store, &claim, &err) < 0) {
+	if (rb_store_claim_start(dp->store, &claim, &err) < 0) {
 		db_error(dp, &err, "claim");
 		return;
 	}
-	dp->claiming = true;
+	dp->claim_out = true;
 	dp->progress_since_claim = false;
 	dp->claim_gen = dp->cur_gen;
 	dp->claim_asked = claim.batch;

@@ -4,37 +4,41 @@
  * pattern for a program that outgrows one file).  cmd/rb-dispatch.c
  * parses the options and calls dispatcher_new/_run/_free; the engine is
  *
- *   loop.c          the poll(2) loop, signals, timeouts, stopping, the
- *                   store's sockets and notifications
- *   claims.c        claim -> fetch -> start, and the chains of a key
+ *   loop.c          the poll(2) loop, signals, timeouts, stopping, and what
+ *                   the store reports (store_drain)
+ *   claims.c        claimed -> delivered -> started, and the chains of a key
  *   results.c       slots done -> queued -> completed, and the outcomes
  *   leases.c        owner generations, renewal, hand-back, reconnects
  *   handler*.c      the handler kinds (handler.h)
  *
  * All its state is one struct dispatcher; only the signal flags are
  * file-scope (loop.c), since signals belong to the process.  The store is
- * called from claims.c (claim, fetch), results.c (complete), leases.c
- * (extend, relinquish, reconnect) and loop.c (listen, sockets,
- * notifications) only.
+ * called from claims.c (claim), results.c (complete), leases.c (extend,
+ * relinquish, reconnect) and loop.c (listen, poll, service) only.  The
+ * engine asks the store for two things without waiting, a claim and a
+ * completion (rb_store_claim_start, rb_store_complete_start), and knows
+ * no more of it than what it asked for: how the store overlaps them (the
+ * PostgreSQL backend's connections) is the store's own business.
  *
  * A delivery's life.  Each step names the function that moves it on, and
- * [the flag that is set while the store has the statement, and on which
- * connection]:
+ * [what the engine has asked the store for meanwhile]:
  *
  *   idle (due in the store)
- *     |  maybe_claim: rb_store_claim_send             [claiming, conn 1]
+ *     |  maybe_claim, when claim_due and rb_store_claim_ready:
+ *     |  rb_store_claim_start                          [claim_out]
  *     v
  *   claim out
- *     |  claim_collect: rb_store_claim_recv (ids and leases)
- *     +-------------------------------------------+
- *     |  fetch_send: rb_store_fetch_send          |  --connections 1:
- *     v                     [fetching, conn 2]    |  the claim read
- *   fetch out  (the next claim's answer waits     |  the events too
- *     |         in fetch_waiting meanwhile)       |
- *     |  fetch_collect: rb_store_fetch_recv       |
- *     |  (key and line; one whose event is gone   |
- *     |  is dropped)                              |
- *     v                                           v
+ *     |  CLAIMED (claimed: how many the claim took; on_claimed): those
+ *     |  of them that came with it start at once, the rest are owed
+ *     +------------------------------------------+
+ *     |                                          |  [owed: taken, the
+ *     |                                          |   store still reading
+ *     |                                          |   them; the next claim
+ *     |                                          |   may go meanwhile]
+ *     |                                          v
+ *     |                    DELIVERED (on_delivered): they start; one
+ *     |                    whose event is gone is dropped
+ *     v                                          v
  *   start_claimed -> start_chains: the first of each key's chain starts,
  *     |  the rest wait behind it (chain, nwait); stopping: released unrun
  *     v
@@ -44,25 +48,23 @@
  *     |  co-process; a success starts the next of its chain now (chain_next)
  *     v
  *   queued  (queue[]: the delivery and its verdict)
- *     |  flush_results, after --window (at once: stopping, 1000 queued, --sql):
- *     |    all plain successes: rb_store_complete_send
- *     |                               [completing, conn 1; 3 with --connections 3]
- *     |    else rb_store_complete, waited for, then as below
- *     v
+ *     |  flush_results, after --window (at once: stopping, 1000 queued,
+ *     |  --sql), when rb_store_complete_ready: rb_store_complete_start
+ *     v                                           [completing]
  *   completion out
- *     |  complete_collect: rb_store_complete_recv
+ *     |  COMPLETED (on_completed): the outcomes
  *     v
  *   done: queue_applied counts it off its owner; a chain that waited for
  *         it (--sql, or a failure) goes on (chain_next: back to running)
  *         if it completed, else is handed back (released, queued)
  *
- * One statement at a time per connection: while claiming, nothing else
- * goes out on connection 1 (claim_due, flush_results and db_settle wait
- * for or collect the claim first), except a completion on connection 3
- * (--connections 3).  A lost connection (db_down) forgets what was out:
- * the claim's answer, the fetches (their deliveries dropped, their lanes
- * freed once their owner is retired) and the completion (its results
- * stay queued and go again); try_reconnect starts a new owner generation.
+ * After every poll store_drain takes what the store reports: CLAIMED,
+ * DELIVERED, COMPLETED, WOKEN (a notification: claim at the next chance)
+ * and FAILED (what was asked for is not coming; db_error).  A lost
+ * connection (db_down) forgets what was asked for: the claim's answer,
+ * the owed deliveries (their lanes freed once their owner is retired)
+ * and the completion (its results stay queued and go again);
+ * try_reconnect starts a new owner generation.
  *
  * The claim's flags:
  *   wake                  claim at the next chance (start, a notification,
@@ -73,7 +75,7 @@
  *                         instead of at the next --poll
  *   lanes_dry             the last look for more lanes found fewer than
  *                         asked: the next claims only fill the lanes held
- *                         (no_search) until woken, the next --poll, or
+ *                         (held_only) until woken, the next --poll, or
  *                         nothing running or queued
  *   progress_since_claim  a completion went through while the claim was
  *                         out: its "nothing" may be stale
@@ -91,7 +93,7 @@
  *      charged), --exec children killed; with the database also gone and
  *      a second signal, the queued results are given up (exit 75)
  * The loop ends at level 1 or 2 once nothing runs, nothing is queued and
- * nothing is out (after a fatal error: once nothing runs); then the
+ * nothing is asked for (after a fatal error: once nothing runs); then the
  * handler's processes are stopped and the lanes of every owner name are
  * handed back.
  */
@@ -107,10 +109,6 @@
 #include "rb_store.h"
 #include "handler.h"
 
-/* What the store's two-step receives (claim, fetch and completion alike)
- * return while the answer is not in yet. */
-#define STORE_PENDING RB_CLAIM_PENDING
-
 /* What the engine is told: rb-dispatch's options, minus the common ones. */
 struct dispatch_opts {
 	const char		*handler;
@@ -120,8 +118,6 @@ struct dispatch_opts {
 	int			 batch;
 	int			 chain;
 	int			 procs;
-	int			 conns;		/* 2: claims read apart (rb_store_fetch_send);
-					 * 3: completions sent apart too */
 	int64_t			 lease_ms;
 	int64_t			 timeout_ms;
 	int64_t			 grace_ms;
@@ -241,26 +237,21 @@ struct dispatcher {
 	bool		 lanes_dry;
 	bool		 progress_since_claim;
 	bool		 idle_seen;
-	bool		 claiming;	/* a claim is out: the handlers are served meanwhile ... */
-	unsigned	 claim_gen;	/* ... sent for this owner generation ... */
+	bool		 claim_out;	/* a claim is asked for: the handlers are served meanwhile ... */
+	unsigned	 claim_gen;	/* ... for this owner generation (that of everything owed:
+					 * a new one comes only after db_down forgot them) ... */
 	int		 claim_asked;	/* ... asking for this many ... */
 	bool		 claim_searched;	/* ... and looking for more lanes or not */
+	int		 owed;		/* deliveries claims took that the store still reads */
 	int64_t		*live;		/* the ids still in flight, for the claim (live_ids) ... */
 	int		*live_lanes;	/* ... and their lanes ... */
 	size_t		 live_cap;	/* ... room for this many */
 
-	/* reading what a claim took (--connections 2 and 3) */
-	bool		 fetching;	/* a fetch is out ... */
-	struct claimed	 fetch_out;	/* ... of these claimed ... */
-	unsigned	 fetch_gen;	/* ... for this owner generation */
-	struct claimed	 fetch_waiting;	/* a claim's answer waiting for the fetch out */
-	unsigned	 fetch_waiting_gen;
-	int		 nfetch;	/* deliveries in fetch_out and fetch_waiting */
-
 	/* the completion out */
-	bool		 completing;	/* a completion is out (flush_results) ... */
+	bool		 completing;	/* a completion is asked for (flush_results) ... */
 	size_t		 ncompleting;	/* ... of the first this many queued results ... */
-	struct rb_result *completing_v;	/* ... sent as these results */
+	struct rb_result *completing_v;	/* ... as these results ... */
+	char		**completing_json;	/* ... with these $1 of --sql (or NULL) */
 
 	/* timers (monotonic ms; 0: off) */
 	int64_t		 next_poll, next_extend, next_stats;
@@ -276,23 +267,6 @@ struct dispatcher {
 	} stats;
 };
 
-/*
- * Which statements run beside which (--connections).  The store should
- * decide this one day (architecture review, rec. 2); until then these two
- * are the only places the engine asks.
- */
-static inline bool
-reads_apart(const struct dispatcher *dp)	/* fetch on a second connection */
-{
-	return dp->opt.conns >= 2;
-}
-
-static inline bool
-completes_apart(const struct dispatcher *dp)	/* complete on a third, beside the claims */
-{
-	return dp->opt.conns == 3;
-}
-
 /* The earlier of two deadlines, 0 being none. */
 static inline int64_t
 min_deadline(int64_t a, int64_t b)
@@ -306,13 +280,17 @@ struct dispatcher *dispatcher_new(const struct dispatch_opts *);
 int	dispatcher_run(struct dispatcher *, struct rb_store *);
 void	dispatcher_free(struct dispatcher *);
 void	reap(struct dispatcher *);
+/* Take everything the store has to report (its events, in order). */
+void	store_drain(struct dispatcher *);
 
 /* claims.c */
 int64_t	claim_due(struct dispatcher *, int64_t now);
 void	maybe_claim(struct dispatcher *, int64_t now);
-void	claim_collect(struct dispatcher *, bool wait);
-void	fetch_collect(struct dispatcher *, bool wait);
-void	fetch_drop(struct dispatcher *, struct claimed *got, unsigned gen);
+/* RB_STORE_CLAIMED and RB_STORE_DELIVERED: the deliveries come */
+void	on_claimed(struct dispatcher *, const struct rb_store_event *);
+void	on_delivered(struct dispatcher *, const struct rb_store_event *);
+/* owed deliveries that will not come (their owner's count goes down) */
+void	owed_dropped(struct dispatcher *, int n);
 /* A chain's turn (from results.c: the one before succeeded, or with --sql
  * its completion committed): start its next delivery (go), or hand them
  * all back.  Starting may finish the new slot at once (finish_slot: a
@@ -327,8 +305,11 @@ void	queue_result(struct dispatcher *, struct rb_dl *d, struct verdict v, unsign
 struct slot *slot_take(struct dispatcher *, struct rb_dl *d, unsigned gen, struct chain *followers);
 void	finish_slot(struct dispatcher *, struct slot *s, struct verdict v);
 bool	flush_results(struct dispatcher *);
-void	complete_collect(struct dispatcher *, bool wait);
-void	db_settle(struct dispatcher *);
+/* RB_STORE_COMPLETED: the outcomes */
+void	on_completed(struct dispatcher *, const struct rb_store_event *);
+/* The completion out will not come back (failed, or forgotten): its
+ * results stay queued. */
+void	completion_forget(struct dispatcher *);
 
 /* leases.c */
 void	new_owner(struct dispatcher *);

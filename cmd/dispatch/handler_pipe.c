@@ -134,13 +134,19 @@ proc_send(struct coproc *c, const struct rb_dl *d)
 }
 
 /* The slot of a pipe result: same event_id and lease (the event id's
- * hash and the lease's integers mixed). */
+ * hash and the lease's integers, mixed as murmur3's finalizer mixes:
+ * the index takes the low bits). */
 static uint32_t
 slot_hash(const char *ev, size_t evlen, const struct rb_lease *l)
 {
-	uint64_t k = (uint64_t)l->epoch * 1000003u ^ (uint64_t)l->claims << 8 ^ (uint64_t)l->lane;
+	uint64_t k = (uint64_t)l->epoch * 0x9e3779b97f4a7c15u ^ (uint64_t)l->claims << 8 ^ (uint64_t)l->lane;
+	uint32_t h = rb_fnv1a32(ev, evlen) ^ (uint32_t)k ^ (uint32_t)(k >> 32);
 
-	return (rb_fnv1a32(ev, evlen) ^ (uint32_t)k ^ (uint32_t)(k >> 32)) * 16777619u;
+	h ^= h >> 16;
+	h *= 0x85ebca6bu;
+	h ^= h >> 13;
+	h *= 0xc2b2ae35u;
+	return h ^ h >> 16;
 }
 
 /* Index slot s (its delivery in place). */
@@ -599,7 +605,7 @@ pipe_fini(struct dispatcher *dp)
  * Co-processes take many deliveries at once at no cost; processes and
  * SQL transactions do not (bench/README.md: --pipe drains 4x faster with
  * 200 in flight than with 10).  3200 in flight, claimed 800 at a time:
- * one claim's worth running, one being read (rb_store_fetch_send) while
+ * one claim's worth running, one being read (owed: DELIVERED to come) while
  * the next claim is made, and the results of a fourth waiting for their
  * completion.  A claim costs about a millisecond whatever it takes: a
  * 50,000 backlog drained 1.25x faster than with 800 claimed 200 at a

@@ -63,15 +63,14 @@ db_error(struct dispatcher *dp, const struct rb_error *err, const char *what)
 		if (!dp->db_down)
 			rb_warn("%s: %s: reconnecting", what, err->msg);
 		dp->db_down = true;
-		dp->claiming = false;	/* its answer, if any, is lost with the connection */
-		dp->completing = false;	/* its results stay queued and are applied again */
-		free(dp->completing_v);
-		dp->completing_v = NULL;
-		/* claimed, never read: the new owner claims them again once the
-		 * old one's lanes are handed back */
-		dp->fetching = false;
-		fetch_drop(dp, &dp->fetch_out, dp->fetch_gen);
-		fetch_drop(dp, &dp->fetch_waiting, dp->fetch_waiting_gen);
+		/* what was asked for is forgotten with the connection: the
+		 * claim's answer, if any; the completion (its results stay queued
+		 * and are applied again); the owed deliveries (claimed, never
+		 * read: the new owner claims them again once the old one's lanes
+		 * are handed back) */
+		dp->claim_out = false;
+		completion_forget(dp);
+		owed_dropped(dp, dp->owed);
 		dp->reconnect_at = rb_mono_ms() + (dp->reconnect_backoff > 200 ? 200 : dp->reconnect_backoff);
 		return;
 	}
@@ -106,7 +105,6 @@ extend_leases(struct dispatcher *dp, int64_t now)
 	struct rb_error err = { 0 };
 
 	dp->next_extend = now + dp->opt.lease_ms / 3;
-	db_settle(dp);
 	for (int i = 0; i < NOWNERS && !dp->db_down; i++) {
 		struct owner *o = &dp->owners[i];
 		int n;
@@ -132,9 +130,6 @@ retire_owners(struct dispatcher *dp)
 
 		if (o->name == NULL || o->gen == dp->cur_gen || o->count > 0)
 			continue;
-		db_settle(dp);
-		if (dp->db_down)
-			return;
 		/* nothing of it runs here any more: what is still in flight under
 		 * it came from a claim whose answer was lost; free those lanes now */
 		if (rb_store_relinquish_owner(dp->store, dp->opt.handler, o->name, &err) < 0) {
@@ -150,10 +145,6 @@ void
 hand_back_lanes(struct dispatcher *dp)
 {
 	struct rb_error err = { 0 };
-
-	db_settle(dp);
-	if (dp->db_down)
-		return;
 
 	for (int i = 0; i < NOWNERS; i++) {
 		struct owner *o = &dp->owners[i];

@@ -3,10 +3,10 @@
  * loop.c: rb-dispatch's one thread and one poll(2) loop.  Each turn reaps
  * children, moves the stop level on, fails what timed out, completes what
  * is queued, renews leases, claims, and then waits for the first of: a
- * signal (self-pipe), an answer on one of the store's sockets (claim,
- * fetch, completion; notifications come on the first), the handler
- * kind's fds, or the next deadline.  Also the dispatcher's birth and
- * death (dispatcher_new, _run, _free).
+ * signal (self-pipe), the store's descriptors (rb_store_pollfds), the
+ * handler kind's fds, or the next deadline; after it, what the store has
+ * to report (store_drain).  Also the dispatcher's birth and death
+ * (dispatcher_new, _run, _free).
  */
 #include "config.h"
 
@@ -33,7 +33,10 @@ static int		 sigpipe_fd[2] = { -1, -1 };
 static volatile sig_atomic_t got_stop, got_child;
 
 /* What a pollfd is for: the loop's own are negative, the handler kind's its own numbers. */
-enum { REF_SIGNALS = -1, REF_DB = -2, REF_FETCH = -3, REF_COMPLETE = -4 };
+enum { REF_SIGNALS = -1, REF_STORE = -2 };
+
+/* (the store's descriptors: rb_store_pollfds takes at most this many) */
+#define STORE_FDS	4
 
 static void
 on_signal(int sig)
@@ -121,95 +124,80 @@ stats_line(struct dispatcher *dp, int64_t now, int64_t *last)
 	rb_notice("claimed %ld, completed %ld, failed %ld (buried %ld), released %ld, lost %ld, "
 	    "in flight %d, %.1f/s", dp->stats.claimed, dp->stats.completed,
 	    dp->stats.rescheduled + dp->stats.buried, dp->stats.buried,
-	    dp->stats.released, dp->stats.lost, dp->running + (int)dp->nqueue + dp->nwait + dp->nfetch,
+	    dp->stats.released, dp->stats.lost, dp->running + (int)dp->nqueue + dp->nwait + dp->owed,
 	    secs > 0 ? (double)(dp->stats.completed - dp->stats.completed_at_last_stats) / secs : 0.0);
 	dp->stats.completed_at_last_stats = dp->stats.completed;
 	*last = now;
 }
 
-/*
- * The store's part of a poll: what it holds already is taken first, then
- * the sockets on which an answer or a notification comes.  (With the
- * architecture review's rec. 2 these two become rb_store_pollfds and
- * rb_store_service.)
- */
-static int
-store_pollfds(struct dispatcher *dp, struct pollfd *pfd, int *ref)
-{
-	int n = 0, dbfd;
-
-	/* libpq may hold the claim's answer already (read along with a
-	 * notification): the socket would not wake us for it */
-	if (!dp->db_down) {
-		claim_collect(dp, false);
-		complete_collect(dp, false);
-		fetch_collect(dp, false);
-	}
-	if (!dp->db_down && (dbfd = rb_store_socket(dp->store)) >= 0) {
-		pfd[n].fd = dbfd;
-		pfd[n].events = POLLIN;
-		ref[n++] = REF_DB;
-	}
-	if (!dp->db_down && (dbfd = rb_store_fetch_socket(dp->store)) >= 0) {
-		pfd[n].fd = dbfd;
-		pfd[n].events = POLLIN;
-		ref[n++] = REF_FETCH;
-	}
-	if (!dp->db_down && (dbfd = rb_store_complete_socket(dp->store)) >= 0) {
-		pfd[n].fd = dbfd;
-		pfd[n].events = POLLIN;
-		ref[n++] = REF_COMPLETE;
-	}
-	return n;
-}
-
+/* What the store says it did, in order. */
 static void
-store_ready(struct dispatcher *dp, int ref)
+store_event(struct dispatcher *dp, const struct rb_store_event *ev)
 {
-	struct rb_error err = { 0 };
-	int hit;
+	const char *what = "notification";
 
-	if (ref == REF_FETCH) {
-		if (!dp->db_down)
-			fetch_collect(dp, false);
+	switch (ev->kind) {
+	case RB_STORE_CLAIMED:
+		on_claimed(dp, ev);
 		return;
-	}
-	if (ref == REF_COMPLETE) {
-		if (!dp->db_down)
-			complete_collect(dp, false);
+	case RB_STORE_DELIVERED:
+		on_delivered(dp, ev);
 		return;
-	}
-	claim_collect(dp, false);	/* first: the answer may be all that came before a break */
-	complete_collect(dp, false);
-	if (dp->db_down)
+	case RB_STORE_COMPLETED:
+		on_completed(dp, ev);
 		return;
-	hit = rb_store_notified(dp->store, dp->opt.handler, 0, &err);
-	if (hit < 0)
-		db_error(dp, &err, "notification");
-	else if (hit > 0) {
+	case RB_STORE_WOKEN:
 		rb_debug("woken by a notification");
 		dp->wake = true;
+		return;
+	case RB_STORE_FAILED:
+		break;
 	}
-	claim_collect(dp, false);	/* and what the notification read brought along */
-	complete_collect(dp, false);
+	/* what was asked for is not coming */
+	switch (ev->failed) {
+	case RB_STORE_CLAIMED:
+		dp->claim_out = false;
+		what = "claim";
+		break;
+	case RB_STORE_DELIVERED:
+		owed_dropped(dp, ev->dropped);
+		what = "fetch";
+		break;
+	case RB_STORE_COMPLETED:
+		completion_forget(dp);	/* its results stay queued */
+		what = "complete";
+		break;
+	default:
+		break;
+	}
+	db_error(dp, &ev->err, what);
 }
 
-/* One poll: compute the next deadline, wait, and serve the ready fds. */
+void
+store_drain(struct dispatcher *dp)
+{
+	struct rb_store_event ev;
+
+	while (!dp->db_down && rb_store_service(dp->store, &ev) > 0)
+		store_event(dp, &ev);
+}
+
+/* One poll: compute the next deadline, wait, serve the ready fds, and take
+ * what the store has to report. */
 static void
 wait_and_serve(struct dispatcher *dp, int64_t now, struct pollfd *pfd, int *ref)
 {
 	int64_t until = now + 1000;
-	int n = 0, timeout, pr;
+	int n = 0, timeout, pr, k;
 
 	pfd[n].fd = sigpipe_fd[0];
 	pfd[n].events = POLLIN;
 	ref[n++] = REF_SIGNALS;
-	n += store_pollfds(dp, pfd + n, ref + n);
 	if (dp->db_down)
 		until = min_deadline(until, dp->reconnect_at);
 	else {
-		/* (while a statement is out, its answer on the socket wakes us) */
-		if (dp->nqueue > 0 && !dp->completing && (!dp->claiming || completes_apart(dp)))
+		/* (while something is asked for, what the store says wakes us) */
+		if (dp->nqueue > 0 && !dp->completing && rb_store_complete_ready(dp->store))
 			until = min_deadline(until, dp->queue_since + dp->opt.window_ms);
 		until = min_deadline(until, claim_due(dp, now));
 		if (dp->next_extend > 0)
@@ -224,10 +212,17 @@ wait_and_serve(struct dispatcher *dp, int64_t now, struct pollfd *pfd, int *ref)
 	timeout = until <= now ? 0 : (int)(until - now);
 	if (got_child || got_stop > dp->stop_level)
 		timeout = 0;
+	if (!dp->db_down) {
+		int m = rb_store_pollfds(dp->store, pfd + n, STORE_FDS, &timeout);
+
+		for (k = 0; k < m; k++)
+			ref[n + k] = REF_STORE;
+		n += m;
+	}
 	pr = poll(pfd, (nfds_t)n, timeout);
 	if (pr < 0 && errno != EINTR)
 		rb_die_errno(RB_EXIT_OSERR, "poll");
-	for (int k = 0; pr > 0 && k < n; k++) {
+	for (k = 0; pr > 0 && k < n; k++) {
 		if (pfd[k].revents == 0)
 			continue;
 		if (ref[k] == REF_SIGNALS) {
@@ -235,17 +230,18 @@ wait_and_serve(struct dispatcher *dp, int64_t now, struct pollfd *pfd, int *ref)
 
 			while (read(sigpipe_fd[0], buf, sizeof buf) > 0)
 				;
-		} else if (ref[k] < 0)
-			store_ready(dp, ref[k]);
-		else
+		} else if (ref[k] >= 0)
 			dp->opt.kind->ready(dp, ref[k]);
 	}
+	/* (whatever woke the poll: an answer libpq read along with another
+	 * is in no socket any more) */
+	store_drain(dp);
 }
 
 static int
 run(struct dispatcher *dp)
 {
-	size_t npfd = (size_t)dp->opt.concurrency + 2 * (size_t)dp->opt.procs + 4;
+	size_t npfd = (size_t)dp->opt.concurrency + 2 * (size_t)dp->opt.procs + 1 + STORE_FDS;
 	struct pollfd *pfd = xcalloc(npfd, sizeof *pfd);
 	int *ref = xcalloc(npfd, sizeof *ref);
 	int64_t last_stats = rb_mono_ms();
@@ -293,22 +289,11 @@ run(struct dispatcher *dp)
 		maybe_claim(dp, now);
 		if (!dp->db_down && dp->nqueue > 0 && dp->opt.kind->at_once)
 			flush_results(dp);	/* --sql: the results are ready at once */
-		if (!dp->db_down) {
-			/* notifications that came in during our statements */
-			struct rb_error nerr = { 0 };
-			int hit = rb_store_notified(dp->store, dp->opt.handler, 0, &nerr);
-
-			if (hit < 0)
-				db_error(dp, &nerr, "notification");
-			else if (hit > 0)
-				dp->wake = true;
-		}
 		if (dp->next_stats > 0 && now >= dp->next_stats) {
 			stats_line(dp, now, &last_stats);
 			dp->next_stats = now + dp->opt.stats_ms;
 		}
-		if (dp->running == 0 && dp->nqueue == 0 && !dp->claiming && !dp->fetching &&
-		    dp->fetch_waiting.v == NULL) {
+		if (dp->running == 0 && dp->nqueue == 0 && !dp->claim_out && dp->owed == 0) {
 			if (dp->stop_level > 0)
 				break;
 			if (dp->opt.drain && dp->idle_seen && !dp->db_down && dp->fatal_code == 0) {
@@ -378,6 +363,7 @@ dispatcher_free(struct dispatcher *dp)
 {
 	for (int i = 0; i < NOWNERS; i++)
 		free(dp->owners[i].name);
+	completion_forget(dp);
 	for (size_t i = 0; i < dp->nqueue; i++) {
 		rb_dl_free(dp->queue[i].d);
 		free(dp->queue[i].error);

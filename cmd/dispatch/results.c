@@ -3,10 +3,10 @@
  * results.c: how deliveries go out.  A slot is taken when a delivery
  * starts (slot_take) and given back when its handler is done
  * (finish_slot), which queues the result.  flush_results completes the
- * queued results in groups: plain successes in one statement in the
- * background (rb_store_complete_send/_recv), anything else at once
- * (rb_store_complete); the outcomes are counted, and the chains behind
- * them go on (claims.c, chain_next) or are handed back.
+ * queued results in groups (rb_store_complete_start: the store applies
+ * them while the handlers are served, or at once); the outcomes
+ * (on_completed) are counted, and the chains behind them go on
+ * (claims.c, chain_next) or are handed back.
  */
 #include "config.h"
 
@@ -231,86 +231,57 @@ free_json(char **json, size_t n)
 	free(json);
 }
 
+void
+completion_forget(struct dispatcher *dp)
+{
+	dp->completing = false;
+	free(dp->completing_v);
+	dp->completing_v = NULL;
+	free_json(dp->completing_json, dp->ncompleting);
+	dp->completing_json = NULL;
+}
+
 /*
- * Apply the queued results, at most 1000 per statement.  When they all
- * succeeded (no --sql) the statement goes out in the background, after the
- * claim that is out if any, and complete_collect takes its answer: the
- * loop goes on serving the handlers meanwhile.  Anything else is applied
- * at once.  false on a database error.
+ * Apply the queued results, at most 1000 at a time, while the store takes
+ * a completion: one at a time, its outcomes in on_completed, the loop
+ * serving the handlers meanwhile.  A completion the store applied at once
+ * (failures, --sql) is taken here and the next goes on.  false on a
+ * database error.
  */
 bool
 flush_results(struct dispatcher *dp)
 {
-	while (dp->nqueue > 0 && !dp->db_down && !dp->completing) {
-		size_t n = dp->nqueue > 1000 ? 1000 : dp->nqueue, i;
+	while (dp->nqueue > 0 && !dp->db_down && !dp->completing && rb_store_complete_ready(dp->store)) {
+		size_t n = dp->nqueue > 1000 ? 1000 : dp->nqueue;
 		struct rb_error err = { 0 };
-		struct rb_result *v;
 		char **json;
-		/* (a --sql statement runs in the completion of every success:
-		 * the one-statement completion below cannot run it) */
-		bool all_ok = dp->opt.complete.sql == NULL;
+		struct rb_result *v = results_of(dp, n, &json);
 
-		for (i = 0; i < n && all_ok; i++)
-			all_ok = dp->queue[i].verdict == RB_VERDICT_OK;
-		if (all_ok && dp->claiming && !completes_apart(dp))
-			return true;	/* sent once the claim's answer is in */
-		v = results_of(dp, n, &json);
-		if (all_ok) {
-			if (rb_store_complete_send(dp->store, v, n, completes_apart(dp), &err) < 0) {
-				free(v);
-				db_error(dp, &err, "complete");
-				return false;
-			}
-			dp->completing = true;
-			dp->ncompleting = n;
-			dp->completing_v = v;
-			return true;
-		}
-		claim_collect(dp, true);
-		if (dp->db_down || rb_store_complete(dp->store, &dp->opt.complete, v, n, &err) < 0) {
+		if (rb_store_complete_start(dp->store, &dp->opt.complete, v, n, &err) < 0) {
 			free_json(json, n);
 			free(v);
-			if (!dp->db_down)
-				db_error(dp, &err, "complete");
+			db_error(dp, &err, "complete");
 			return false;
 		}
-		free_json(json, n);
-		apply_results(dp, n, v);
-		free(v);
+		dp->completing = true;
+		dp->ncompleting = n;
+		dp->completing_v = v;
+		dp->completing_json = json;
+		store_drain(dp);
 	}
-	return true;
+	return !dp->db_down;
 }
 
-/* Take the answer to the completion that is out (flush_results), waiting or only if it is in. */
+/* The completion asked for is done: its outcomes. */
 void
-complete_collect(struct dispatcher *dp, bool wait)
+on_completed(struct dispatcher *dp, const struct rb_store_event *ev)
 {
-	struct rb_error err = { 0 };
-	struct rb_result *v;
-	int rc;
+	struct rb_result *v = dp->completing_v;
 
-	if (!dp->completing)
-		return;
-	rc = rb_store_complete_recv(dp->store, wait, &err);
-	if (rc == STORE_PENDING)
-		return;
-	dp->completing = false;
-	v = dp->completing_v;
+	if (!dp->completing || ev->results != v)
+		return;		/* (cannot happen: one completion at a time) */
 	dp->completing_v = NULL;
-	if (rc < 0) {
-		/* the results stay queued: applied again after the reconnect */
-		free(v);
-		db_error(dp, &err, "complete");
-		return;
-	}
 	apply_results(dp, dp->ncompleting, v);
 	free(v);
-}
-
-/* Nothing out on the connection: the next statement may go. */
-void
-db_settle(struct dispatcher *dp)
-{
-	claim_collect(dp, true);
-	complete_collect(dp, true);
+	completion_forget(dp);
 }
