@@ -17,6 +17,7 @@
 #include <ctype.h>
 #include <limits.h>
 #include <math.h>
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -352,11 +353,22 @@ cell(const json_t *v, int max)
 	return s;
 }
 
+/* stdout failed: a reader that went away (| head) is normal in a pipeline, said only with -v */
+static void __attribute__((noreturn))
+out_failed(void)
+{
+	if (errno == EPIPE) {
+		rb_info("stdout closed");
+		exit(RB_EXIT_IOERR);
+	}
+	rb_die_errno(RB_EXIT_IOERR, "cannot write to stdout");
+}
+
 static void
 out_check(void)
 {
 	if (ferror(stdout))
-		rb_die_errno(RB_EXIT_IOERR, "cannot write to stdout");
+		out_failed();
 }
 
 static void
@@ -443,7 +455,7 @@ finish(int rc)
 {
 	table_flush();
 	if (fflush(stdout) != 0 || ferror(stdout))
-		rb_die_errno(RB_EXIT_IOERR, "cannot write to stdout");
+		out_failed();
 	return rc;
 }
 
