@@ -120,7 +120,7 @@ EOF
 @test "the installed programs run from where they were installed" {
   need_install
   local bin n=0
-  bin=$(dirname "$(find "$DEST" -name rb-setup -type f)")
+  bin=$(dirname "$(find "$DEST" -path "*/bin/rb-setup" -type f)")
   for p in rb-setup rb-publish rb-claim rb-complete rb-dispatch rb-admin rb-pageinspect; do
     run "$bin/$p" --version
     [ "$status" -eq 0 ] || { echo "$p --version: $status"; false; }
@@ -139,4 +139,21 @@ EOF
   env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -s -C "$RB_BUILDDIR" uninstall DESTDIR="$dest" >/dev/null 2>&1
   run find "$dest" -type f -o -type l
   [ -z "$output" ] || { echo "left: $output"; false; }
+}
+
+@test "bash completion: a file for every program where bash-completion looks, each completing its program" {
+  need_install
+  local dir
+  dir=$(dirname "$(find "$DEST" -path '*/bash-completion/completions/rb-setup')")
+  [ -d "$dir" ]
+  for p in rb-setup rb-publish rb-claim rb-complete rb-dispatch rb-admin rb-pageinspect; do
+    [ -e "$dir/$p" ] || { echo "no completion for $p"; false; }
+    run bash -c "source '$dir/$p' && complete -p $p"
+    [ "$status" -eq 0 ]
+    [[ "$output" == *"-F _relaybus $p" ]]
+  done
+  if pkg-config --exists bash-completion; then
+    # where this system's bash-completion loads from, under the build's prefix
+    [[ "$dir" == "$DEST"*"/share/bash-completion/completions" ]]
+  fi
 }
