@@ -157,3 +157,24 @@ EOF
     [[ "$dir" == "$DEST"*"/share/bash-completion/completions" ]]
   fi
 }
+
+@test "the bats library: bats_load_library relaybus finds it where it was installed, with its pg-tmp" {
+  need_install
+  local lib
+  lib=$(dirname "$(dirname "$(find "$DEST" -path '*/bats/relaybus/load.bash')")")
+  [[ "$lib" == "$DEST"*/lib/bats ]]
+  [ -x "$lib/relaybus/pg-tmp" ]
+  cat >"$BATS_TEST_TMPDIR/user.bats" <<'EOT'
+bats_load_library relaybus
+TEST "loaded" {
+  declare -F relaybus_setup_file rb_publish rb_run_handler rb_dispatch assert_delivery_completed \
+    assert_delivery_rescheduled assert_delivery_dead >/dev/null
+}
+EOT
+  sed -i 's/^TEST /@test /' "$BATS_TEST_TMPDIR/user.bats"
+  local path
+  path=$(tr ':' '\n' <<<"$PATH" | grep -v bats-core | paste -sd:)
+  run env -i PATH="$path" HOME="$HOME" BATS_LIB_PATH="$lib" bats "$BATS_TEST_TMPDIR/user.bats"
+  [ "$status" -eq 0 ] || { echo "$output"; false; }
+  [[ "$output" == *"ok 1 loaded"* ]]
+}
