@@ -256,7 +256,16 @@ publish_slice(struct rb_store *store, struct batch *b, size_t from, size_t n, st
 		return -1;
 	cnt.committed_line = b->lines[from + n - 1];
 	if (write_acks(b, &acks, from) < 0) {
+		int e = errno;
+
 		rb_publish_acks_clear(&acks);
+		/* a reader that went away (| head): no "Broken pipe", but what was left undone */
+		if (e == EPIPE) {
+			rb_warn("stdout closed: committed through line %ld, the rest not published",
+			    cnt.committed_line);
+			exit(RB_EXIT_IOERR);
+		}
+		errno = e;
 		rb_die_errno(RB_EXIT_IOERR, "cannot write to stdout (committed through line %ld)",
 		    cnt.committed_line);
 	}
@@ -392,7 +401,12 @@ main(int argc, char **argv)
 	rb_store_close(store);
 	if (rejects_f != NULL && fclose(rejects_f) != 0)
 		rb_die_errno(RB_EXIT_IOERR, "cannot write %s", opt.rejects);
-	if (fflush(stdout) != 0 || ferror(stdout))
+	if (fflush(stdout) != 0 || ferror(stdout)) {
+		if (errno == EPIPE) {	/* everything is committed: a reader that went away, said with -v */
+			rb_info("stdout closed");
+			return RB_EXIT_IOERR;
+		}
 		rb_die(RB_EXIT_IOERR, "cannot write to stdout");
+	}
 	return exit_code;
 }
