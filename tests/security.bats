@@ -1,0 +1,97 @@
+#!/usr/bin/env bats
+# Secrets and hostile input: passwords never in messages, argv or the
+# handlers' environment; durations bounded; --print-sql safe under any
+# standard_conforming_strings; bare ids, log lines and --rejects files
+# that cannot be turned against the operator.
+
+load test_helper
+
+setup_file() {
+  if have_pg; then
+    drop_schema
+    rb-setup
+  fi
+}
+
+teardown_file() {
+  drop_schema
+  if [ -n "${RELAYBUS_TEST_PG_URL:-}" ]; then
+    psql "$RELAYBUS_TEST_PG_URL" -X -q -c "DROP SCHEMA IF EXISTS ${RB_SCHEMA:0:44}_on CASCADE" \
+      -c "DROP SCHEMA IF EXISTS ${RB_SCHEMA:0:44}_off CASCADE" \
+      -c "DROP TABLE IF EXISTS public.${RB_SCHEMA:0:44}_victim" >/dev/null 2>&1 || true
+  fi
+}
+
+teardown() {
+  local p
+  for p in ${PIDS:-}; do kill -9 "$p" 2>/dev/null || true; done
+}
+
+# the test database's port, and a URL to it that carries a password
+# (the server trusts local connections and ignores it)
+pg_port() { printf '%s\n' "$_test_pg_url" | sed -n 's|.*:\([0-9][0-9]*\)/.*|\1|p'; }
+
+app_conns() { q "SELECT count(*) FROM pg_stat_activity WHERE application_name = '$1'"; }
+
+wait_for() {  # secs cond...
+  local end=$(( $(date +%s) + $1 )); shift
+  until eval "$*"; do
+    [ "$(date +%s)" -lt "$end" ] || { echo "timed out waiting for: $*" >&2; return 1; }
+    sleep 0.05
+  done
+}
+
+# ---- durations (F6) ---------------------------------------------------------------
+
+@test "durations: a bare number is a usage error that names the option and the units" {
+  run -64 --separate-stderr rb-dispatch -H h --exec true --grace 30
+  [[ "$stderr" == "rb-dispatch: --grace: '30' has no unit: write 30s, 30ms, 30m, 30h or 30d (see relaybus(7))"* ]] || { echo "$stderr"; false; }
+  run -64 --separate-stderr rb-claim -H h --lease 2000
+  [[ "$stderr" == "rb-claim: --lease: '2000' has no unit"* ]]
+  run -64 --separate-stderr rb-complete --window 5
+  [[ "$stderr" == "rb-complete: --window: '5' has no unit"* ]]
+  run -64 --separate-stderr rb-dispatch -H h --exec true --backoff 1s,300
+  [[ "$stderr" == "rb-dispatch: --backoff: '300' has no unit"* ]]
+  run -64 --separate-stderr rb-dispatch -H h --exec true --timeout 1.5x
+  [[ "$stderr" == "rb-dispatch: --timeout: '1.5x' is not a duration"* ]]
+  run -64 --separate-stderr rb-dispatch -H h --exec true --timeout 0.1ms
+  [[ "$stderr" == "rb-dispatch: --timeout: '0.1ms' is not a whole number of milliseconds"* ]]
+}
+
+@test "durations: compound and decimal forms are accepted; 0 needs no unit" {
+  # accepted: the program gets past its options and fails to connect (69)
+  local db='postgresql://x@127.0.0.1:1/x'
+  run -69 rb-dispatch --db "$db" -H h --exec true --timeout 1m30s --grace 1.5s --lease 2h --poll 0.25s --window 0
+  run -69 rb-claim --db "$db" -H h --lease 1d --wait 1h30m15s500ms --poll 1min
+  run -69 rb-admin --db "$db" purge --dead-older-than 3650d
+}
+
+@test "durations: values beyond an option's maximum are usage errors (exit 64), not overflows" {
+  run -64 --separate-stderr rb-dispatch -H h --exec true --timeout 9223372036854775807ms
+  [[ "$stderr" == "rb-dispatch: --timeout: '9223372036854775807ms' is more than 24d"* ]] || { echo "$stderr"; false; }
+  run -64 --separate-stderr rb-dispatch -H h --exec true --grace 25d
+  [[ "$stderr" == "rb-dispatch: --grace: '25d' is more than 24d"* ]]
+  run -64 --separate-stderr rb-dispatch -H h --exec true --poll 106751991167d
+  run -64 --separate-stderr rb-claim -H h --lease 25h
+  [[ "$stderr" == "rb-claim: --lease: '25h' is more than 1d"* ]]
+  run -64 --separate-stderr rb-claim -H h --wait 30d --poll 30d
+  [[ "$stderr" == "rb-claim: --wait: '30d' is more than 24d"* ]]
+  run -64 rb-dispatch -H h --exec true --backoff 1s,366d
+  run -64 rb-admin purge --dead-older-than 3651d
+  run -64 rb-publish --flush 25d
+  run -64 rb-pageinspect watch --interval 25d
+}
+
+@test "durations: the largest values run (no overflow of the clocks, no busy loop)" {
+  need_pg
+  # nothing due: a drain at the largest timeout, grace, poll and lease ends at once
+  run -0 --separate-stderr rb-dispatch -H maxh --exec true --timeout 24d --grace 24d --poll 24d \
+    --lease 1d --window 24d --stats-every 24d --drain
+  # rb-claim waits the --wait it was given even with the longest --poll
+  local t0=$SECONDS
+  run -1 rb-claim -H maxh --wait 1s --poll 24d --lease 1d
+  [ $(( SECONDS - t0 )) -le 5 ]
+  printf '{"id":"max-1","name":"t","payload":{},"handlers":["maxh"]}\n' | rb-publish -q --flush 24d
+  run -0 rb-claim -H maxh --wait 24d --poll 24d --lease 1d
+  [[ "$output" == *'"event_id":"max-1"'* ]]
+}
