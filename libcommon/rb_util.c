@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include "rb_exit.h"
@@ -196,6 +197,19 @@ splice_mask(char *s, size_t from, size_t to)
 	return r;
 }
 
+/* Is s[i..] a password key (password, sslpassword, any case) that starts a word? */
+static size_t
+password_key(const char *s, size_t i)
+{
+	if (i > 0 && (isalnum((unsigned char)s[i - 1]) || s[i - 1] == '_'))
+		return 0;
+	if (strncasecmp(s + i, "password", 8) == 0)
+		return 8;
+	if (strncasecmp(s + i, "sslpassword", 11) == 0)
+		return 11;
+	return 0;
+}
+
 char *
 rb_url_redact(const char *url)
 {
@@ -207,35 +221,28 @@ rb_url_redact(const char *url)
 	s = xstrdup(url);
 	p = strstr(s, "://");
 	if (p != NULL) {
-		/* scheme://user:password@host... : mask between ':' and the last '@' of the authority */
-		char *auth = p + 3;
-		char *end = auth + strcspn(auth, "/?#");
-		char *at = NULL, *colon;
+		/* scheme://user:password@host...: mask from the first ':' to the
+		 * last '@' (more than a password, at worst: never less) */
+		char *auth = p + 3, *at = strrchr(auth, '@'), *colon = strchr(auth, ':');
 
-		for (char *q = auth; q < end; q++)
-			if (*q == '@')
-				at = q;
-		if (at != NULL) {
-			colon = memchr(auth, ':', (size_t)(at - auth));
-			if (colon != NULL)
-				s = splice_mask(s, (size_t)(colon + 1 - s), (size_t)(at - s));
-		}
+		if (at != NULL && colon != NULL && colon < at)
+			s = splice_mask(s, (size_t)(colon + 1 - s), (size_t)(at - s));
 	}
 	/* password=... in a conninfo string or a URL query */
 	for (i = 0; s[i] != '\0'; i++) {
-		if (strncmp(s + i, "password", 8) != 0)
+		size_t j, k, n = password_key(s, i);
+
+		if (n == 0)
 			continue;
-		if (i > 0 && s[i - 1] != ' ' && s[i - 1] != '?' && s[i - 1] != '&' && s[i - 1] != '\t')
-			continue;
-		size_t j = i + 8;
-		while (s[j] == ' ')
+		j = i + n;
+		while (isspace((unsigned char)s[j]))
 			j++;
 		if (s[j] != '=')
 			continue;
 		j++;
-		while (s[j] == ' ')
+		while (isspace((unsigned char)s[j]))
 			j++;
-		size_t k = j;
+		k = j;
 		if (s[k] == '\'') {
 			k++;
 			while (s[k] != '\0' && s[k] != '\'') {
@@ -246,7 +253,7 @@ rb_url_redact(const char *url)
 			if (s[k] == '\'')
 				k++;
 		} else {
-			while (s[k] != '\0' && s[k] != ' ' && s[k] != '&' && s[k] != '#')
+			while (s[k] != '\0' && !isspace((unsigned char)s[k]) && s[k] != '&' && s[k] != ';')
 				k++;
 		}
 		s = splice_mask(s, j, k);

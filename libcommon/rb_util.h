@@ -47,10 +47,11 @@ int	rb_parse_int64(const char *, int64_t min, int64_t max, int64_t *out);
 int	rb_parse_int(const char *, int min, int max, int *out);
 
 /**
- * Copy a connection URL or conninfo string with any password replaced by
- * "xxxxx": "postgresql://u:secret@h/db" -> "postgresql://u:xxxxx@h/db",
- * "host=h password=secret" -> "host=h password=xxxxx", and
- * "?password=secret" query parameters.  NULL gives "(environment)".
+ * The backend-neutral redaction, for URLs no backend parses (mongodb://):
+ * a copy of url with the userinfo password (from the first ':' after
+ * "://" to the last '@') and any password= or sslpassword= value replaced
+ * by "xxxxx".  NULL gives "(environment)".  PostgreSQL connection strings
+ * go through rb_pg_url_redact (store_pg_url.h), which reads them as libpq does.
  */
 char	*rb_url_redact(const char *url);
 

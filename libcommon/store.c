@@ -15,6 +15,7 @@
 #include "rb_store.h"
 #include "rb_util.h"
 #include "store_int.h"
+#include "store_pg_url.h"
 
 int
 rb_seterr(struct rb_error *err, int code, const char *fmt, ...)
@@ -60,14 +61,14 @@ rb_store_open(const char *url, const char *schema, const char *app, struct rb_er
 	}
 	if (url != NULL && strstr(url, "://") != NULL) {
 		if (has_scheme(url, "mongodb") || has_scheme(url, "mongodb+srv")) {
-			char *r = rb_url_redact(url);
+			char *r = rb_pg_url_redact(url);
 			rb_seterr(err, RB_EXIT_UNAVAILABLE,
 			    "%s: the mongodb backend is not part of this build", r);
 			free(r);
 			return NULL;
 		}
 		if (!has_scheme(url, "postgres") && !has_scheme(url, "postgresql")) {
-			char *r = rb_url_redact(url);
+			char *r = rb_pg_url_redact(url);
 			rb_seterr(err, RB_EXIT_CONFIG,
 			    "unsupported URL scheme in %s: use postgresql:// (or a libpq conninfo)", r);
 			free(r);
@@ -77,7 +78,7 @@ rb_store_open(const char *url, const char *schema, const char *app, struct rb_er
 	s = xcalloc(1, sizeof *s);
 	s->ops = &rb_store_pg_ops;
 	s->url = url != NULL ? xstrdup(url) : NULL;
-	s->url_redacted = rb_url_redact(url);
+	s->url_redacted = rb_pg_url_redact(url);
 	s->schema = xstrdup(schema);
 	s->app = xstrdup(app != NULL ? app : "relaybus");
 	if (s->ops->open(s, err) < 0) {

@@ -41,6 +41,42 @@ wait_for() {  # secs cond...
   done
 }
 
+# ---- passwords in messages (F3, F4) ------------------------------------------
+
+@test "redaction: libpq's parse error, which quotes the password, is not shown" {
+  for url in 'postgresql://postgres:se%zzret@127.0.0.1:1/x' \
+             'postgresql://postgres:sec%00ret@127.0.0.1:1/x' \
+             'postgresql://postgres@127.0.0.1:1/x?password=Se%zzcret'; do
+    run -78 --separate-stderr rb-admin --db "$url" stats
+    [[ "$stderr" != *zz* && "$stderr" != *sec* && "$stderr" != *Se* && "$stderr" != *00ret* ]] || { echo "$url: $stderr"; false; }
+    [[ "$stderr" == "rb-admin: cannot connect to (unparsable connection string): "* ]]
+  done
+  run -78 --separate-stderr rb-admin --db 'postgresql://postgres:se%zzret@127.0.0.1:1/x' stats
+  [ "$stderr" = "rb-admin: cannot connect to (unparsable connection string): invalid percent-encoded token (the rest is not shown: it may hold a password)" ]
+}
+
+@test "redaction: passwords holding ? or #, percent-encoded keys and sslpassword are masked" {
+  local url
+  for url in 'postgresql://postgres:pa?ss@127.0.0.1:1/x' 'postgresql://postgres:pa#ss@127.0.0.1:1/x'; do
+    run -69 --separate-stderr rb-admin --db "$url" stats
+    [[ "$stderr" == "rb-admin: cannot connect to postgresql://postgres:xxxxx@127.0.0.1:1/x: "* ]] || { echo "$stderr"; false; }
+  done
+  run -69 --separate-stderr rb-admin --db 'postgresql://postgres@127.0.0.1:1/x?pass%77ord=Secret1&sslpassword=Secret2' stats
+  [[ "$stderr" == "rb-admin: cannot connect to postgresql://postgres@127.0.0.1:1/x?pass%77ord=xxxxx&sslpassword=xxxxx: "* ]] || { echo "$stderr"; false; }
+  run -69 --separate-stderr rb-admin --db $'host=127.0.0.1 port=1 user=postgres\vpassword=VtSecret' stats
+  [[ "$stderr" != *VtSecret* && "$stderr" == *password=xxxxx* ]] || { echo "$stderr"; false; }
+}
+
+@test "redaction: -vv 'connected to' hides a password after a newline and in the query" {
+  need_pg
+  run -0 --separate-stderr rb-admin -vv --db $'host=127.0.0.1 port='"$(pg_port)"$' user=postgres dbname=postgres\npassword=NewlineSecret' lanes
+  [[ "$stderr" == *"connected to host=127.0.0.1 port=$(pg_port) user=postgres dbname=postgres"* ]] || { echo "$stderr"; false; }
+  [[ "$stderr" != *NewlineSecret* ]]
+  run -0 --separate-stderr rb-admin -vv --db "postgresql://postgres:UserinfoSecret@127.0.0.1:$(pg_port)/postgres?sslpassword=SslSecret" lanes
+  [[ "$stderr" == *"connected to postgresql://postgres:xxxxx@127.0.0.1:$(pg_port)/postgres?sslpassword=xxxxx"* ]] || { echo "$stderr"; false; }
+  [[ "$stderr" != *Secret* ]]
+}
+
 # ---- durations (F6) ---------------------------------------------------------------
 
 @test "durations: a bare number is a usage error that names the option and the units" {
