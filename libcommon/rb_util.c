@@ -127,6 +127,7 @@ rb_parse_duration_ms(const char *s, int64_t *out_ms)
 		const char *u;
 		size_t ulen, i;
 		int rank = -1;
+		bool fine = true;
 
 		if (!isdigit((unsigned char)*p))
 			return RB_DURATION_SYNTAX;
@@ -145,8 +146,7 @@ rb_parse_duration_ms(const char *s, int64_t *out_ms)
 				/* 10 digits tell every whole millisecond of a day
 				 * apart; beyond them only zeros may follow */
 				if (digits == 10) {
-					if (*p != '0')
-						return RB_DURATION_FRACTION;
+					fine = fine && *p == '0';
 					continue;
 				}
 				frac = frac * 10 + (*p - '0');
@@ -170,7 +170,7 @@ rb_parse_duration_ms(const char *s, int64_t *out_ms)
 			return RB_DURATION_SYNTAX;
 		last_rank = rank;
 		/* frac < 10^10 and mult <= 86400000: no overflow */
-		if (frac * mult % scale != 0)
+		if (!fine || frac * mult % scale != 0)
 			return RB_DURATION_FRACTION;
 		if (whole > INT64_MAX / mult)
 			return RB_DURATION_RANGE;

@@ -25,7 +25,7 @@ test_durations(void)
 	};
 	static const struct { const char *in; int rc; } bad[] = {
 		{ "", RB_DURATION_SYNTAX }, { "30", RB_DURATION_BARE }, { "250", RB_DURATION_BARE },
-		{ "1.5", RB_DURATION_BARE }, { "00", RB_DURATION_BARE }, { "-5s", RB_DURATION_SYNTAX },
+		{ "1.5", RB_DURATION_BARE }, { "0.000000030003000000", RB_DURATION_BARE }, { "00", RB_DURATION_BARE }, { "-5s", RB_DURATION_SYNTAX },
 		{ "+5s", RB_DURATION_SYNTAX }, { "5 s", RB_DURATION_SYNTAX }, { " 5s", RB_DURATION_SYNTAX },
 		{ "5s ", RB_DURATION_SYNTAX }, { "5x", RB_DURATION_SYNTAX }, { "5S", RB_DURATION_SYNTAX },
 		{ "s", RB_DURATION_SYNTAX }, { ".5s", RB_DURATION_SYNTAX }, { "5.s", RB_DURATION_SYNTAX },
