@@ -131,3 +131,19 @@ wait_for() {  # secs cond...
   run -0 rb-claim -H maxh --wait 24d --poll 24d --lease 1d
   [[ "$output" == *'"event_id":"max-1"'* ]]
 }
+
+# ---- bare ids, log lines, --rejects (F9, F10, F12) -----------------------------------
+
+@test "--rejects: a symbolic link is refused and a new file is created 0600" {
+  need_pg
+  cd "$BATS_TEST_TMPDIR"
+  echo keep >target
+  ln -s target link
+  run -73 --separate-stderr rb-publish -k --rejects link <<<'not json'
+  [[ "$stderr" == "rb-publish: --rejects: cannot open link: it is a symbolic link"* ]] || { echo "$stderr"; false; }
+  [ "$(cat target)" = keep ]
+  umask 022
+  run -65 rb-publish -k --rejects new.jsonl <<<'not json'
+  [ "$(cat new.jsonl)" = 'not json' ]
+  [ "$(stat -c %a new.jsonl)" = 600 ]
+}
