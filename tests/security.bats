@@ -134,6 +134,19 @@ wait_for() {  # secs cond...
 
 # ---- bare ids, log lines, --rejects (F9, F10, F12) -----------------------------------
 
+@test "rb-admin: a bare id with a NUL or invalid UTF-8 is an error (65), never a cut id" {
+  need_pg
+  printf '{"id":"o-1","name":"t","payload":{},"handlers":["adm"]}\n' | rb-publish -q
+  run -65 --separate-stderr sh -c "printf 'o-1\\0garbage\\n' | rb-admin cancel"
+  [ "$stderr" = "rb-admin: stdin:1: the event id holds a NUL byte" ] || { echo "$stderr"; false; }
+  [ "$(q "SELECT count(*) FROM relaybus_deliveries WHERE event_id = 'o-1'")" = 1 ]
+  run -65 --separate-stderr sh -c "printf 'o-\\377\\n' | rb-admin cancel"
+  [ "$stderr" = "rb-admin: stdin:1: the event id is not valid UTF-8" ] || { echo "$stderr"; false; }
+  run -65 --separate-stderr rb-admin cancel $'o-\xff'
+  [ "$stderr" = "rb-admin: cancel: the event id 'o-\\xff' is not valid UTF-8" ] || { echo "$stderr"; false; }
+  [ "$(q "SELECT count(*) FROM relaybus_deliveries WHERE event_id = 'o-1'")" = 1 ]
+}
+
 @test "--rejects: a symbolic link is refused and a new file is created 0600" {
   need_pg
   cd "$BATS_TEST_TMPDIR"
