@@ -147,6 +147,25 @@ wait_for() {  # secs cond...
   [ "$(q "SELECT count(*) FROM relaybus_deliveries WHERE event_id = 'o-1'")" = 1 ]
 }
 
+@test "logs: event ids and handler errors cannot forge log lines or send escape codes" {
+  need_pg
+  run -65 --separate-stderr rb-admin cancel $'inj\nrb-admin: everything is fine\e[2J'
+  [ "$(printf '%s\n' "$stderr" | wc -l)" = 1 ] || { echo "$stderr"; false; }
+  [[ "$stderr" == *"no delivery of event 'inj\\nrb-admin: everything is fine\\x1b[2J'"* ]] || { echo "$stderr"; false; }
+  # a co-process's error text, logged with -v
+  printf '{"id":"log-1","name":"t","payload":{},"handlers":["logh"]}\n' | rb-publish -q
+  run -0 --separate-stderr rb-dispatch -H logh -v --max-attempts 1 --drain \
+    --pipe "sed -u 's/}\$/,\"ok\":false,\"error\":\"boom\\\\nrb-dispatch: forged\\\\u001b[31m\\\\u0085\"}/'"
+  [[ "$stderr" == *'attempt 1 failed: boom\nrb-dispatch: forged\x1b[31m\u0085'* ]] || { echo "$stderr"; false; }
+  [[ $'\n'"$stderr" != *$'\n'"rb-dispatch: forged"* && "$stderr" != *$'\e'* ]] || { echo "$stderr"; false; }
+}
+
+@test "logs: the json format keeps a message that is not valid UTF-8" {
+  need_pg
+  run -65 --separate-stderr rb-admin --log-format json cancel $'bad-\xff-id'
+  [[ "$stderr" == *'"level":"error"'* && "$stderr" == *'bad-\\xff-id'* ]] || { echo "$stderr"; false; }
+}
+
 @test "--rejects: a symbolic link is refused and a new file is created 0600" {
   need_pg
   cd "$BATS_TEST_TMPDIR"
