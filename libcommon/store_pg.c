@@ -165,14 +165,16 @@ sb_array_int(struct rb_sbuf *b, int64_t v)
 	sb_list_int(b, b->len <= 1, v);
 }
 
-/* A SQL string literal (standard_conforming_strings) for --print-sql. */
+/* A SQL string literal for --print-sql: an E'' literal, which reads the
+ * same whatever standard_conforming_strings says (with a plain '' one, a
+ * pattern holding \' would end the literal where it is off). */
 static void
 sb_literal(struct rb_sbuf *b, const char *v)
 {
-	rb_sb_puts(b, "'");
+	rb_sb_puts(b, "E'");
 	for (; *v != '\0'; v++) {
-		if (*v == '\'')
-			rb_sb_putn(b, "'", 1);
+		if (*v == '\'' || *v == '\\')
+			rb_sb_putn(b, v, 1);
 		rb_sb_putn(b, v, 1);
 	}
 	rb_sb_puts(b, "'");
@@ -695,7 +697,8 @@ rb_setup_sql(const char *schema, const struct rb_setup_opts *o, struct rb_error 
 		return NULL;
 	rb_sb_init(&b);
 	rb_sb_puts(&b, "-- relaybus schema set-up; apply in one transaction with the workers stopped\n"
-	    "BEGIN;\n");
+	    "BEGIN;\n"
+	    "SET LOCAL standard_conforming_strings = on;\n");
 	setup_script(&b, schema, o, true);
 	rb_sb_puts(&b, "COMMIT;\n");
 	return b.s;

@@ -132,6 +132,30 @@ wait_for() {  # secs cond...
   [[ "$output" == *'"event_id":"max-1"'* ]]
 }
 
+# ---- --print-sql under standard_conforming_strings = off (F7) -------------------------
+
+@test "--print-sql: the script makes the same schema with standard_conforming_strings off" {
+  need_pg
+  local on=${RB_SCHEMA:0:44}_on off=${RB_SCHEMA:0:44}_off victim=${RB_SCHEMA:0:44}_victim
+  local pat="x\\', \$\$l\$\$) ON CONFLICT DO NOTHING; DROP TABLE public.$victim; --"
+  psql "$_test_pg_url" -X -q -c "CREATE TABLE public.$victim (x int)"
+  rb-setup --print-sql --schema "$on" --subscribe "h:$pat" --subscribe 'h2:a\b*' >"$BATS_TEST_TMPDIR/on.sql"
+  rb-setup --print-sql --schema "$off" --subscribe "h:$pat" --subscribe 'h2:a\b*' >"$BATS_TEST_TMPDIR/off.sql"
+  psql "$_test_pg_url" -X -q -v ON_ERROR_STOP=1 -f "$BATS_TEST_TMPDIR/on.sql" >/dev/null 2>&1
+  PGOPTIONS='-c standard_conforming_strings=off' \
+    psql "$_test_pg_url" -X -q -v ON_ERROR_STOP=1 -f "$BATS_TEST_TMPDIR/off.sql" >/dev/null 2>&1 || true
+  # the victim survived, and both schemas hold the patterns verbatim
+  [ "$(psql "$_test_pg_url" -X -A -t -c "SELECT count(*) FROM public.$victim")" = 0 ]
+  local a b
+  a=$(psql "$_test_pg_url" -X -A -t -c "SELECT handler, pattern, like_pattern FROM $on.relaybus_subscriptions ORDER BY 1")
+  b=$(psql "$_test_pg_url" -X -A -t -c "SELECT handler, pattern, like_pattern FROM $off.relaybus_subscriptions ORDER BY 1")
+  [ "$a" = "$b" ]
+  [[ "$a" == *"h|$pat|"* && "$a" == *'h2|a\b*|a\\b%'* ]] || { echo "$a"; false; }
+  a=$(psql "$_test_pg_url" -X -A -t -c "SELECT count(*) FROM pg_proc WHERE pronamespace = '$on'::regnamespace")
+  b=$(psql "$_test_pg_url" -X -A -t -c "SELECT count(*) FROM pg_proc WHERE pronamespace = '$off'::regnamespace")
+  [ "$a" = "$b" ] && [ "$a" -gt 5 ]
+}
+
 # ---- bare ids, log lines, --rejects (F9, F10, F12) -----------------------------------
 
 @test "rb-admin: a bare id with a NUL or invalid UTF-8 is an error (65), never a cut id" {
