@@ -18,6 +18,7 @@
 #include "rb_exit.h"
 #include "rb_log.h"
 #include "rb_util.h"
+#include "store_pg_url.h"
 
 void
 rb_cli_init(const char *prog, struct rb_common *c)
@@ -58,13 +59,39 @@ rb_cli_bad_option(const char *usage)
 	exit(RB_EXIT_USAGE);
 }
 
+/*
+ * --db URL: keep a copy and overwrite the argument where it stands, in
+ * argv, with the URL as messages show it, so that /proc/PID/cmdline, which
+ * every local user can read, no longer holds the password (it did from
+ * exec until now: a passfile or the environment is better).  The rest of
+ * a redacted URL shorter than the original is NUL bytes; one longer is cut.
+ */
+static const char *
+take_url(char *arg)
+{
+	static char *copy;	/* the last --db given wins */
+	char *r;
+	size_t n = strlen(arg), m;
+
+	free(copy);
+	copy = xstrdup(arg);
+	r = rb_pg_url_redact(copy);
+	if (strcmp(r, copy) != 0) {
+		m = strlen(r) < n ? strlen(r) : n;
+		memcpy(arg, r, m);
+		memset(arg + m, '\0', n - m);
+	}
+	free(r);
+	return copy;
+}
+
 bool
 rb_cli_common(int c, const char *arg, struct rb_common *cm, const char *usage)
 {
 	switch (c) {
 	case 'u':
 	case RB_OPT_DB:
-		cm->db = arg;
+		cm->db = take_url((char *)arg);
 		return true;
 	case RB_OPT_SCHEMA:
 		if (!rb_ident_valid(arg))

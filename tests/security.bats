@@ -77,6 +77,54 @@ wait_for() {  # secs cond...
   [[ "$stderr" != *Secret* ]]
 }
 
+# ---- argv and the handlers' environment (F5) -----------------------------------
+
+@test "argv: a password given with --db is gone from /proc/PID/cmdline" {
+  need_pg
+  local base="postgresql://postgres:TopSecretPW@127.0.0.1:$(pg_port)/postgres?application_name=sec_argv"
+  rb-dispatch --db "${base}1_$$" -H argvh --exec true 2>/dev/null 3>&- & PIDS=$!
+  wait_for 20 '[ "$(app_conns sec_argv1_$$)" -gt 0 ]'
+  run -0 sh -c "tr '\\0' ' ' </proc/$PIDS/cmdline"
+  [[ "$output" == *"--db postgresql://postgres:xxxxx@127.0.0.1:"* ]] || { echo "$output"; false; }
+  [[ "$output" != *TopSecretPW* ]]
+  kill "$PIDS"; wait "$PIDS" || true
+  # --db=URL and -uURL: the password sits in the middle of the argument
+  rb-claim "--db=${base}2_$$" -H argvh --wait 20s 2>/dev/null 3>&- & PIDS=$!
+  wait_for 20 '[ "$(app_conns sec_argv2_$$)" -gt 0 ]'
+  run -0 sh -c "tr '\\0' ' ' </proc/$PIDS/cmdline"
+  [[ "$output" == *"--db=postgresql://postgres:xxxxx@"* && "$output" != *TopSecretPW* ]] || { echo "$output"; false; }
+  kill "$PIDS"; wait "$PIDS" || true
+  rb-claim "-u${base}3_$$" -H argvh --wait 20s 2>/dev/null 3>&- & PIDS=$!
+  wait_for 20 '[ "$(app_conns sec_argv3_$$)" -gt 0 ]'
+  run -0 sh -c "tr '\\0' ' ' </proc/$PIDS/cmdline"
+  [[ "$output" == *"-upostgresql://postgres:xxxxx@"* && "$output" != *TopSecretPW* ]] || { echo "$output"; false; }
+  kill "$PIDS"; wait "$PIDS" || true
+}
+
+@test "environment: --exec and --pipe handlers get no RELAYBUS_URL, PGPASSWORD, PGPASSFILE, PGSERVICEFILE, PGSSLKEY" {
+  need_pg
+  local out=$BATS_TEST_TMPDIR/env
+  printf '{"id":"env-%s","name":"t","payload":{},"handlers":["envh"]}\n' 1 2 3 | rb-publish -q
+  export RELAYBUS_URL="postgresql://postgres:EnvUrlSecret@127.0.0.1:$(pg_port)/postgres"
+  export PGPASSWORD=PgPwSecret PGPASSFILE=/nonexistent/pgpass PGSERVICEFILE=/nonexistent/svc PGSSLKEY=/nonexistent/key
+  export PGCONNECT_TIMEOUT=7
+  run -0 rb-dispatch -H envh --exec "env >>$out.exec" --drain -q
+  [ -s "$out.exec" ]
+  run ! grep -E '^(RELAYBUS_URL|PGPASSWORD|PGPASSFILE|PGSERVICEFILE|PGSSLKEY)=' "$out.exec"
+  run ! grep Secret "$out.exec"
+  grep -q "^RELAYBUS_SCHEMA=$RB_SCHEMA\$" "$out.exec"   # the rest is passed on
+  grep -q '^PGCONNECT_TIMEOUT=7$' "$out.exec"
+  grep -q '^PATH=' "$out.exec"
+  # the same for co-processes; RELAYBUS_PASS_ENV hands on what the user names
+  printf '{"id":"env-%s","name":"t","payload":{},"handlers":["envp"]}\n' 1 2 | rb-publish -q
+  RELAYBUS_PASS_ENV=PGPASSWORD,PGSSLKEY run -0 rb-dispatch -H envp \
+    --pipe "env >$out.pipe; exec sed -u 's/}\$/,\"ok\":true}/'" --drain -q
+  grep -q '^PGPASSWORD=PgPwSecret$' "$out.pipe"
+  grep -q '^PGSSLKEY=/nonexistent/key$' "$out.pipe"
+  run ! grep -E '^(RELAYBUS_URL|PGPASSFILE|PGSERVICEFILE)=' "$out.pipe"
+  [ "$(q "SELECT count(*) FROM relaybus_deliveries WHERE handler IN ('envh', 'envp')")" = 0 ]
+}
+
 # ---- durations (F6) ---------------------------------------------------------------
 
 @test "durations: a bare number is a usage error that names the option and the units" {
