@@ -120,8 +120,9 @@ check_pg(const char *s)
 		if (strstr("postgresql://xxxxx", pw) != NULL)
 			elsewhere = true;
 		FUZZ_CHECK(elsewhere || strstr(r, pw) == NULL, "'%s' -> '%s' shows the password '%s'", s, r, pw);
-		/* a connection error that quotes it: masked */
-		{
+		/* a connection error that quotes it: masked (unless it is
+		 * spelled by the mask itself) */
+		if (strstr("xxxxx", pw) == NULL) {
 			char msg[600];
 
 			snprintf(msg, sizeof msg, "FATAL: for %s: refused", pw);
