@@ -34,7 +34,12 @@ struct rb_error {
  * Open a store.  url: a postgres:// or postgresql:// URL, a libpq conninfo
  * string, or NULL/"" for $RELAYBUS_URL, else libpq's PG* environment.
  * schema: NULL for $RELAYBUS_SCHEMA, else "public".  app: the program name,
- * shown in pg_stat_activity.  Returns NULL with err filled.
+ * shown in pg_stat_activity.  Returns NULL with err filled.  Each store is
+ * a lane holder of its own (a random id, kept across rb_store_reconnect):
+ * claims, rb_store_extend, rb_store_relinquish and _relinquish_owner act
+ * on the lanes held under the owner name AND this holder, so a process
+ * restarted under its predecessor's owner name does not adopt its lanes
+ * (it takes them over once their lease expired, as any claimer would).
  */
 struct rb_store	*rb_store_open(const char *url, const char *schema, const char *app,
 		    struct rb_error *err);
@@ -117,7 +122,7 @@ json_t	*rb_publish_acks_json(const struct rb_publish_acks *);
 
 struct rb_claim_opts {
 	const char	*handler;
-	const char	*owner;		/* lease owner name, unique per worker */
+	const char	*owner;		/* lease owner name, unique per worker (with the store's holder) */
 	int		 batch;		/* at most this many deliveries */
 	int64_t		 lease_ms;
 	int		 max_attempts;	/* a takeover buries a delivery reaching this */

@@ -12,11 +12,14 @@
 #include "config.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <libpq-fe.h>
 
@@ -38,6 +41,10 @@ struct fence_arrays;
 
 struct pg_be {
 	PGconn	*conn;
+	/* this store instance's lane holder (relaybus_lanes.holder), made at
+	 * open and kept across reconnects: claims, renewals and hand-backs by
+	 * owner name touch only the lanes held under it */
+	char	 holder[24];
 	bool	 listening;
 	int	 history;	/* -1 unknown, 0 no completion history, 1 yes */
 	/* rendered statements, built once per store */
@@ -455,6 +462,28 @@ static const char q_publish_tmpl[] =
     "SELECT event_id, deliveries, duplicate, array_to_json(handlers)::text "
     "FROM @S@.relaybus_publish_batch($1::jsonb) ORDER BY ord";
 
+/* A new holder id: 64 random bits (the clock, pid and a count if
+ * /dev/urandom cannot be read), as decimal text for a bigint parameter. */
+static void
+new_holder(char *buf, size_t size)
+{
+	static unsigned count;
+	uint64_t h = 0;
+	int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+	bool ok = fd >= 0 && read(fd, &h, sizeof h) == (ssize_t)sizeof h;
+
+	if (fd >= 0)
+		close(fd);
+	if (!ok) {
+		struct timespec ts;
+
+		clock_gettime(CLOCK_REALTIME, &ts);
+		h = ((uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec) ^
+		    ((uint64_t)getpid() << 40) ^ ((uint64_t)++count << 20);
+	}
+	snprintf(buf, size, "%" PRId64, (int64_t)(h & INT64_MAX));
+}
+
 static int
 pg_open(struct rb_store *s, struct rb_error *err)
 {
@@ -463,6 +492,7 @@ pg_open(struct rb_store *s, struct rb_error *err)
 
 	s->be = be;
 	be->history = -1;
+	new_holder(be->holder, sizeof be->holder);
 	rb_sb_init(&be->claim_live);
 	rb_sb_init(&be->claim_live_lanes);
 	be->q_publish = render(q_publish_tmpl, sc);
@@ -470,10 +500,10 @@ pg_open(struct rb_store *s, struct rb_error *err)
 	    "SELECT id, event_id, handler, lane, epoch, claims, attempts, name, key, sequence, "
 	    "payload::text, headers::text, created_at "
 	    "FROM @S@.relaybus_claim($1, $2, $3::integer, $4::bigint, $5::integer, $6::bigint[], $7::boolean, $8::integer, "
-	    "$9::smallint[])", sc);
+	    "$9::smallint[], $10::bigint)", sc);
 	be->q_claim_ids = render("SELECT id, event_id, handler, lane, epoch, claims, attempts, sequence, created_at "
 	    "FROM @S@.relaybus_claim_ids($1, $2, $3::integer, $4::bigint, $5::integer, $6::bigint[], $7::boolean, $8::integer, "
-	    "$9::smallint[])", sc);
+	    "$9::smallint[], $10::bigint)", sc);
 	/* the events of what a claim took, on the second connection, by the
 	 * position of their event id in $1 (the connection runs with
 	 * enable_seqscan off, as the claim does: young tables have no
@@ -484,7 +514,7 @@ pg_open(struct rb_store *s, struct rb_error *err)
 	    "CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_events ee WHERE ee.id = p.eid OFFSET 0) e", sc);
 	be->q_extend = render(
 	    "UPDATE @S@.relaybus_lanes SET lease_expires_at = clock_timestamp() + $3::bigint * interval '1 millisecond' "
-	    "WHERE handler = $1 AND lease_owner = $2", sc);
+	    "WHERE handler = $1 AND lease_owner = $2 AND holder = $4::bigint", sc);
 /*
  * Completion: a result with its delivery_id finds its row through the
  * primary key (event_id and handler only checked: compared under "C" so
@@ -525,15 +555,16 @@ pg_open(struct rb_store *s, struct rb_error *err)
 	    "$3::smallint[], $4::bigint[], $5::integer[], $6::text[], $7::bigint[], $8::text[], "
 	    "$9::integer, $10::bigint, $11::bigint, $12::double precision) ORDER BY ord", sc);
 	be->q_relinquish = render(
-	    "UPDATE @S@.relaybus_lanes x SET lease_owner = NULL, lease_expires_at = NULL, in_flight = '{}' "
-	    "WHERE x.handler = $1 AND x.lease_owner = $2 AND NOT EXISTS ("
+	    "UPDATE @S@.relaybus_lanes x SET lease_owner = NULL, holder = NULL, lease_expires_at = NULL, in_flight = '{}' "
+	    "WHERE x.handler = $1 AND x.lease_owner = $2 AND x.holder = $3::bigint AND NOT EXISTS ("
 	    "  SELECT 1 FROM @S@.relaybus_deliveries d WHERE d.id = ANY (x.in_flight) AND d.status = 'pending')",
 	    sc);
 	be->q_relinquish_owner = render(
-	    "UPDATE @S@.relaybus_lanes x SET epoch = x.epoch + 1, lease_owner = NULL, lease_expires_at = NULL, "
-	    "in_flight = '{}' WHERE x.handler = $1 AND x.lease_owner = $2", sc);
+	    "UPDATE @S@.relaybus_lanes x SET epoch = x.epoch + 1, lease_owner = NULL, holder = NULL, "
+	    "lease_expires_at = NULL, in_flight = '{}' WHERE x.handler = $1 AND x.lease_owner = $2 "
+	    "AND x.holder = $3::bigint", sc);
 	be->q_relinquish_leases = render(
-	    "UPDATE @S@.relaybus_lanes x SET lease_owner = NULL, lease_expires_at = NULL, in_flight = '{}' "
+	    "UPDATE @S@.relaybus_lanes x SET lease_owner = NULL, holder = NULL, lease_expires_at = NULL, in_flight = '{}' "
 	    "FROM unnest($1::text[], $2::smallint[], $3::bigint[]) AS r(handler, lane, epoch) "
 	    "WHERE x.handler = r.handler AND x.lane = r.lane AND x.epoch = r.epoch "
 	    "  AND x.lease_owner IS NOT NULL AND NOT EXISTS ("
@@ -865,7 +896,7 @@ json_or_null(const char *text)
  * that handler and owner fit); the sixth, the ids still running, is NULL
  * when the caller does not know them. */
 static void
-claim_params(struct pg_be *be, const struct rb_claim_opts *o, const char *params[9])
+claim_params(struct pg_be *be, const struct rb_claim_opts *o, const char *params[10])
 {
 	snprintf(be->claim_params[0], sizeof be->claim_params[0], "%s", o->handler);
 	snprintf(be->claim_params[1], sizeof be->claim_params[1], "%s", o->owner);
@@ -897,6 +928,7 @@ claim_params(struct pg_be *be, const struct rb_claim_opts *o, const char *params
 	params[6] = be->claim_quiet ? "false" : "true";
 	snprintf(be->claim_chain, sizeof be->claim_chain, "%d", o->chain > 1 ? o->chain : 1);
 	params[7] = be->claim_chain;
+	params[9] = be->holder;
 }
 
 /* Append a JSON string, or null for NULL. */
@@ -1120,11 +1152,11 @@ static int
 pg_claim(struct rb_store *s, const struct rb_claim_opts *o, json_t **out, struct rb_error *err)
 {
 	struct pg_be *be = be_of(s);
-	const char *params[9];
+	const char *params[10];
 	PGresult *res;
 
 	claim_params(be, o, params);
-	res = run(s, be->q_claim, 9, params, PGRES_TUPLES_OK, "claim", true, err);
+	res = run(s, be->q_claim, 10, params, PGRES_TUPLES_OK, "claim", true, err);
 	if (res == NULL)
 		return -1;
 	*out = claim_rows(res, o->line_text);
@@ -1144,14 +1176,14 @@ static int
 pg_claim_send(struct rb_store *s, const struct rb_claim_opts *o, struct rb_error *err)
 {
 	struct pg_be *be = be_of(s);
-	const char *params[9];
+	const char *params[10];
 
 	if (be->claim_pending || (be->complete_pending && !be->complete_apart))
 		return rb_seterr(err, RB_EXIT_SOFTWARE, "claim: a statement is in progress already");
 	claim_params(be, o, params);
 	be->claim_tries = 1;
 	be->claim_apart = o->apart;
-	if (!send_q(be, be->conn, o->apart ? be->q_claim_ids : be->q_claim, 9, params))
+	if (!send_q(be, be->conn, o->apart ? be->q_claim_ids : be->q_claim, 10, params))
 		return send_failed(s, "claim", err);
 	be->claim_pending = true;
 	return 0;
@@ -1206,7 +1238,7 @@ pg_claim_recv(struct rb_store *s, bool wait, struct rb_dl ***out, struct rb_erro
 		}
 		/* a deadlock or serialization failure: the claim runs again, as run() does */
 		if (retryable(res) && be->claim_tries < 5) {
-			const char *params[9];
+			const char *params[10];
 
 			PQclear(res);
 			for (int i = 0; i < 5; i++)
@@ -1215,8 +1247,9 @@ pg_claim_recv(struct rb_store *s, bool wait, struct rb_dl ***out, struct rb_erro
 			params[6] = be->claim_quiet ? "false" : "true";
 			params[7] = be->claim_chain;
 			params[8] = be->claim_lanes_known ? be->claim_live_lanes.s : NULL;
+			params[9] = be->holder;
 			be->claim_tries++;
-			if (!send_q(be, be->conn, be->claim_apart ? be->q_claim_ids : be->q_claim, 9, params))
+			if (!send_q(be, be->conn, be->claim_apart ? be->q_claim_ids : be->q_claim, 10, params))
 				return send_failed(s, "claim", err);
 			be->claim_pending = true;
 			continue;
@@ -1396,10 +1429,10 @@ pg_extend(struct rb_store *s, const char *handler, const char *owner, int64_t le
     struct rb_error *err)
 {
 	char lease[32];
-	const char *params[3] = { handler, owner, lease };
+	const char *params[4] = { handler, owner, lease, be_of(s)->holder };
 
 	snprintf(lease, sizeof lease, "%" PRId64, lease_ms);
-	return run_affected(s, be_of(s)->q_extend, 3, params, "extend", err);
+	return run_affected(s, be_of(s)->q_extend, 4, params, "extend", err);
 }
 
 /* ---- complete ------------------------------------------------------------ */
@@ -1967,17 +2000,17 @@ out:
 static int
 pg_relinquish(struct rb_store *s, const char *handler, const char *owner, struct rb_error *err)
 {
-	const char *params[2] = { handler, owner };
+	const char *params[3] = { handler, owner, be_of(s)->holder };
 
-	return run_affected(s, be_of(s)->q_relinquish, 2, params, "relinquish", err);
+	return run_affected(s, be_of(s)->q_relinquish, 3, params, "relinquish", err);
 }
 
 static int
 pg_relinquish_owner(struct rb_store *s, const char *handler, const char *owner, struct rb_error *err)
 {
-	const char *params[2] = { handler, owner };
+	const char *params[3] = { handler, owner, be_of(s)->holder };
 
-	return run_affected(s, be_of(s)->q_relinquish_owner, 2, params, "relinquish", err);
+	return run_affected(s, be_of(s)->q_relinquish_owner, 3, params, "relinquish", err);
 }
 
 static int

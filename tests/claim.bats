@@ -112,9 +112,9 @@ claimers() {  # n: run n claimers until nothing is due; each records "owner lane
     '{"id":"a3","name":"keyed.x","key":"K","payload":3}' '{"id":"u1","name":"keyed.x","payload":4}' | rb-publish -q
   run rb-claim -H k --owner A --batch 10
   [ "$(echo "$output" | jq -r .event_id | sort | tr '\n' ' ')" = "a1 u1 " ]
-  head1=$(echo "$output" | jq -c 'select(.event_id == "a1")')
-  # a failing head pauses its key
-  echo "$head1" | jq -c '. + {ok: false, error: "boom", retry_ms: 0}' | rb-complete -q --no-relinquish >/dev/null
+  # a failing head pauses its key (u1 completes; the lanes are handed back)
+  echo "$output" | jq -c 'if .event_id == "a1" then . + {ok: false, error: "boom", retry_ms: 0} else . + {ok: true} end' |
+    rb-complete -q >/dev/null
   run rb-claim -H k --owner A --batch 10
   [ "$(echo "$output" | jq -r .event_id)" = a1 ]
   [ "$(echo "$output" | jq -r .attempt)" = 2 ]
@@ -203,6 +203,23 @@ claimers() {  # n: run n claimers until nothing is due; each records "owner lane
   [ "$(q "SELECT status || ' ' || attempts FROM relaybus_deliveries WHERE event_id = 'p'")" = "dead 3" ]
 }
 
+@test "a second rb-claim under the same --owner is another holder: it gets the first's lanes only after the lease, charged" {
+  echo '{"id":"o1","name":"keyed.x","payload":1}' | rb-publish -q
+  run -0 rb-claim -H k --owner W --lease 600ms
+  [ "$(echo "$output" | jq -r .attempt)" = 1 ]
+  # that process is gone without completing; the next one under its name gets nothing
+  # while the lease runs (it is not the same holder), and does not renew it
+  run rb-claim -H k --owner W
+  [ "$status" -eq 1 ]
+  sleep 0.7
+  # then it takes the lane over like any other claimer: the lost run is charged
+  run -0 rb-claim -H k --owner W
+  [ "$(echo "$output" | jq -r .attempt)" = 2 ]
+  [ "$(q "SELECT attempts || ' ' || last_error FROM relaybus_deliveries WHERE event_id = 'o1'")" = "1 lease of W expired: attempt lost" ]
+  # the lane records the holder beside the name
+  [ "$(q "SELECT lease_owner || ' ' || (holder IS NOT NULL) FROM relaybus_lanes WHERE handler = 'k' AND lane = relaybus_lane('o1')")" = "W true" ]
+}
+
 @test "release charges no attempt; relinquish frees lanes for another owner at once" {
   printf '%s\n' '{"id":"r1","name":"keyed.x","key":"L","payload":1}' | rb-publish -q
   run bash -c "rb-claim -H k --owner A --lease 1m | jq -c '. + {release: true}' | rb-complete"
@@ -218,8 +235,15 @@ claimers() {  # n: run n claimers until nothing is due; each records "owner lane
   run rb-claim -H k --owner C
   [ "$status" -eq 1 ]
   [ "$(q "SELECT lease_owner FROM relaybus_lanes WHERE handler = 'k' AND lane = relaybus_lane('L')")" = B ]
-  # B's own next claim gets it; completing it with relinquish frees the lane
-  rb-claim -H k --owner B | ok_all | rb-complete -q >/dev/null
+  # kept for that rb-claim process, not for the name: a later rb-claim --owner B does not get it
+  # either until the lease ends; then it takes the lane over (nothing was in flight: no charge)
+  run rb-claim -H k --owner B
+  [ "$status" -eq 1 ]
+  q "UPDATE relaybus_lanes SET lease_expires_at = now() WHERE handler = 'k' AND lane = relaybus_lane('L')"
+  run -0 rb-claim -H k --owner B
+  [ "$(echo "$output" | jq -r '"\(.event_id) \(.attempt)"')" = "r2 1" ]
+  # completing it with relinquish frees the lane
+  echo "$output" | ok_all | rb-complete -q >/dev/null
   [ "$(q "SELECT coalesce(lease_owner, 'free') FROM relaybus_lanes WHERE handler = 'k' AND lane = relaybus_lane('L')")" = free ]
 }
 

@@ -160,6 +160,46 @@ order_violations() {  # file [strict]
   [ "$(awk '$4 == 2' "$b" | wc -l)" = "$(lines "$a")" ]
 }
 
+# Run rb-dispatch (ARGS...) again and again while event EV of HANDLER is
+# pending, at most 60 times: a dispatcher whose handler kills it, restarted.
+restart_while_pending() {  # handler ev args...
+  local h=$1 ev=$2 i=0; shift 2
+  while [ "$(q "SELECT status FROM relaybus_deliveries WHERE handler = '$h' AND event_id = '$ev'")" = pending ] && [ $i -lt 60 ]; do
+    (rb-dispatch -q -H "$h" --lease 400ms --max-attempts 3 --poll 50ms --drain "$@" 3>&- || true) 2>/dev/null
+    i=$((i + 1))
+    sleep 0.1
+  done
+}
+
+@test "restarted under the same --owner, a dispatcher whose handler kills it: the delivery still ends dead" {
+  need_pg
+  local out=$BATS_TEST_TMPDIR/loop.out
+  publish 1 p crashloop
+  # each restart is a new holder: it waits for the dead one's lease, then takes the lane over
+  restart_while_pending crashloop p1 --owner w1 --exec "rb-test-exec $out crash-on:p1 || kill -9 \$PPID"
+  [ "$(q "SELECT status || ' ' || attempts || ' ' || last_error FROM relaybus_deliveries WHERE handler = 'crashloop'")" = "dead 3 lease of w1 expired: attempt lost" ]
+  # it ran on attempts 1, 2 and 3, and no more
+  [ "$(awk '{ printf "%s ", $4 }' "$out")" = "1 2 3 " ]
+}
+
+@test "a dispatcher under the name of a dead rb-claim does not renew its lanes: they expire and are taken over" {
+  need_pg
+  local out=$BATS_TEST_TMPDIR/ex.out x
+  # two deliveries in two lanes
+  q "SELECT 'x' || g FROM generate_series(1, 50) g WHERE relaybus_lane('x' || g) <> relaybus_lane('x1') LIMIT 1" |
+    { read -r other; printf '{"id":"%s","name":"t","payload":{},"handlers":["ext"]}\n' x1 "$other"; } | rb-publish -q
+  x=$(rb-claim -H ext --owner W --batch 1 --lease 1s | jq -r .event_id)
+  # the rb-claim process is gone; a dispatcher of the same name takes the other one and
+  # renews its own lanes while that runs (3 s), not the lane of the first
+  rb-dispatch -q -H ext --owner W --exec "rb-test-exec $out sleep:3" --lease 1s --poll 100ms 2>/dev/null 3>&- & PIDS=$!
+  wait_for 10 "grep -q '^$x ' '$out.start' 2>/dev/null"
+  [ "$(grep "^$x " "$out.start")" = "$x - - 2" ]
+  # taken over while the other one still ran
+  [ "$(lines "$out")" = 0 ]
+  kill -TERM "$PIDS"
+  wait "$PIDS"
+}
+
 @test "a restart of PostgreSQL during a drain: the dispatchers reconnect and finish, nothing lost" {
   need_pg
   # a server of its own, so that the restart does not break test files running in parallel
