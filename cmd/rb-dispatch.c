@@ -641,10 +641,13 @@ finish_slot(struct slot *s, json_t *r)
 		    json_string_value(json_object_get(r, "error")));
 	struct chain *followers = s->followers;
 	unsigned gen = s->gen;
-	/* the rest of its chain goes on once it succeeded; with --sql only
-	 * once that committed (the handler is the completion), see flush_results */
-	bool go = followers != NULL && opt.mode != MODE_SQL && (r == NULL || rb_result_completes(r)) &&
-	    stop_level == 0;
+	/* the rest of its chain goes on once it succeeded, when this was its
+	 * first attempt; else (and with --sql, where the handler is the
+	 * completion) only once its completion committed, see flush_results:
+	 * a takeover then knows the followers behind it never ran
+	 * (rb_claim_opts.chain_early) */
+	bool go = followers != NULL && opt.mode != MODE_SQL && d->attempt == 1 &&
+	    (r == NULL || rb_result_completes(r)) && stop_level == 0;
 
 	queue_result(d, r, gen, go ? NULL : followers);
 	if (opt.mode == MODE_PIPE && s->proc >= 0) {
@@ -1418,8 +1421,8 @@ claim_due(int64_t now)
 /*
  * Start what a claim brought.  The deliveries of one key come in sequence
  * order, each lane's together (--chain): the first is started, the rest
- * wait in a chain behind it (flush_results starts the next one once the
- * previous one's completion committed).
+ * wait in a chain behind it (the next one starts when the previous one
+ * succeeded on its first attempt, else once its completion committed).
  */
 static void
 start_chains(struct dlv got, unsigned gen)
@@ -1695,6 +1698,7 @@ maybe_claim(int64_t now)
 	    .max_attempts = opt.co.max_attempts };
 	co.n_live = live_ids(&live, &live_lanes, &live_cap);
 	co.chain = opt.chain;
+	co.chain_early = opt.mode != MODE_SQL;
 	co.line_text = opt.mode != MODE_SQL;	/* --sql hands the statement the parsed line */
 	/* (never NULL: NULL would mean "unknown", and the claim would take
 	 * whatever a lane lists as in flight for running) */

@@ -139,8 +139,14 @@ struct rb_claim_opts {
 	bool		 no_search;
 	/* take up to this many deliveries of one key at once (0 or 1: only the
 	 * head of each key).  They come in sequence order; the caller must run
-	 * each only after the previous one's completion committed. */
+	 * each only after the previous one's completion committed, or, with
+	 * chain_early, once the previous one succeeded on its first attempt
+	 * (attempt 1).  A takeover charges what may have run under that rule:
+	 * of a key's deliveries in flight, the first still pending, and (early)
+	 * those after it as long as every one before them is on its first
+	 * attempt. */
 	int		 chain;
+	bool		 chain_early;
 	/* each delivery carries its line, newline-terminated, as the string
 	 * member RB_LINE_TEXT_KEY instead of "payload" and "headers" (which
 	 * are then not parsed at all) */

@@ -65,6 +65,7 @@ struct pg_be {
 	bool	 claim_lanes_known;
 	bool	 claim_live_known;
 	bool	 claim_quiet;		/* ... and the seventh: p_search false */
+	bool	 claim_early;		/* ... and the eleventh: p_chain_early */
 	bool	 claim_text;		/* rb_claim_opts.line_text */
 	char	 claim_chain[16];	/* ... and the eighth: p_chain */
 	unsigned prepared;		/* hot statements prepared on this connection (bits) */
@@ -500,10 +501,10 @@ pg_open(struct rb_store *s, struct rb_error *err)
 	    "SELECT id, event_id, handler, lane, epoch, claims, attempts, name, key, sequence, "
 	    "payload::text, headers::text, created_at "
 	    "FROM @S@.relaybus_claim($1, $2, $3::integer, $4::bigint, $5::integer, $6::bigint[], $7::boolean, $8::integer, "
-	    "$9::smallint[], $10::bigint)", sc);
+	    "$9::smallint[], $10::bigint, $11::boolean)", sc);
 	be->q_claim_ids = render("SELECT id, event_id, handler, lane, epoch, claims, attempts, sequence, created_at "
 	    "FROM @S@.relaybus_claim_ids($1, $2, $3::integer, $4::bigint, $5::integer, $6::bigint[], $7::boolean, $8::integer, "
-	    "$9::smallint[], $10::bigint)", sc);
+	    "$9::smallint[], $10::bigint, $11::boolean)", sc);
 	/* the events of what a claim took, on the second connection, by the
 	 * position of their event id in $1 (the connection runs with
 	 * enable_seqscan off, as the claim does: young tables have no
@@ -896,7 +897,7 @@ json_or_null(const char *text)
  * that handler and owner fit); the sixth, the ids still running, is NULL
  * when the caller does not know them. */
 static void
-claim_params(struct pg_be *be, const struct rb_claim_opts *o, const char *params[10])
+claim_params(struct pg_be *be, const struct rb_claim_opts *o, const char *params[11])
 {
 	snprintf(be->claim_params[0], sizeof be->claim_params[0], "%s", o->handler);
 	snprintf(be->claim_params[1], sizeof be->claim_params[1], "%s", o->owner);
@@ -929,6 +930,8 @@ claim_params(struct pg_be *be, const struct rb_claim_opts *o, const char *params
 	snprintf(be->claim_chain, sizeof be->claim_chain, "%d", o->chain > 1 ? o->chain : 1);
 	params[7] = be->claim_chain;
 	params[9] = be->holder;
+	be->claim_early = o->chain_early;
+	params[10] = be->claim_early ? "true" : "false";
 }
 
 /* Append a JSON string, or null for NULL. */
@@ -1152,11 +1155,11 @@ static int
 pg_claim(struct rb_store *s, const struct rb_claim_opts *o, json_t **out, struct rb_error *err)
 {
 	struct pg_be *be = be_of(s);
-	const char *params[10];
+	const char *params[11];
 	PGresult *res;
 
 	claim_params(be, o, params);
-	res = run(s, be->q_claim, 10, params, PGRES_TUPLES_OK, "claim", true, err);
+	res = run(s, be->q_claim, 11, params, PGRES_TUPLES_OK, "claim", true, err);
 	if (res == NULL)
 		return -1;
 	*out = claim_rows(res, o->line_text);
@@ -1176,14 +1179,14 @@ static int
 pg_claim_send(struct rb_store *s, const struct rb_claim_opts *o, struct rb_error *err)
 {
 	struct pg_be *be = be_of(s);
-	const char *params[10];
+	const char *params[11];
 
 	if (be->claim_pending || (be->complete_pending && !be->complete_apart))
 		return rb_seterr(err, RB_EXIT_SOFTWARE, "claim: a statement is in progress already");
 	claim_params(be, o, params);
 	be->claim_tries = 1;
 	be->claim_apart = o->apart;
-	if (!send_q(be, be->conn, o->apart ? be->q_claim_ids : be->q_claim, 10, params))
+	if (!send_q(be, be->conn, o->apart ? be->q_claim_ids : be->q_claim, 11, params))
 		return send_failed(s, "claim", err);
 	be->claim_pending = true;
 	return 0;
@@ -1238,7 +1241,7 @@ pg_claim_recv(struct rb_store *s, bool wait, struct rb_dl ***out, struct rb_erro
 		}
 		/* a deadlock or serialization failure: the claim runs again, as run() does */
 		if (retryable(res) && be->claim_tries < 5) {
-			const char *params[10];
+			const char *params[11];
 
 			PQclear(res);
 			for (int i = 0; i < 5; i++)
@@ -1248,8 +1251,9 @@ pg_claim_recv(struct rb_store *s, bool wait, struct rb_dl ***out, struct rb_erro
 			params[7] = be->claim_chain;
 			params[8] = be->claim_lanes_known ? be->claim_live_lanes.s : NULL;
 			params[9] = be->holder;
+			params[10] = be->claim_early ? "true" : "false";
 			be->claim_tries++;
-			if (!send_q(be, be->conn, be->claim_apart ? be->q_claim_ids : be->q_claim, 10, params))
+			if (!send_q(be, be->conn, be->claim_apart ? be->q_claim_ids : be->q_claim, 11, params))
 				return send_failed(s, "claim", err);
 			be->claim_pending = true;
 			continue;

@@ -220,6 +220,36 @@ claimers() {  # n: run n claimers until nothing is due; each records "owner lane
   [ "$(q "SELECT lease_owner || ' ' || (holder IS NOT NULL) FROM relaybus_lanes WHERE handler = 'k' AND lane = relaybus_lane('o1')")" = "W true" ]
 }
 
+@test "a takeover charges what may have run: unkeyed ones, a key's first, and behind first attempts of early chains" {
+  for i in 1 2 3; do printf '{"id":"c%d","name":"keyed.x","key":"C","payload":%d}\n' "$i" "$i"; done | rb-publish -q
+  echo '{"id":"u","name":"keyed.x","payload":0}' | rb-publish -q
+  att() { q "SELECT string_agg(event_id || ':' || attempts, ' ' ORDER BY event_id) FROM relaybus_deliveries"; }
+  # owner claims chains of 3 (early: followers start behind a first attempt), its lease
+  # expires, and another owner takes the lanes over; then every lane is free again
+  takeover() {  # owner early
+    q "SELECT count(*) FROM relaybus_claim('k', '$1', 10, 60000, 9, '{}', true, 3, NULL, NULL, $2)" >/dev/null
+    q "UPDATE relaybus_lanes SET lease_expires_at = now() - interval '1 second' WHERE lease_owner = '$1'"
+    q "SELECT count(*) FROM relaybus_claim('k', 'next', 10, 60000, 9, '{}', true, 1)" >/dev/null
+    q "UPDATE relaybus_lanes SET lease_owner = NULL, lease_expires_at = NULL, in_flight = '{}'"
+  }
+  # followers start only once the one before them is completed: c2 and c3 never ran
+  takeover A false
+  [ "$(att)" = "c1:1 c2:0 c3:0 u:1" ]
+  # early, behind a delivery past its first attempt: the same
+  takeover B true
+  [ "$(att)" = "c1:2 c2:0 c3:0 u:2" ]
+  # early, behind first attempts: c3 may have run after c2 succeeded
+  q "DELETE FROM relaybus_deliveries WHERE event_id = 'c1'"
+  takeover C true
+  [ "$(att)" = "c2:1 c3:1 u:3" ]
+  # a lane last claimed by an older release (no chain_early): everything in flight
+  q "SELECT count(*) FROM relaybus_claim('k', 'D', 10, 60000, 9, '{}', true, 3)" >/dev/null
+  q "UPDATE relaybus_lanes SET chain_early = NULL, lease_expires_at = now() - interval '1 second' WHERE lease_owner = 'D'"
+  q "SELECT count(*) FROM relaybus_claim('k', 'next', 10, 60000, 9, '{}', true, 1)" >/dev/null
+  [ "$(att)" = "c2:2 c3:2 u:4" ]
+  [ "$(q "SELECT DISTINCT last_error FROM relaybus_deliveries")" = "lease of D expired: attempt lost" ]
+}
+
 @test "release charges no attempt; relinquish frees lanes for another owner at once" {
   printf '%s\n' '{"id":"r1","name":"keyed.x","key":"L","payload":1}' | rb-publish -q
   run bash -c "rb-claim -H k --owner A --lease 1m | jq -c '. + {release: true}' | rb-complete"

@@ -182,6 +182,49 @@ restart_while_pending() {  # handler ev args...
   [ "$(awk '{ printf "%s ", $4 }' "$out")" = "1 2 3 " ]
 }
 
+@test "--chain: a head whose handler kills the dispatcher ends dead; its followers are charged only while they may have run" {
+  need_pg
+  local out=$BATS_TEST_TMPDIR/hc.out
+  seq 1 4 | awk '{ printf "{\"id\":\"h%d\",\"name\":\"t\",\"key\":\"hk\",\"payload\":{\"i\":%d},\"handlers\":[\"headcrash\"]}\n", $1, $1 }' \
+    | rb-publish -q
+  # a new owner name each time (the default): each restart takes the lane over when the lease ends
+  restart_while_pending headcrash h1 --chain 8 --max-attempts 5 --exec "rb-test-exec $out crash-on:h1 || kill -9 \$PPID"
+  run -0 rb-dispatch -q -H headcrash --exec "rb-test-exec $out ok" --drain
+  [ "$(q "SELECT status || ' ' || attempts FROM relaybus_deliveries WHERE handler = 'headcrash'")" = "dead 5" ]
+  # every claim took h1 with h2-h4 behind it.  The first crash was h1's first
+  # attempt, after which h2 starts at once: h2-h4 may have run, and were
+  # charged.  From then on h1 was past its first attempt, so h2 would start
+  # only once h1's completion committed: not charged again.  They ran on
+  # their second attempt once h1 was buried.
+  [ "$(awk '{ printf "%s:%s ", $1, $4 }' "$out")" = "h1:1 h1:2 h1:3 h1:4 h1:5 h2:2 h3:2 h4:2 " ]
+}
+
+@test "--chain: a follower of a retried delivery starts only once that one's completion committed" {
+  need_pg
+  local out=$BATS_TEST_TMPDIR/fc.out h=$BATS_TEST_TMPDIR/fc.sh
+  seq 1 3 | awk '{ printf "{\"id\":\"f%d\",\"name\":\"t\",\"key\":\"fk\",\"payload\":{\"i\":%d},\"handlers\":[\"follow\"]}\n", $1, $1 }' \
+    | rb-publish -q
+  # the handler records its attempt and how many deliveries of its key before it are still
+  # there; f1 fails on its first attempt
+  cat >"$h" <<'EOF'
+#!/bin/sh
+line=$(cat)
+ev=$(printf '%s\n' "$line" | jq -r .event_id)
+seq=$(printf '%s\n' "$line" | jq -r .sequence)
+att=$(printf '%s\n' "$line" | jq -r .attempt)
+n=$(psql "$RELAYBUS_URL" -X -A -t -q -c "SELECT count(*) FROM \"$RELAYBUS_SCHEMA\".relaybus_deliveries WHERE handler = 'follow' AND key = 'fk' AND sequence < $seq")
+echo "$ev $att $n" >>"$1"
+[ "$ev $att" != "f1 1" ]
+EOF
+  chmod +x "$h"
+  # (completions wait for a --window of 1 s: a follower started before sees its predecessor)
+  run -0 rb-dispatch -q -H follow --exec "$h $out" --chain 8 --window 1s --backoff 0 --drain
+  # f2 came behind f1's second attempt: it started once f1 was deleted.  (f3 came
+  # behind f2's first attempt: it may start as soon as f2 succeeded.)
+  [ "$(awk '{ printf "%s:%s:%s ", $1, $2, $3 }' "$out" | cut -d' ' -f1-3)" = "f1:1:0 f1:2:0 f2:1:0" ]
+  [ "$(awk '$1 == "f3" { print $2 }' "$out")" = 1 ]
+}
+
 @test "a dispatcher under the name of a dead rb-claim does not renew its lanes: they expire and are taken over" {
   need_pg
   local out=$BATS_TEST_TMPDIR/ex.out x
