@@ -225,6 +225,33 @@ EOF
   [ "$(awk '$1 == "f3" { print $2 }' "$out")" = 1 ]
 }
 
+@test "requeue of a dead head while the next of its key runs: it goes behind its key, never beside" {
+  need_pg
+  local log=$BATS_TEST_TMPDIR/rq.log h=$BATS_TEST_TMPDIR/rq.sh
+  seq 1 3 | awk '{ printf "{\"id\":\"r%d\",\"name\":\"t\",\"key\":\"rk\",\"payload\":{\"i\":%d},\"handlers\":[\"rq\"]}\n", $1, $1 }' \
+    | rb-publish -q
+  # with nothing of its key in flight, a requeued delivery keeps its place
+  rb-admin bury r1 >/dev/null
+  rb-admin requeue r1 >/dev/null
+  [ "$(q "SELECT string_agg(event_id || ':' || sequence, ' ' ORDER BY sequence) FROM relaybus_deliveries WHERE status = 'pending'")" = "r1:1 r2:2 r3:3" ]
+  rb-admin bury r1 >/dev/null
+  # (r2 runs until told: until r1 was requeued)
+  printf '#!/bin/sh\nev=$(jq -r .event_id)\necho "start $ev" >>%s\n[ $ev != r2 ] || until [ -e %s.go ]; do sleep 0.05; done\nsleep 0.2\necho "end $ev" >>%s\n' \
+    "$log" "$log" "$log" >"$h"
+  chmod +x "$h"
+  rb-dispatch -q -H rq --exec "$h" --poll 50ms --drain 2>"$BATS_TEST_TMPDIR/rq.err" 3>&- & PIDS=$!
+  wait_for 10 'grep -q "start r2" "$log" 2>/dev/null'
+  # r2 runs (r3 waits behind it): r1 comes back behind both
+  run -0 rb-admin requeue r1
+  [ "$(q "SELECT string_agg(event_id || ':' || sequence, ' ' ORDER BY sequence) FROM relaybus_deliveries WHERE status = 'pending'")" = "r2:2 r3:3 r1:4" ]
+  # (time for the dispatcher's next claims, every --poll, to not take it)
+  sleep 0.5
+  : >"$log.go"
+  wait "$PIDS"
+  [ "$(tr '\n' ',' <"$log")" = "start r2,end r2,start r3,end r3,start r1,end r1," ]
+  [ "$(pending rq)" = 0 ]
+}
+
 @test "a dispatcher under the name of a dead rb-claim does not renew its lanes: they expire and are taken over" {
   need_pg
   local out=$BATS_TEST_TMPDIR/ex.out x
