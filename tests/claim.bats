@@ -250,6 +250,30 @@ claimers() {  # n: run n claimers until nothing is due; each records "owner lane
   [ "$(q "SELECT DISTINCT last_error FROM relaybus_deliveries")" = "lease of D expired: attempt lost" ]
 }
 
+@test "rb-claim | head -1: the lines the reader did not take are released at once, exit 74" {
+  # ten deliveries in ten lanes, so that each one's lane can be taken on its own
+  q "SELECT min(id) FROM (SELECT 'h' || g AS id FROM generate_series(1, 400) g) s GROUP BY relaybus_lane(id) ORDER BY 1 LIMIT 10" |
+    while read -r id; do printf '{"id":"%s","name":"keyed.x","payload":1}\n' "$id"; done | rb-publish -q
+  # (a reader that starts late: all ten would fit in the pipe before it reads)
+  run -0 bash -c 'rb-claim -H k --owner A --batch 10 --lease 1m | (sleep 0.3; head -1); echo "rc=${PIPESTATUS[0]}"'
+  [ "${#lines[@]}" = 2 ]
+  [ "${lines[1]}" = rc=74 ]
+  first=$(echo "${lines[0]}" | jq -r .event_id)
+  # the nine it did not read: claimable by another owner now, attempts unchanged
+  run -0 rb-claim -H k --owner B --batch 10
+  [ "$(echo "$output" | wc -l)" = 9 ]
+  [ "$(echo "$output" | jq -r .attempt | sort -u)" = 1 ]
+  [[ "$(echo "$output" | jq -r .event_id)" != *"$first"* ]]
+  [ "$(q "SELECT sum(attempts) FROM relaybus_deliveries")" = 0 ]
+  # the one handed on stays A's
+  [ "$(q "SELECT l.lease_owner FROM relaybus_lanes l JOIN relaybus_deliveries d ON d.id = ANY (l.in_flight) AND d.handler = l.handler WHERE d.event_id = '$first'")" = A ]
+  # a reader that takes them all: exit 0, nothing released
+  q "UPDATE relaybus_lanes SET lease_owner = NULL, lease_expires_at = NULL, in_flight = '{}'"
+  run -0 bash -c 'rb-claim -H k --batch 10 | cat; echo "rc=${PIPESTATUS[0]}"'
+  [ "${#lines[@]}" = 11 ]
+  [ "${lines[10]}" = rc=0 ]
+}
+
 @test "release charges no attempt; relinquish frees lanes for another owner at once" {
   printf '%s\n' '{"id":"r1","name":"keyed.x","key":"L","payload":1}' | rb-publish -q
   run bash -c "rb-claim -H k --owner A --lease 1m | jq -c '. + {release: true}' | rb-complete"
