@@ -201,6 +201,18 @@ outcome_line(const struct rb_result *r, long line)
 	return o;
 }
 
+/* stdout failed after the results through input line `last` were applied */
+static void __attribute__((noreturn))
+out_failed(long last)
+{
+	/* a reader that went away (| head): no "Broken pipe", but what was left undone */
+	if (errno == EPIPE) {
+		rb_warn("stdout closed: applied through line %ld, the rest of the input not read", last);
+		exit(RB_EXIT_IOERR);
+	}
+	rb_die_errno(RB_EXIT_IOERR, "cannot write to stdout");
+}
+
 static int
 apply(struct rb_store *store)
 {
@@ -217,7 +229,7 @@ apply(struct rb_store *store)
 		const struct rb_result *r = &group.v[i];
 		long line = group.line[i];
 		json_t *o;
-		int rc;
+		int rc, e;
 
 		counts[r->outcome]++;
 		if (r->missing)
@@ -227,12 +239,14 @@ apply(struct rb_store *store)
 			rb_info("stdin:%ld: lease lost for %s of %s: not applied", line, r->event_id, r->handler);
 		o = outcome_line(r, line);
 		rc = rb_jsonl_write(stdout, o);
+		e = errno;
 		json_decref(o);
+		errno = e;
 		if (rc < 0)
-			rb_die_errno(RB_EXIT_IOERR, "cannot write to stdout");
+			out_failed(group.line[group.n - 1]);
 	}
 	if (fflush(stdout) != 0)
-		rb_die_errno(RB_EXIT_IOERR, "cannot write to stdout");
+		out_failed(group.line[group.n - 1]);
 	group_clear();
 	return 0;
 }

@@ -15,11 +15,15 @@
 #include "config.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
 #include <poll.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <libpq-fe.h>
 
@@ -29,6 +33,7 @@
 #include "rb_util.h"
 #include "store_int.h"
 #include "store_pg_int.h"
+#include "store_pg_url.h"
 
 /* Every statement of struct pg_be, rendered for the schema at open. */
 static const struct {
@@ -65,6 +70,28 @@ pg_connect(struct rb_store *s, struct rb_error *err)
 	return pg_connect_to(s, &pg_be(s)->conn, err);
 }
 
+/* A new holder id: 64 random bits (the clock, pid and a count if
+ * /dev/urandom cannot be read), as decimal text for a bigint parameter. */
+static void
+new_holder(char *buf, size_t size)
+{
+	static unsigned count;
+	uint64_t h = 0;
+	int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+	bool ok = fd >= 0 && read(fd, &h, sizeof h) == (ssize_t)sizeof h;
+
+	if (fd >= 0)
+		close(fd);
+	if (!ok) {
+		struct timespec ts;
+
+		clock_gettime(CLOCK_REALTIME, &ts);
+		h = ((uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec) ^
+		    ((uint64_t)getpid() << 40) ^ ((uint64_t)++count << 20);
+	}
+	snprintf(buf, size, "%" PRId64, (int64_t)(h & INT64_MAX));
+}
+
 /* $RELAYBUS_PG_CONNECTIONS: 1, 2 or 3 (unset or empty: 2), else -1. */
 static int
 connections_env(void)
@@ -89,6 +116,7 @@ pg_open(struct rb_store *s, struct rb_error *err)
 
 	s->be = be;
 	be->history = -1;
+	new_holder(be->holder, sizeof be->holder);
 	if ((be->connections = connections_env()) < 0)
 		return rb_seterr(err, RB_EXIT_CONFIG, "invalid RELAYBUS_PG_CONNECTIONS '%s': use 1, 2 or 3",
 		    getenv("RELAYBUS_PG_CONNECTIONS"));
@@ -286,6 +314,7 @@ const struct rb_store_ops rb_store_pg_ops = {
 	.name = "postgresql",
 	.schemes = pg_schemes,
 	.version = pg_version,
+	.redact = rb_pg_url_redact,
 	.open = pg_open,
 	.close = pg_close,
 	.reconnect = pg_reconnect,

@@ -51,6 +51,10 @@ struct pg_claimed {
 
 struct pg_be {
 	PGconn	*conn;
+	/* this store instance's lane holder (relaybus_lanes.holder), made at
+	 * open and kept across reconnects: claims, renewals and hand-backs by
+	 * owner name touch only the lanes held under it */
+	char	 holder[24];
 	bool	 listening;
 	char	*wake_for;	/* rb_store_listen's handler; NULL: any */
 	bool	 woken;		/* a notification for it came, not reported yet */
@@ -77,6 +81,7 @@ struct pg_be {
 	bool	 claim_lanes_known;
 	bool	 claim_live_known;
 	bool	 claim_quiet;		/* ... the seventh: p_search false */
+	bool	 claim_early;		/* ... the eleventh: p_chain_early */
 	char	 claim_chain[16];	/* ... the eighth: p_chain */
 	bool	 claim_ids;
 	struct pg_claimed fetch;	/* being read on conn2 (job2 PG_FETCH) ... */
