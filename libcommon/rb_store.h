@@ -19,8 +19,6 @@
 
 #include <jansson.h>
 
-#include "rb_util.h"	/* struct rb_lease */
-
 struct rb_store;
 
 struct rb_error {
@@ -169,6 +167,17 @@ struct rb_claim_opts {
 	bool		 chain_early;
 };
 #define RB_LINE_TEXT_KEY	"_line"
+
+#ifndef RB_LEASE_DEFINED
+#define RB_LEASE_DEFINED
+/* A lane lease, as integers; its token "lane:epoch:claims" is how the JSON
+ * lines spell it (also in rb_util.h, the same, since both stand alone). */
+struct rb_lease {
+	int	lane;		/* 0..255 */
+	int64_t	epoch;		/* >= 0 */
+	int64_t	claims;		/* >= 0 */
+};
+#endif
 
 /*
  * A claimed delivery: plain fields in one allocation and its line as text

@@ -65,11 +65,15 @@ uint32_t rb_fnv1a32(const void *data, size_t len);
 /** The lane of a delivery: FNV-1a of the key, or of the event id when key is NULL, mod 256. */
 int	rb_lane_of(const char *key, const char *event_id);
 
+#ifndef RB_LEASE_DEFINED
+#define RB_LEASE_DEFINED
+/* A lane lease (also in rb_store.h, the same, since both stand alone). */
 struct rb_lease {
 	int	lane;		/* 0..255 */
 	int64_t	epoch;		/* >= 0 */
 	int64_t	claims;		/* >= 0 */
 };
+#endif
 /** Format "lane:epoch:claims" into buf (at least 48 bytes). */
 void	rb_lease_format(const struct rb_lease *, char *buf, size_t len);
 /** v in decimal at buf (room for 21 bytes, no NUL); returns the length.
