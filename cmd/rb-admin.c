@@ -75,6 +75,7 @@ static const char usage_str[] =
 "      --prometheus             stats: Prometheus text exposition format\n"
 "      --dead-older-than DUR    purge dead deliveries last changed before DUR ago (7d, 12h)\n"
 "      --completed-older-than DUR  purge events older than DUR with no delivery left\n"
+"                               (and deliveries relaybus 0.1.0 completed before DUR ago)\n"
 "      --history-older-than DUR    purge completion history older than DUR\n"
 "      --batch N                rows per purge transaction (default 1000)\n"
 "  -v, --verbose                more messages (-vv: debug)\n"
@@ -501,7 +502,9 @@ static void
 stats_prometheus(const json_t *st)
 {
 	const json_t *hs = json_object_get(st, "handlers"), *total = json_object_get(st, "total");
-	bool hist = json_is_true(json_object_get(st, "history"));
+	/* (completed counts: with a completion history, or the deliveries
+	 * relaybus 0.1.0 completed) */
+	bool hist = json_is_integer(json_object_get(total, "completed"));
 	size_t i;
 	json_t *h;
 
@@ -513,7 +516,7 @@ stats_prometheus(const json_t *st)
 			    "handler")), prom_states[k], json_object_get(h, prom_states[k]), false);
 	if (hist) {
 		prom_family("relaybus_handler_completions", "Completions of one handler kept in the "
-		    "completion history.");
+		    "completion history (and those relaybus 0.1.0 left).");
 		json_array_foreach(hs, i, h)
 			prom_sample("relaybus_handler_completions", json_string_value(json_object_get(h,
 			    "handler")), NULL, json_object_get(h, "completed"), false);
@@ -528,7 +531,8 @@ stats_prometheus(const json_t *st)
 		prom_sample("relaybus_deliveries", NULL, prom_states[k], json_object_get(total,
 		    prom_states[k]), false);
 	if (hist) {
-		prom_family("relaybus_completions", "Completions kept in the completion history.");
+		prom_family("relaybus_completions", "Completions kept in the completion history "
+		    "(and those relaybus 0.1.0 left).");
 		prom_sample("relaybus_completions", NULL, NULL, json_object_get(total, "completed"), false);
 	}
 	prom_family("relaybus_oldest_pending_age_seconds", "Age of the oldest pending delivery "
@@ -845,11 +849,12 @@ cmd_purge(struct rb_store *s, int argc, char **argv)
 		const char		*field, *what;
 	} kinds[] = {
 		{ RB_PURGE_DEAD, "dead", "dead deliveries" },
+		{ RB_PURGE_COMPLETED, "completed", "completed deliveries" },
 		{ RB_PURGE_EVENTS, "events", "events" },
 		{ RB_PURGE_HISTORY, "history", "history rows" },
 	};
-	int64_t ages[3] = { opt.dead_older, opt.completed_older, opt.history_older };
-	long deleted[3] = { 0, 0, 0 }, batches = 0;
+	int64_t ages[4] = { opt.dead_older, opt.completed_older, opt.completed_older, opt.history_older };
+	long deleted[4] = { 0, 0, 0, 0 }, batches = 0;
 	bool progress = isatty(STDERR_FILENO) && rb_log_level() >= RB_LOG_WARN;
 	struct sigaction sa;
 	int64_t t0 = rb_mono_ms();
@@ -861,8 +866,9 @@ cmd_purge(struct rb_store *s, int argc, char **argv)
 	sigemptyset(&sa.sa_mask);
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
-	/* dead deliveries first: events whose last deliveries they were follow */
-	for (int k = 0; k < 3 && !stop_signal; k++) {
+	/* dead deliveries first: events whose last deliveries they were follow
+	 * (and so do completed ones relaybus 0.1.0 left) */
+	for (int k = 0; k < 4 && !stop_signal; k++) {
 		if (ages[k] < 0)
 			continue;
 		for (;;) {
@@ -888,15 +894,19 @@ cmd_purge(struct rb_store *s, int argc, char **argv)
 		if (progress)
 			fputc('\n', stderr);
 	}
-	sum = json_pack("{s:I, s:I, s:I, s:I, s:I, s:b}", "dead", (json_int_t)deleted[0],
-	    "events", (json_int_t)deleted[1], "history", (json_int_t)deleted[2],
+	sum = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:b}", "dead", (json_int_t)deleted[0],
+	    "completed", (json_int_t)deleted[1], "events", (json_int_t)deleted[2],
+	    "history", (json_int_t)deleted[3],
 	    "batches", (json_int_t)batches, "elapsed_ms", (json_int_t)(rb_mono_ms() - t0),
 	    "interrupted", stop_signal != 0);
-	if (opt.table)
-		printf("purged %ld dead deliveries, %ld events, %ld history rows in %ld batches "
-		    "(%.1fs)%s\n", deleted[0], deleted[1], deleted[2], batches,
-		    (double)(rb_mono_ms() - t0) / 1000.0, stop_signal ? ", interrupted" : "");
-	else if (rb_jsonl_write(stdout, sum) < 0)
+	if (opt.table) {
+		printf("purged %ld dead deliveries, ", deleted[0]);
+		if (deleted[1] > 0)
+			printf("%ld completed deliveries of relaybus 0.1.0, ", deleted[1]);
+		printf("%ld events, %ld history rows", deleted[2], deleted[3]);
+		printf(" in %ld batches (%.1fs)%s\n", batches, (double)(rb_mono_ms() - t0) / 1000.0,
+		    stop_signal ? ", interrupted" : "");
+	} else if (rb_jsonl_write(stdout, sum) < 0)
 		out_check();
 	json_decref(sum);
 	if (stop_signal) {

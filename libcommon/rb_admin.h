@@ -89,6 +89,7 @@ enum rb_admin_purge {
 	RB_PURGE_DEAD,		/* dead deliveries last updated before the cut-off */
 	RB_PURGE_EVENTS,	/* events created before it with no delivery left */
 	RB_PURGE_HISTORY,	/* completion history rows completed before it */
+	RB_PURGE_COMPLETED,	/* completed deliveries relaybus 0.1.0 left, completed before it */
 };
 
 /**

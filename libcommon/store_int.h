@@ -21,6 +21,7 @@ struct rb_store_ops {
 	int	(*reconnect)(struct rb_store *, struct rb_error *);
 	bool	(*broken)(const struct rb_store *);
 	int	(*setup)(struct rb_store *, const struct rb_setup_opts *, struct rb_error *);
+	int	(*schema_info)(struct rb_store *, struct rb_schema_info *, struct rb_error *);
 	int	(*publish)(struct rb_store *, const char *, size_t, struct rb_publish_acks *,
 		    struct rb_error *);
 	int	(*claim)(struct rb_store *, const struct rb_claim_opts *, json_t **, struct rb_error *);

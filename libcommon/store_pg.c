@@ -225,8 +225,13 @@ pg_fail_on(struct rb_store *s, PGconn *c, PGresult *res, const char *what, struc
 		code = RB_EXIT_SOFTWARE;
 	else if (strcmp(state, "42P01") == 0 || strcmp(state, "42883") == 0 ||
 	    strcmp(state, "3F000") == 0) {
-		rb_seterr(err, RB_EXIT_CONFIG, "%s: schema \"%s\" is not set up (%s): run rb-setup",
-		    what, s->schema, msg);
+		/* (not the server's words: they name internal functions) */
+		rb_seterr(err, RB_EXIT_CONFIG, "%s: schema \"%s\" is not set up: run rb-setup",
+		    what, s->schema);
+		return -1;
+	} else if (strcmp(state, "RBV01") == 0) {
+		/* the set-up's guard: a newer relaybus set this schema up */
+		rb_seterr(err, RB_EXIT_PROTOCOL, "%s", msg);
 		return -1;
 	} else if (strncmp(state, "08", 2) == 0 || strncmp(state, "40", 2) == 0 ||
 	    strncmp(state, "53", 2) == 0 || strncmp(state, "57", 2) == 0)
@@ -615,9 +620,11 @@ setup_script(struct rb_sbuf *b, const char *schema, const struct rb_setup_opts *
 	char *sql;
 
 	rb_sb_puts(b, "SELECT pg_advisory_xact_lock(" SETUP_LOCK_KEY ");\n");
+	rb_pg_setup_before(b, schema);
 	sql = render(rb_schema_pg_sql, schema);
 	rb_sb_puts(b, sql);
 	free(sql);
+	rb_pg_setup_after(b, schema);
 	if (o->completion_history) {
 		sql = render(rb_schema_history_pg_sql, schema);
 		rb_sb_puts(b, sql);
@@ -2078,6 +2085,7 @@ const struct rb_store_ops rb_store_pg_ops = {
 	.reconnect = pg_reconnect,
 	.broken = pg_broken,
 	.setup = pg_setup,
+	.schema_info = rb_pg_schema_info,
 	.publish = pg_publish,
 	.claim = pg_claim,
 	.claim_send = pg_claim_send,
@@ -2118,4 +2126,10 @@ int
 rb_pg_fail(struct rb_store *s, PGresult *res, const char *what, struct rb_error *err)
 {
 	return pg_fail(s, res, what, err);
+}
+
+char *
+rb_pg_render_schema(const char *schema, const char *tmpl)
+{
+	return render(tmpl, schema);
 }

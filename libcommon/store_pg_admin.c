@@ -130,6 +130,23 @@ has_history(struct rb_store *s, struct rb_error *err)
 	return h;
 }
 
+/* 1 if the schema was upgraded from relaybus 0.1.0 and may hold the
+ * completed deliveries 0.1.0 left (status 'completed', completion time in
+ * updated_at: upgrade_010_pg.sql), 0 if not, -1 error. */
+static int
+has_old_completed(struct rb_store *s, struct rb_error *err)
+{
+	PGresult *res = q(s, "SELECT to_regclass('@S@.relaybus_deliveries_completed_010_idx') IS NOT NULL",
+	    0, NULL, PGRES_TUPLES_OK, "history", NULL, err);
+	int h;
+
+	if (res == NULL)
+		return -1;
+	h = PQgetvalue(res, 0, 0)[0] == 't';
+	PQclear(res);
+	return h;
+}
+
 /* ---- statistics ---------------------------------------------------------- */
 
 /* The in-flight ids of every lane, one row per id. */
@@ -145,7 +162,8 @@ has_history(struct rb_store *s, struct rb_error *err)
 	"  count(*) FILTER (WHERE d.status = 'pending' AND f.id IS NULL AND d.available_at > now()) AS delayed, " \
 	"  count(*) FILTER (WHERE d.status = 'pending' AND f.id IS NOT NULL) AS processing, " \
 	"  count(*) FILTER (WHERE d.status = 'dead') AS dead, "		\
-	"  min(d.created_at) FILTER (WHERE d.status = 'pending' AND f.id IS NULL) AS oldest " \
+	"  min(d.created_at) FILTER (WHERE d.status = 'pending' AND f.id IS NULL) AS oldest, " \
+	"  count(*) FILTER (WHERE d.status = 'completed') AS completed " \
 	"  FROM @S@.relaybus_deliveries d "				\
 	"  LEFT JOIN f ON f.id = d.id AND f.handler = d.handler AND f.lane = d.lane " \
 	"  GROUP BY d.handler), "					\
@@ -154,7 +172,8 @@ has_history(struct rb_store *s, struct rb_error *err)
 	"  UNION SELECT handler FROM @S@.relaybus_subscriptions "	\
 	"  UNION SELECT DISTINCT handler FROM @S@.relaybus_lanes) "	\
 	"SELECT h.handler, coalesce(d.due, 0), coalesce(d.delayed, 0), coalesce(d.processing, 0), " \
-	"  coalesce(d.dead, 0), c.n, floor(extract(epoch FROM now() - d.oldest) * 1000)::bigint " \
+	"  coalesce(d.dead, 0), c.n, floor(extract(epoch FROM now() - d.oldest) * 1000)::bigint, " \
+	"  coalesce(d.completed, 0) " \
 	"FROM h LEFT JOIN d USING (handler) LEFT JOIN c USING (handler) ORDER BY h.handler"
 
 static const char stats_sql_hist[] = STATS_SQL(
@@ -184,7 +203,7 @@ rb_admin_stats(struct rb_store *s, json_t **out, struct rb_error *err)
 	PGresult *res = NULL, *orph = NULL;
 	json_t *handlers = NULL, *total = NULL;
 	int64_t oldest = -1;
-	int hist, rc = -1;
+	int hist, old, rc = -1;
 
 	*out = NULL;
 	if (!is_pg(s, err))
@@ -192,7 +211,7 @@ rb_admin_stats(struct rb_store *s, json_t **out, struct rb_error *err)
 	/* one snapshot, one now(), for every number */
 	if (cmd(s, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", "stats", err) < 0)
 		return -1;
-	if ((hist = has_history(s, err)) < 0)
+	if ((hist = has_history(s, err)) < 0 || (old = has_old_completed(s, err)) < 0)
 		goto out;
 	res = q(s, hist ? stats_sql_hist : stats_sql_nohist, 0, NULL, PGRES_TUPLES_OK, "stats", NULL, err);
 	if (res == NULL)
@@ -203,7 +222,7 @@ rb_admin_stats(struct rb_store *s, json_t **out, struct rb_error *err)
 	handlers = json_array();
 	total = json_pack("{s:n, s:i, s:i, s:i, s:i, s:i}", "handler", "pending", 0, "due", 0,
 	    "delayed", 0, "processing", 0, "dead", 0);
-	json_object_set_new(total, "completed", hist ? json_integer(0) : json_null());
+	json_object_set_new(total, "completed", hist || old ? json_integer(0) : json_null());
 	for (int i = 0; i < PQntuples(res); i++) {
 		int64_t due = strtoll(PQgetvalue(res, i, 1), NULL, 10);
 		int64_t delayed = strtoll(PQgetvalue(res, i, 2), NULL, 10);
@@ -215,8 +234,10 @@ rb_admin_stats(struct rb_store *s, json_t **out, struct rb_error *err)
 		json_object_set_new(h, "delayed", json_integer(delayed));
 		json_object_set_new(h, "processing", col_int(res, i, 3));
 		json_object_set_new(h, "dead", col_int(res, i, 4));
-		json_object_set_new(h, "completed", !hist ? json_null() :
-		    (PQgetisnull(res, i, 5) ? json_integer(0) : col_int(res, i, 5)));
+		/* the completion history, and what relaybus 0.1.0 left */
+		json_object_set_new(h, "completed", !hist && !old ? json_null() :
+		    json_integer((PQgetisnull(res, i, 5) ? 0 : strtoll(PQgetvalue(res, i, 5), NULL, 10)) +
+		    strtoll(PQgetvalue(res, i, 7), NULL, 10)));
 		json_object_set_new(h, "oldest_pending_age_ms", col_int(res, i, 6));
 		if (!PQgetisnull(res, i, 6) && strtoll(PQgetvalue(res, i, 6), NULL, 10) > oldest)
 			oldest = strtoll(PQgetvalue(res, i, 6), NULL, 10);
@@ -287,8 +308,8 @@ rb_admin_status_valid(const char *status)
 static const char list_sql[] =
     "WITH " IN_FLIGHT_CTE ", "
     "l AS (SELECT d.*, "
-    "  CASE WHEN d.status = 'dead' THEN 'dead' WHEN f.id IS NOT NULL THEN 'processing' "
-    "       ELSE 'pending' END AS state, "
+    "  CASE WHEN d.status = 'dead' THEN 'dead' WHEN d.status = 'completed' THEN 'completed' "
+    "       WHEN f.id IS NOT NULL THEN 'processing' ELSE 'pending' END AS state, "
     "  CASE WHEN d.status = 'pending' THEN f.lease_owner END AS owner, "
     "  CASE WHEN d.status = 'pending' THEN f.lease_expires_at END AS lease_until "
     "  FROM @S@.relaybus_deliveries d "
@@ -309,9 +330,10 @@ static const char list_completed_sql[] =
     "  AND ($3::text IS NULL OR c.event_id = $3) "
     "ORDER BY c.completed_at, c.event_id, c.handler LIMIT $4::bigint";
 
-/* Append the rows matching f to rows; history: whether the table exists. */
+/* Append the rows matching f to rows; history: whether the table exists;
+ * old: whether the schema may hold completed rows of relaybus 0.1.0. */
 static int
-list_into(struct rb_store *s, const struct rb_admin_filter *f, bool flags[4], int history,
+list_into(struct rb_store *s, const struct rb_admin_filter *f, bool flags[4], int history, int old,
     json_t *rows, struct rb_error *err)
 {
 	char limit[32], states[64] = "{";
@@ -322,14 +344,14 @@ list_into(struct rb_store *s, const struct rb_admin_filter *f, bool flags[4], in
 		snprintf(limit, sizeof limit, "%" PRId64, f->limit);
 		limitp = limit;
 	}
-	for (int k = 0; k < 3; k++)
-		if (flags[k]) {
+	for (int k = 0; k < 4; k++)
+		if (flags[k] && (k < 3 || old)) {
 			if (states[1] != '\0')
 				strcat(states, ",");
 			strcat(states, statuses[k]);
 		}
 	strcat(states, "}");
-	if (flags[0] || flags[1] || flags[2]) {
+	if (flags[0] || flags[1] || flags[2] || (flags[3] && old)) {
 		const char *params[5] = { f->handler, f->key, f->event_id, states, limitp };
 
 		res = q(s, list_sql, 5, params, PGRES_TUPLES_OK, "list", NULL, err);
@@ -352,6 +374,9 @@ list_into(struct rb_store *s, const struct rb_admin_filter *f, bool flags[4], in
 			json_object_set_new(o, "lease_expires_at", col_str(res, i, 11));
 			json_object_set_new(o, "created_at", col_str(res, i, 12));
 			json_object_set_new(o, "updated_at", col_str(res, i, 13));
+			/* (relaybus 0.1.0's: completed at their last update) */
+			if (strcmp(PQgetvalue(res, i, 5), "completed") == 0)
+				json_object_set_new(o, "completed_at", col_str(res, i, 13));
 			json_array_append_new(rows, o);
 		}
 		PQclear(res);
@@ -390,7 +415,7 @@ int
 rb_admin_list(struct rb_store *s, const struct rb_admin_filter *f, json_t **out, struct rb_error *err)
 {
 	bool flags[4];
-	int hist = 0;
+	int hist = 0, old = 0;
 	json_t *rows;
 
 	*out = NULL;
@@ -400,14 +425,14 @@ rb_admin_list(struct rb_store *s, const struct rb_admin_filter *f, json_t **out,
 		return rb_seterr(err, RB_EXIT_USAGE,
 		    "unknown status '%s': use pending, processing, dead or completed", f->status);
 	if (flags[3]) {
-		if ((hist = has_history(s, err)) < 0)
+		if ((hist = has_history(s, err)) < 0 || (old = has_old_completed(s, err)) < 0)
 			return -1;
-		if (!hist)
+		if (!hist && !old)
 			return rb_seterr(err, RB_EXIT_CONFIG, "schema \"%s\" keeps no completion history "
 			    "(rb-setup --completion-history)", rb_store_schema(s));
 	}
 	rows = json_array();
-	if (list_into(s, f, flags, hist, rows, err) < 0) {
+	if (list_into(s, f, flags, hist, old, rows, err) < 0) {
 		json_decref(rows);
 		return -1;
 	}
@@ -426,12 +451,12 @@ rb_admin_show(struct rb_store *s, const char *event_id, json_t **out, struct rb_
 	bool flags[4] = { true, true, true, true };
 	PGresult *res;
 	json_t *ev, *dels;
-	int hist;
+	int hist, old;
 
 	*out = NULL;
 	if (!is_pg(s, err))
 		return -1;
-	if ((hist = has_history(s, err)) < 0)
+	if ((hist = has_history(s, err)) < 0 || (old = has_old_completed(s, err)) < 0)
 		return -1;
 	const char *params[1] = { event_id };
 	res = q(s, show_sql, 1, params, PGRES_TUPLES_OK, "show", NULL, err);
@@ -448,7 +473,7 @@ rb_admin_show(struct rb_store *s, const char *event_id, json_t **out, struct rb_
 		json_object_set_new(ev, "created_at", col_str(res, 0, 6));
 	}
 	dels = json_array();
-	if (list_into(s, &f, flags, hist, dels, err) < 0) {
+	if (list_into(s, &f, flags, hist, old, dels, err) < 0) {
 		PQclear(res);
 		json_decref(ev);
 		json_decref(dels);
@@ -639,6 +664,13 @@ static const char purge_history_sql[] =
     "  SELECT ctid FROM @S@.relaybus_completions WHERE completed_at < " CUTOFF
     "  ORDER BY completed_at LIMIT $2::integer FOR UPDATE SKIP LOCKED))";
 
+/* the completed deliveries relaybus 0.1.0 left (upgrade_010_pg.sql), by
+ * their completion time */
+static const char purge_completed_sql[] =
+    "DELETE FROM @S@.relaybus_deliveries WHERE id = ANY (ARRAY("
+    "  SELECT id FROM @S@.relaybus_deliveries WHERE status = 'completed' AND updated_at < " CUTOFF
+    "  ORDER BY updated_at, id LIMIT $2::integer FOR UPDATE SKIP LOCKED)) AND status = 'completed'";
+
 int
 rb_admin_purge(struct rb_store *s, enum rb_admin_purge kind, int64_t older_than_ms, int batch,
     struct rb_error *err)
@@ -652,8 +684,9 @@ rb_admin_purge(struct rb_store *s, enum rb_admin_purge kind, int64_t older_than_
 		return -1;
 	if (batch < 1 || older_than_ms < 0)
 		return rb_seterr(err, RB_EXIT_USAGE, "purge: invalid batch or age");
-	if (kind == RB_PURGE_HISTORY) {
-		int h = has_history(s, err);
+	if (kind == RB_PURGE_HISTORY || kind == RB_PURGE_COMPLETED) {
+		/* (without the 0.1.0 index the search would be a scan of every delivery) */
+		int h = kind == RB_PURGE_HISTORY ? has_history(s, err) : has_old_completed(s, err);
 
 		if (h <= 0)
 			return h;
@@ -661,7 +694,8 @@ rb_admin_purge(struct rb_store *s, enum rb_admin_purge kind, int64_t older_than_
 	snprintf(age, sizeof age, "%" PRId64, older_than_ms);
 	snprintf(lim, sizeof lim, "%d", batch);
 	res = q(s, kind == RB_PURGE_DEAD ? purge_dead_sql : kind == RB_PURGE_EVENTS ?
-	    purge_events_sql : purge_history_sql, 2, params, PGRES_COMMAND_OK, "purge", NULL, err);
+	    purge_events_sql : kind == RB_PURGE_HISTORY ? purge_history_sql : purge_completed_sql,
+	    2, params, PGRES_COMMAND_OK, "purge", NULL, err);
 	if (res == NULL)
 		return -1;
 	n = atoi(PQcmdTuples(res));

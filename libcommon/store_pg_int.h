@@ -22,5 +22,17 @@ char	*rb_pg_render(const struct rb_store *, const char *tmpl);
  * connection RB_EXIT_TEMPFAIL...).  what prefixes the message.  Returns -1.
  */
 int	rb_pg_fail(struct rb_store *, PGresult *res, const char *what, struct rb_error *err);
+/** Render tmpl for a schema name (rb_pg_render without a store, for --print-sql). */
+char	*rb_pg_render_schema(const char *schema, const char *tmpl);
+
+/* store_pg_version.c */
+struct rb_sbuf;
+/** The schema_info op: the version of the store's schema. */
+int	rb_pg_schema_info(struct rb_store *, struct rb_schema_info *, struct rb_error *err);
+/** The set-up before schema_pg.sql (after the advisory lock): the version
+ * guard (SQLSTATE RBV01: the schema is newer), lane_pg.sql, upgrade_010_pg.sql. */
+void	rb_pg_setup_before(struct rb_sbuf *, const char *schema);
+/** The set-up after schema_pg.sql: upgrade_010_post_pg.sql and the version check. */
+void	rb_pg_setup_after(struct rb_sbuf *, const char *schema);
 
 #endif
