@@ -102,6 +102,19 @@ int	rb_admin_purge(struct rb_store *, enum rb_admin_purge kind, int64_t older_th
 	    struct rb_error *err);
 
 /**
+ * Delete the counters (relaybus_keys) of ordering keys that no pending
+ * (in flight or not) or dead delivery has, without letting a later publish
+ * of a key run before an earlier one: up to batch counters after *after
+ * (NULL: from the first), in key order, in one short READ COMMITTED
+ * transaction that first locks them, skipping those a publish in progress
+ * holds, and then, with a snapshot taken after the locks, deletes those no
+ * such delivery has (relaybus(7), KEY RETENTION).  *after (the caller's,
+ * freed with free()) becomes the last key looked at, NULL after the last.
+ * Returns the number deleted.
+ */
+int	rb_admin_purge_keys(struct rb_store *, char **after, int batch, struct rb_error *err);
+
+/**
  * Lane rows, ordered by handler and lane: only those held or with ids in
  * flight unless all.  handler NULL = every handler.  rows receives
  *   [{"handler", "lane", "epoch", "owner", "lease_expires_at", "expired",

@@ -23,6 +23,7 @@
 #include "rb_admin.h"
 #include "rb_exit.h"
 #include "rb_store.h"
+#include "rb_util.h"
 #include "store_int.h"
 #include "store_pg_int.h"
 
@@ -700,6 +701,106 @@ rb_admin_purge(struct rb_store *s, enum rb_admin_purge kind, int64_t older_than_
 		return -1;
 	n = atoi(PQcmdTuples(res));
 	PQclear(res);
+	return n;
+}
+
+/*
+ * Key counters.  A publish locks its key's counter row (INSERT ... ON
+ * CONFLICT DO UPDATE) before it writes its deliveries, and holds it until
+ * it commits.  So: 1. lock a batch of counters, skipping those a publish in
+ * progress holds; 2. in a new statement, whose snapshot (READ COMMITTED)
+ * is taken after the locks, so that every publish of those keys that
+ * committed is seen, delete the counters of keys with no pending or dead
+ * delivery.  No publish of those keys can add a delivery in between (it
+ * waits for the lock), and one that waits publishes after the purge
+ * commits, from sequence 1, later than everything of its key that ran.  A
+ * single DELETE ... WHERE NOT EXISTS would not do: after waiting for a
+ * publish's lock it rechecks the row, but not its NOT EXISTS, against what
+ * that publish committed.  Pending deliveries of a key are found through
+ * lane_key_idx: every handler that has pending keyed deliveries (a skip
+ * scan of the index), the key's lane (a keyed delivery's lane is
+ * relaybus_lane(key)) and the key; dead ones through dead_idx, once per
+ * batch.  (Completed deliveries relaybus 0.1.0 left need no counter.)
+ */
+static const char keys_lock_sql[] =
+    "SELECT key FROM @S@.relaybus_keys WHERE $1::text IS NULL OR key > $1 "
+    "ORDER BY key LIMIT $2::integer FOR UPDATE SKIP LOCKED";
+static const char keys_delete_sql[] =
+    "WITH RECURSIVE hs AS ("
+    "  (SELECT d.handler FROM @S@.relaybus_deliveries d "
+    "    WHERE d.key IS NOT NULL AND d.status = 'pending' ORDER BY d.handler LIMIT 1) "
+    "  UNION ALL "
+    "  SELECT (SELECT d.handler FROM @S@.relaybus_deliveries d "
+    "           WHERE d.key IS NOT NULL AND d.status = 'pending' AND d.handler > hs.handler "
+    "           ORDER BY d.handler LIMIT 1) "
+    "    FROM hs WHERE hs.handler IS NOT NULL), "
+    "h AS (SELECT coalesce(array_agg(hs.handler), '{}') AS hs FROM hs WHERE hs.handler IS NOT NULL), "
+    "dk AS (SELECT DISTINCT d.key FROM @S@.relaybus_deliveries d "
+    "  WHERE d.status = 'dead' AND d.key IS NOT NULL) "
+    "DELETE FROM @S@.relaybus_keys k USING h "
+    "WHERE k.key = ANY ($1::text[]) "
+    "  AND NOT EXISTS (SELECT 1 FROM @S@.relaybus_deliveries d "
+    "    WHERE d.handler = ANY (h.hs) AND d.lane = @S@.relaybus_lane(k.key) AND d.key = k.key "
+    "      AND d.status = 'pending') "
+    "  AND NOT EXISTS (SELECT 1 FROM dk WHERE dk.key = k.key)";
+
+int
+rb_admin_purge_keys(struct rb_store *s, char **after, int batch, struct rb_error *err)
+{
+	char lim[16];
+	const char *params[2] = { *after, lim };
+	struct rb_sbuf keys;
+	PGresult *res;
+	int n = -1, found;
+
+	if (!is_pg(s, err))
+		return -1;
+	if (batch < 1)
+		return rb_seterr(err, RB_EXIT_USAGE, "purge: invalid batch");
+	snprintf(lim, sizeof lim, "%d", batch);
+	/* READ COMMITTED whatever the session's default: the second statement
+	 * must see what committed while the first waited for nothing */
+	if (cmd(s, "BEGIN ISOLATION LEVEL READ COMMITTED", "purge", err) < 0)
+		return -1;
+	if (cmd(s, "SET LOCAL enable_seqscan = off", "purge", err) < 0 ||
+	    (res = q(s, keys_lock_sql, 2, params, PGRES_TUPLES_OK, "purge", NULL, err)) == NULL) {
+		rollback(s);
+		return -1;
+	}
+	found = PQntuples(res);
+	rb_sb_init(&keys);
+	rb_sb_puts(&keys, "{");
+	for (int i = 0; i < found; i++) {
+		const char *v = PQgetvalue(res, i, 0);
+
+		rb_sb_puts(&keys, i > 0 ? ",\"" : "\"");
+		for (; *v != '\0'; v++) {
+			if (*v == '"' || *v == '\\')
+				rb_sb_putn(&keys, "\\", 1);
+			rb_sb_putn(&keys, v, 1);
+		}
+		rb_sb_puts(&keys, "\"");
+	}
+	rb_sb_puts(&keys, "}");
+	free(*after);
+	*after = found > 0 ? xstrdup(PQgetvalue(res, found - 1, 0)) : NULL;
+	PQclear(res);
+	if (found > 0) {
+		const char *p[1] = { keys.s };
+
+		if ((res = q(s, keys_delete_sql, 1, p, PGRES_COMMAND_OK, "purge", NULL, err)) != NULL) {
+			n = atoi(PQcmdTuples(res));
+			PQclear(res);
+		}
+	} else
+		n = 0;
+	free(keys.s);
+	if (n < 0) {
+		rollback(s);
+		return -1;
+	}
+	if (cmd(s, "COMMIT", "purge", err) < 0)
+		return -1;
 	return n;
 }
 
