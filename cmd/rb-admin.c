@@ -90,7 +90,8 @@ static const char usage_str[] =
 "Exit status: 0 ok, 64 usage, 65 an id or input line that matches nothing or\n"
 "does not parse (the rest is still processed), 69 database unavailable,\n"
 "70 internal error, 74 output error, 75 temporary failure or purge interrupted,\n"
-"77 permission denied, 78 bad URL or schema, or no completion history.\n";
+"76 schema newer than this relaybus, 77 permission denied, 78 bad URL or schema,\n"
+"or no completion history, 79 schema needs an upgrade (run rb-setup).\n";
 
 #define APPLY_CHUNK	1000
 
