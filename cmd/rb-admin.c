@@ -56,8 +56,9 @@ static const char usage_str[] =
 "  cancel (same selection)                   delete pending deliveries\n"
 "        without ids or --all/--key/--event/--limit: event ids or `list` lines on stdin\n"
 "  purge [--dead-older-than DUR] [--completed-older-than DUR]\n"
-"        [--history-older-than DUR] [--batch N]\n"
-"        retention: dead deliveries, events without deliveries, completion history\n"
+"        [--history-older-than DUR] [--keys] [--batch N]\n"
+"        retention: dead deliveries, events without deliveries, completion history,\n"
+"        key counters no delivery needs\n"
 "  lanes [--handler NAME] [--all]\n"
 "        held lanes (or with ids in flight; --all: every lane): owner, epoch, lease\n"
 "  subscriptions [--handler NAME]\n"
@@ -78,7 +79,10 @@ static const char usage_str[] =
 "      --prometheus             stats: Prometheus text exposition format\n"
 "      --dead-older-than DUR    purge dead deliveries last changed before DUR ago (7d, 12h)\n"
 "      --completed-older-than DUR  purge events older than DUR with no delivery left\n"
+"                               (and deliveries relaybus 0.1.0 completed before DUR ago)\n"
 "      --history-older-than DUR    purge completion history older than DUR\n"
+"      --keys                   purge the counters of ordering keys that no pending,\n"
+"                               in-flight or dead delivery has (their sequences restart)\n"
 "      --batch N                rows per purge transaction (default 1000)\n"
 "  -v, --verbose                more messages (-vv: debug)\n"
 "  -q, --quiet                  errors only\n"
@@ -89,14 +93,15 @@ static const char usage_str[] =
 "Exit status: 0 ok, 64 usage, 65 an id or input line that matches nothing or\n"
 "does not parse (the rest is still processed), 69 database unavailable,\n"
 "70 internal error, 74 output error, 75 temporary failure or purge interrupted,\n"
-"77 permission denied, 78 bad URL or schema, or no completion history.\n";
+"76 schema newer than this relaybus, 77 permission denied, 78 bad URL or schema,\n"
+"or no completion history, 79 schema needs an upgrade (run rb-setup).\n";
 
 #define APPLY_CHUNK	1000
 
 enum {
 	OPT_JSON = RB_OPT_FIRST_PROGRAM, OPT_TABLE, OPT_STATUS, OPT_HANDLER, OPT_KEY, OPT_EVENT,
 	OPT_REASON, OPT_PROMETHEUS, OPT_DEAD_OLDER, OPT_COMPLETED_OLDER, OPT_HISTORY_OLDER,
-	OPT_BATCH
+	OPT_BATCH, OPT_KEYS
 };
 
 /* which options a command takes */
@@ -110,7 +115,7 @@ static struct options {
 	int			 table;		/* -1 by terminal, 0 JSON, 1 table */
 	const char		*status, *handler, *key, *event, *reason;
 	int64_t			 limit;
-	bool			 all, prometheus;
+	bool			 all, prometheus, keys;
 	int64_t			 dead_older, completed_older, history_older;	/* ms; -1 unset */
 	int			 batch;
 	unsigned		 seen;		/* F_* given */
@@ -145,7 +150,7 @@ static const struct admin_cmd {
 	    F_SELECT | F_REASON, 0, INT_MAX, cmd_bury },
 	{ "cancel", "cancel [--all|--key KEY|--event ID|--limit N] [--handler NAME] [EVENT_ID...]",
 	    F_SELECT, 0, INT_MAX, cmd_cancel },
-	{ "purge", "purge [--dead-older-than DUR] [--completed-older-than DUR] [--history-older-than DUR] [--batch N]",
+	{ "purge", "purge [--dead-older-than DUR] [--completed-older-than DUR] [--history-older-than DUR] [--keys] [--batch N]",
 	    F_PURGE, 0, 0, cmd_purge },
 	{ "lanes", "lanes [--handler NAME] [--all]", F_HANDLER | F_ALL, 0, 0, cmd_lanes },
 	{ "subscriptions", "subscriptions [--handler NAME]", F_HANDLER, 0, 0, cmd_subscriptions },
@@ -185,6 +190,7 @@ parse_opts(int argc, char **argv, const char *shortopts)
 		{ "completed-older-than", required_argument, NULL, OPT_COMPLETED_OLDER },
 		{ "history-older-than", required_argument, NULL, OPT_HISTORY_OLDER },
 		{ "batch", required_argument, NULL, OPT_BATCH },
+		{ "keys", no_argument, NULL, OPT_KEYS },
 		{ NULL, 0, NULL, 0 }
 	};
 	const char *u = cmd_usage != NULL ? cmd_usage : usage_str;
@@ -251,6 +257,10 @@ parse_opts(int argc, char **argv, const char *shortopts)
 			opt.batch = rb_cli_int(u, "--batch", optarg, 1, 1000000);
 			seen(F_PURGE, "--batch");
 			break;
+		case OPT_KEYS:
+			opt.keys = true;
+			seen(F_PURGE, "--keys");
+			break;
 		default:
 			rb_cli_bad_option(u);
 		}
@@ -296,9 +306,9 @@ parse_args(int argc, char **argv)
 	if (argc - i > the_cmd->max_args)
 		rb_cli_usage_error(cmd_usage, "%s: unexpected argument '%s'", the_cmd->name, argv[i]);
 	if (the_cmd->run == cmd_purge && opt.dead_older < 0 && opt.completed_older < 0 &&
-	    opt.history_older < 0)
-		rb_cli_usage_error(cmd_usage, "purge: give --dead-older-than, --completed-older-than "
-		    "or --history-older-than");
+	    opt.history_older < 0 && !opt.keys)
+		rb_cli_usage_error(cmd_usage, "purge: give --dead-older-than, --completed-older-than, "
+		    "--history-older-than or --keys");
 	if (the_cmd->opts & F_ALL && the_cmd->run != cmd_lanes) {
 		bool select = (opt.seen & (F_ALL | F_KEY | F_EVENT | F_LIMIT)) != 0;
 
@@ -579,7 +589,9 @@ static void
 stats_prometheus(const json_t *st)
 {
 	const json_t *hs = json_object_get(st, "handlers"), *total = json_object_get(st, "total");
-	bool hist = json_is_true(json_object_get(st, "history"));
+	/* (completed counts: with a completion history, or the deliveries
+	 * relaybus 0.1.0 completed) */
+	bool hist = json_is_integer(json_object_get(total, "completed"));
 	size_t i;
 	json_t *h;
 
@@ -591,7 +603,7 @@ stats_prometheus(const json_t *st)
 			    "handler")), prom_states[k], json_object_get(h, prom_states[k]), false);
 	if (hist) {
 		prom_family("relaybus_handler_completions", "Completions of one handler kept in the "
-		    "completion history.");
+		    "completion history (and those relaybus 0.1.0 left).");
 		json_array_foreach(hs, i, h)
 			prom_sample("relaybus_handler_completions", json_string_value(json_object_get(h,
 			    "handler")), NULL, json_object_get(h, "completed"), false);
@@ -606,7 +618,8 @@ stats_prometheus(const json_t *st)
 		prom_sample("relaybus_deliveries", NULL, prom_states[k], json_object_get(total,
 		    prom_states[k]), false);
 	if (hist) {
-		prom_family("relaybus_completions", "Completions kept in the completion history.");
+		prom_family("relaybus_completions", "Completions kept in the completion history "
+		    "(and those relaybus 0.1.0 left).");
 		prom_sample("relaybus_completions", NULL, NULL, json_object_get(total, "completed"), false);
 	}
 	prom_family("relaybus_oldest_pending_age_seconds", "Age of the oldest pending delivery "
@@ -951,11 +964,12 @@ cmd_purge(struct rb_store *s, int argc, char **argv)
 		const char		*field, *what;
 	} kinds[] = {
 		{ RB_PURGE_DEAD, "dead", "dead deliveries" },
+		{ RB_PURGE_COMPLETED, "completed", "completed deliveries" },
 		{ RB_PURGE_EVENTS, "events", "events" },
 		{ RB_PURGE_HISTORY, "history", "history rows" },
 	};
-	int64_t ages[3] = { opt.dead_older, opt.completed_older, opt.history_older };
-	long deleted[3] = { 0, 0, 0 }, batches = 0;
+	int64_t ages[4] = { opt.dead_older, opt.completed_older, opt.completed_older, opt.history_older };
+	long deleted[4] = { 0, 0, 0, 0 }, keys = 0, batches = 0;
 	bool progress = isatty(STDERR_FILENO) && rb_log_level() >= RB_LOG_WARN;
 	struct sigaction sa;
 	int64_t t0 = rb_mono_ms();
@@ -967,8 +981,9 @@ cmd_purge(struct rb_store *s, int argc, char **argv)
 	sigemptyset(&sa.sa_mask);
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
-	/* dead deliveries first: events whose last deliveries they were follow */
-	for (int k = 0; k < 3 && !stop_signal; k++) {
+	/* dead deliveries first: events whose last deliveries they were follow
+	 * (and so do completed ones relaybus 0.1.0 left); key counters last */
+	for (int k = 0; k < 4 && !stop_signal; k++) {
 		if (ages[k] < 0)
 			continue;
 		for (;;) {
@@ -994,15 +1009,47 @@ cmd_purge(struct rb_store *s, int argc, char **argv)
 		if (progress)
 			fputc('\n', stderr);
 	}
-	sum = json_pack("{s:I, s:I, s:I, s:I, s:I, s:b}", "dead", (json_int_t)deleted[0],
-	    "events", (json_int_t)deleted[1], "history", (json_int_t)deleted[2],
+	if (opt.keys && !stop_signal) {
+		char *after = NULL;
+
+		/* every counter is looked at once: a batch ends where it began */
+		do {
+			struct rb_error err = { 0 };
+			int n = rb_admin_purge_keys(s, &after, opt.batch, &err);
+
+			if (n < 0) {
+				if (progress)
+					fputc('\n', stderr);
+				rb_error("purge stopped after %ld batches: %s", batches, err.msg);
+				free(after);
+				return finish(err.exit_code);
+			}
+			if (n > 0)
+				batches++;
+			keys += n;
+			rb_debug("purge: key counters: batch of %d", n);
+			if (progress)
+				fprintf(stderr, "\rrb-admin: purge: key counters: %ld deleted", keys);
+		} while (after != NULL && !stop_signal);
+		free(after);
+		if (progress)
+			fputc('\n', stderr);
+	}
+	sum = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:b}", "dead", (json_int_t)deleted[0],
+	    "completed", (json_int_t)deleted[1], "events", (json_int_t)deleted[2],
+	    "history", (json_int_t)deleted[3], "keys", (json_int_t)keys,
 	    "batches", (json_int_t)batches, "elapsed_ms", (json_int_t)(rb_mono_ms() - t0),
 	    "interrupted", stop_signal != 0);
-	if (opt.table)
-		printf("purged %ld dead deliveries, %ld events, %ld history rows in %ld batches "
-		    "(%.1fs)%s\n", deleted[0], deleted[1], deleted[2], batches,
-		    (double)(rb_mono_ms() - t0) / 1000.0, stop_signal ? ", interrupted" : "");
-	else if (rb_jsonl_write(stdout, sum) < 0)
+	if (opt.table) {
+		printf("purged %ld dead deliveries, ", deleted[0]);
+		if (deleted[1] > 0)
+			printf("%ld completed deliveries of relaybus 0.1.0, ", deleted[1]);
+		printf("%ld events, %ld history rows", deleted[2], deleted[3]);
+		if (opt.keys)
+			printf(", %ld key counters", keys);
+		printf(" in %ld batches (%.1fs)%s\n", batches, (double)(rb_mono_ms() - t0) / 1000.0,
+		    stop_signal ? ", interrupted" : "");
+	} else if (rb_jsonl_write(stdout, sum) < 0)
 		out_check();
 	json_decref(sum);
 	if (stop_signal) {

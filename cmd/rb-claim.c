@@ -50,7 +50,8 @@ static const char usage_str[] =
 "\n"
 "Exit status: 0 deliveries printed, 1 nothing was due, 64 usage, 69 database\n"
 "unavailable, 74 stdout failed (claims released), 75 temporary failure, 78 bad URL\n"
-"or schema not set up.\n";
+"or schema not set up, 76/79 schema newer than this relaybus / needs an upgrade\n"
+"(rb-setup).\n";
 
 enum { OPT_OWNER = RB_OPT_FIRST_PROGRAM, OPT_POLL, OPT_MAX_ATTEMPTS };
 

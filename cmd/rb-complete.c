@@ -53,7 +53,8 @@ static const char usage_str[] =
 "  -V, --version          version and libraries\n"
 "\n"
 "Exit status: 0 ok (lost leases included), 64 usage, 65 a bad input line, 69\n"
-"database unavailable, 74 I/O error, 75 connection lost, 78 bad URL or schema not set up.\n";
+"database unavailable, 74 I/O error, 75 connection lost, 78 bad URL or schema not set up,\n"
+"76/79 schema newer than this relaybus / needs an upgrade (rb-setup).\n";
 
 enum { OPT_BACKOFF = RB_OPT_FIRST_PROGRAM, OPT_SQL, OPT_WINDOW, OPT_NO_RELINQUISH };
 

@@ -81,7 +81,8 @@ static const char usage_str[] =
 "\n"
 "Exit status: 0 stopped by a signal or drained, 64 usage, 69 database unavailable at\n"
 "start, 70 internal error, 71 cannot start the handler, 75 stopped with results not\n"
-"applied (database down), 77 permission denied, 78 bad URL or schema not set up.\n";
+"applied (database down), 76 schema newer than this relaybus, 77 permission denied,\n"
+"78 bad URL or schema not set up, 79 schema needs an upgrade (run rb-setup).\n";
 
 enum { OPT_EXEC = RB_OPT_FIRST_PROGRAM, OPT_PIPE, OPT_SQL, OPT_PROCS, OPT_GRACE, OPT_BACKOFF,
 	OPT_POLL, OPT_WINDOW, OPT_STATS, OPT_OWNER, OPT_DRAIN, OPT_CHAIN, OPT_CONNS };

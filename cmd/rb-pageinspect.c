@@ -58,7 +58,8 @@ static const char usage_str[] =
 "\n"
 "Exit status: 0 ok, 64 usage, 69 database unavailable or pageinspect missing,\n"
 "70 internal error, 74 stdout failed, 75 temporary failure or interrupted,\n"
-"78 bad URL or schema not set up.\n";
+"78 bad URL or schema not set up, 76/79 (watch) schema newer than this relaybus /\n"
+"needs an upgrade (rb-setup).\n";
 
 static struct options {
 	struct rb_common common;

@@ -52,6 +52,7 @@ static const char usage_str[] =
 "\n"
 "Exit status: 0 ok, 64 usage, 65 a bad input line, 69 database unavailable,\n"
 "73 cannot open --rejects, 74 I/O error, 75 connection lost (rerun: ids make it safe),\n"
+"76/79 schema newer than this relaybus / needs an upgrade (rb-setup),\n"
 "78 bad URL or schema not set up.\n";
 
 enum { OPT_FLUSH = RB_OPT_FIRST_PROGRAM, OPT_REJECTS, OPT_MAX_LINE };

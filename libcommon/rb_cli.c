@@ -133,7 +133,7 @@ rb_cli_die(const struct rb_error *err)
 }
 
 struct rb_store *
-rb_cli_open(const struct rb_common *c)
+rb_cli_open_any(const struct rb_common *c)
 {
 	struct rb_error err = { 0 };
 	struct rb_store *s = rb_store_open(c->db, c->schema, rb_log_prog(), &err);
@@ -141,6 +141,19 @@ rb_cli_open(const struct rb_common *c)
 	if (s == NULL)
 		rb_cli_die(&err);
 	rb_debug("connected to %s, schema %s", rb_store_url_redacted(s), rb_store_schema(s));
+	return s;
+}
+
+struct rb_store *
+rb_cli_open(const struct rb_common *c)
+{
+	struct rb_error err = { 0 };
+	struct rb_store *s = rb_cli_open_any(c);
+
+	if (rb_store_require_schema(s, &err) < 0) {
+		rb_store_close(s);
+		rb_cli_die(&err);
+	}
 	return s;
 }
 

@@ -47,8 +47,14 @@ void	rb_cli_usage_error(const char *usage, const char *fmt, ...)
 	    __attribute__((format(printf, 2, 3), noreturn));
 /** Report an unknown option or missing argument (getopt already printed it) and exit 64. */
 void	rb_cli_bad_option(const char *usage) __attribute__((noreturn));
-/** Open the store or die with the error's exit code. */
+/**
+ * Open the store or die with the error's exit code; die too, with one line
+ * naming rb-setup, unless the schema is set up at RB_SCHEMA_VERSION
+ * (rb_store_require_schema: one query).
+ */
 struct rb_store *rb_cli_open(const struct rb_common *);
+/** rb_cli_open without the schema check (rb-setup). */
+struct rb_store *rb_cli_open_any(const struct rb_common *);
 /** Die with err's code and message. */
 void	rb_cli_die(const struct rb_error *) __attribute__((noreturn));
 /**

@@ -83,6 +83,36 @@ char	*rb_store_setup_script(const char *url, const char *schema, const struct rb
 /** Create or upgrade the schema in one transaction under an advisory lock; idempotent. */
 int	rb_store_setup(struct rb_store *, const struct rb_setup_opts *, struct rb_error *err);
 
+/* ---- schema versions ------------------------------------------------ */
+
+/** The schema version this relaybus writes (rb-setup) and understands. */
+#define RB_SCHEMA_VERSION	1
+
+enum rb_schema_state {
+	RB_SCHEMA_ABSENT,	/* not set up */
+	RB_SCHEMA_010,		/* the tables of relaybus 0.1.0: rb-setup upgrades them */
+	RB_SCHEMA_OLDER,	/* an older version: rb-setup upgrades it */
+	RB_SCHEMA_CURRENT,	/* RB_SCHEMA_VERSION */
+	RB_SCHEMA_NEWER,	/* set up by a newer relaybus */
+};
+
+struct rb_schema_info {
+	enum rb_schema_state	state;
+	int			installed;	/* the version found; 0 when none (or 0.1.0) */
+	int			expected;	/* RB_SCHEMA_VERSION */
+};
+
+/** What the store's schema holds: one query on the happy path. */
+int	rb_store_schema_info(struct rb_store *, struct rb_schema_info *, struct rb_error *err);
+/**
+ * 0 when info says the schema is current; else -1 with err: RB_EXIT_CONFIG
+ * (not set up), RB_EXIT_UPGRADE (run rb-setup) or RB_EXIT_PROTOCOL (newer),
+ * and a one-line message naming the schema and both versions.
+ */
+int	rb_schema_problem(const char *schema, const struct rb_schema_info *, struct rb_error *err);
+/** rb_store_schema_info, then rb_schema_problem: every program but rb-setup, at start. */
+int	rb_store_require_schema(struct rb_store *, struct rb_error *err);
+
 /* ---- publish --------------------------------------------------------- */
 
 /**

@@ -405,7 +405,7 @@ mailer pending -" ]
   [ "${stderr_lines[0]}" = "rb-admin: stats: unexpected argument 'extra'" ]
   run --separate-stderr rb-admin purge
   [ "$status" -eq 64 ]
-  [ "${stderr_lines[0]}" = "rb-admin: purge: give --dead-older-than, --completed-older-than or --history-older-than" ]
+  [ "${stderr_lines[0]}" = "rb-admin: purge: give --dead-older-than, --completed-older-than, --history-older-than or --keys" ]
   run --separate-stderr rb-admin purge --dead-older-than soon
   [ "$status" -eq 64 ]
   [[ "${stderr_lines[0]}" == "rb-admin: --dead-older-than: 'soon' is not a duration"* ]]

@@ -75,7 +75,9 @@ test_unsupported(void)
 	struct rb_setup_opts so = { 0 };
 	struct rb_admin_filter f = { 0 };
 	struct rb_publish_acks acks;
+	struct rb_schema_info info;
 	struct rb_error err;
+	char *after = NULL;
 	struct rb_dl **dls;
 	unsigned char outcome[1];
 	json_t *arr = json_array(), *out = (json_t *)&out;
@@ -83,6 +85,9 @@ test_unsupported(void)
 #define TRY(slot, call) do { memset(&err, 0, sizeof err); refused((call), &err, slot); } while (0)
 	TRY("reconnect", rb_store_reconnect(&s, &err));
 	TRY("setup", rb_store_setup(&s, &so, &err));
+	TRY("schema_info", rb_store_schema_info(&s, &info, &err));
+	/* (so every program but rb-setup refuses such a backend at start, the same way) */
+	TRY("schema_info", rb_store_require_schema(&s, &err));
 	TRY("publish", rb_store_publish_text(&s, "[]", 0, &acks, &err));
 	TRY("claim", rb_store_claim(&s, &co, &out, &err));
 	ok(out == NULL, "claim: out-parameter NULL");
@@ -104,6 +109,7 @@ test_unsupported(void)
 	TRY("admin_show", rb_admin_show(&s, "e", &out, &err));
 	TRY("admin_apply", rb_admin_apply(&s, RB_ADMIN_BURY, arr, NULL, &out, &err));
 	TRY("admin_purge", rb_admin_purge(&s, RB_PURGE_DEAD, 0, 1, &err));
+	TRY("admin_purge_keys", rb_admin_purge_keys(&s, &after, 1, &err));
 	TRY("admin_lanes", rb_admin_lanes(&s, NULL, true, &out, &err));
 	TRY("admin_subscriptions", rb_admin_subscriptions(&s, NULL, &out, &err));
 	TRY("inspect_sample", rb_inspect_sample(&s, &out, &err));
