@@ -171,7 +171,7 @@ rb_run_handler() {
       _rb_fail "rb-claim failed (exit $rc)" handler "$handler"
       return $rc
     else
-      { "$@" <"$batch" | rb-complete -q "${max[@]}"; st=("${PIPESTATUS[@]}"); } || true
+      { "$@" <"$batch" | rb-complete -q -o "${max[@]}"; st=("${PIPESTATUS[@]}"); } || true
       if [ "${st[0]}" -ne 0 ] || [ "${st[1]}" -ne 0 ]; then
         rm -f "$batch"
         _rb_fail "the handler run failed" handler "$handler" command "$*" \
