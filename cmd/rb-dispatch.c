@@ -39,6 +39,7 @@ static const char usage_str[] =
 "                   [--timeout DUR] [--grace DUR] [--max-attempts N]\n"
 "                   [--backoff BASE[,MAX[,FACTOR]]]\n"
 "                   [--poll DUR] [--window DUR] [--stats-every DUR] [--owner NAME] [--drain]\n"
+"                   [--settle]\n"
 "                   [--db URL] [--schema NAME]\n"
 "\n"
 "Claim the due deliveries of handler H, run them, renew their leases and complete them.\n"
@@ -71,6 +72,8 @@ static const char usage_str[] =
 "      --stats-every DUR  a status line every DUR (default: off)\n"
 "      --owner NAME       lease owner (default host:pid:random)\n"
 "      --drain            exit once nothing is due and nothing is in flight\n"
+"      --settle           --drain with the retries due at once (no backoff, no retry_ms):\n"
+"                         exit once every delivery it ran is completed or dead (tests)\n"
 "  -u, --db URL           postgresql:// URL or conninfo (default: $RELAYBUS_URL, PG*)\n"
 "      --schema NAME      relaybus schema (default: $RELAYBUS_SCHEMA or public)\n"
 "  -v, --verbose          more messages (-vv: debug)\n"
@@ -84,7 +87,8 @@ static const char usage_str[] =
 "applied (database down), 77 permission denied, 78 bad URL or schema not set up.\n";
 
 enum { OPT_EXEC = RB_OPT_FIRST_PROGRAM, OPT_PIPE, OPT_SQL, OPT_PROCS, OPT_GRACE, OPT_BACKOFF,
-	OPT_POLL, OPT_WINDOW, OPT_STATS, OPT_OWNER, OPT_DRAIN, OPT_CHAIN, OPT_CONNS };
+	OPT_POLL, OPT_WINDOW, OPT_STATS, OPT_OWNER, OPT_DRAIN, OPT_CHAIN, OPT_CONNS,
+	OPT_SETTLE };
 
 static struct options {
 	struct rb_common	common;
@@ -133,6 +137,7 @@ parse_args(int argc, char **argv)
 		{ "stats-every", required_argument, NULL, OPT_STATS },
 		{ "owner", required_argument, NULL, OPT_OWNER },
 		{ "drain", no_argument, NULL, OPT_DRAIN },
+		{ "settle", no_argument, NULL, OPT_SETTLE },
 		{ NULL, 0, NULL, 0 }
 	};
 	struct dispatch_opts *o = &opt.dispatch;
@@ -206,6 +211,9 @@ parse_args(int argc, char **argv)
 		case OPT_DRAIN:
 			o->drain = true;
 			break;
+		case OPT_SETTLE:
+			o->drain = o->settle = true;
+			break;
 		default:
 			rb_cli_bad_option(usage_str);
 		}
@@ -224,6 +232,10 @@ parse_args(int argc, char **argv)
 		o->chain = o->kind->chain;
 	if (o->procs > o->concurrency)
 		o->procs = o->concurrency;
+	/* --settle: a failure is due again at once, whatever --backoff says,
+	 * so that the drain goes on until it is completed or buried */
+	if (o->settle)
+		o->complete.backoff = (struct rb_backoff){ .base_ms = 0, .max_ms = 0, .factor = 1.0 };
 }
 
 /* Keep fds 0-2 open so that pipes never land on them. */

@@ -143,13 +143,15 @@ _rb_unsettled() {
 # of HANDLER is due.  COMMAND reads delivery lines and writes each back with
 # "ok":true, or "ok":false,"error":"..." (a retry after a backoff), or
 # "dead":true.  The outcome lines of rb-complete go to stdout.  --settle:
-# until every delivery of HANDLER is completed or dead, retries made due at
-# once (rb_retry_now).  Fails when rb-claim, COMMAND or rb-complete fails.
+# until every delivery of HANDLER is completed or dead, a failure due again
+# at once (rb-complete --backoff 0ms); it fails, naming them, when some wait
+# for a backoff all the same (a "retry_ms", or a run without --settle).
+# Fails when rb-claim, COMMAND or rb-complete fails.
 rb_run_handler() {
-  local settle=no max=() handler rounds=0 rc st
+  local settle=no max=() backoff=() handler rounds=0 rc st
   while :; do
     case ${1:-} in
-      --settle) settle=yes; shift ;;
+      --settle) settle=yes; backoff=(--backoff 0ms); shift ;;
       --max-attempts) max=(--max-attempts "$2"); shift 2 ;;
       *) break ;;
     esac
@@ -164,14 +166,16 @@ rb_run_handler() {
     if [ $rc -eq 1 ]; then  # nothing due
       local left=0
       if [ $settle = yes ]; then left=$(_rb_unsettled "$handler") || return; fi
-      if [ "$left" -eq 0 ]; then rm -f "$batch"; return 0; fi
-      rb_retry_now "$handler" || return
+      rm -f "$batch"
+      [ "$left" -eq 0 ] && return 0
+      _rb_fail "rb_run_handler --settle: $left deliveries wait for a backoff" handler "$handler"
+      return 1
     elif [ $rc -ne 0 ]; then
       rm -f "$batch"
       _rb_fail "rb-claim failed (exit $rc)" handler "$handler"
       return $rc
     else
-      { "$@" <"$batch" | rb-complete -q -o "${max[@]}"; st=("${PIPESTATUS[@]}"); } || true
+      { "$@" <"$batch" | rb-complete -q -o "${max[@]}" "${backoff[@]}"; st=("${PIPESTATUS[@]}"); } || true
       if [ "${st[0]}" -ne 0 ] || [ "${st[1]}" -ne 0 ]; then
         rm -f "$batch"
         _rb_fail "the handler run failed" handler "$handler" command "$*" \
@@ -192,28 +196,19 @@ rb_run_handler() {
 # --handler HANDLER --drain` with the options given (--exec CMD, --pipe CMD,
 # --sql SQL, --max-attempts N, ...), at most $RELAYBUS_TEST_TIMEOUT seconds
 # (default 60).  --drain ends while a retry waits for its backoff; --settle
-# runs again, the retries made due at once, until every delivery of HANDLER
-# is completed or dead.
+# runs `rb-dispatch --settle` instead: retries due at once, until every
+# delivery it runs is completed or dead.
 rb_dispatch() {
-  local settle=no handler rc rounds=0
-  [ "${1:-}" = --settle ] && { settle=yes; shift; }
+  local drain=--drain handler rc=0
+  [ "${1:-}" = --settle ] && { drain=--settle; shift; }
   handler=${1:?rb_dispatch: HANDLER OPTION...}
   shift
-  while :; do
-    rc=0
-    timeout "${RELAYBUS_TEST_TIMEOUT:-60}" rb-dispatch -q --handler "$handler" --drain "$@" || rc=$?
-    if [ $rc -eq 124 ]; then
-      _rb_fail "rb-dispatch did not drain within ${RELAYBUS_TEST_TIMEOUT:-60} s" handler "$handler" || return $rc
-    elif [ $rc -ne 0 ]; then
-      _rb_fail "rb-dispatch failed (exit $rc)" handler "$handler" options "$*" || return $rc
-    fi
-    local left=0
-    if [ $settle = yes ]; then left=$(_rb_unsettled "$handler") || return; fi
-    [ "$left" -gt 0 ] || return 0
-    rb_retry_now "$handler" || return
-    rounds=$((rounds + 1))
-    [ $rounds -lt 1000 ] || { _rb_fail "rb_dispatch --settle: still not done after 1000 rounds" handler "$handler"; return 1; }
-  done
+  timeout "${RELAYBUS_TEST_TIMEOUT:-60}" rb-dispatch -q --handler "$handler" $drain "$@" || rc=$?
+  if [ $rc -eq 124 ]; then
+    _rb_fail "rb-dispatch did not drain within ${RELAYBUS_TEST_TIMEOUT:-60} s" handler "$handler" || return $rc
+  elif [ $rc -ne 0 ]; then
+    _rb_fail "rb-dispatch failed (exit $rc)" handler "$handler" options "$*" || return $rc
+  fi
 }
 
 # rb_delivery EVENT_ID HANDLER: the delivery as `rb-admin show` prints it (one
