@@ -693,7 +693,7 @@ cmd_list(struct rb_store *s, int argc, char **argv)
 	return finish(RB_EXIT_OK);
 }
 
-static const char *const show_fields[] = { "id", "name", "key", "created_at", "handlers",
+static const char *const show_fields[] = { "event_id", "name", "key", "created_at", "handlers",
 	"headers", "payload", NULL };
 
 static int

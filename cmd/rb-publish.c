@@ -224,8 +224,8 @@ write_acks(const struct batch *b, const struct rb_publish_acks *acks, size_t fro
 				free(name);
 			}
 		}
-		/* the ack as jansson would print it: {"id","deliveries","duplicate","handlers","line"} */
-		if (opt.output && (fputs("{\"id\":", stdout) == EOF || rb_jsonl_put_string(stdout, a->id) < 0 ||
+		/* the ack as jansson would print it: {"event_id","deliveries","duplicate","handlers","line"} */
+		if (opt.output && (fputs("{\"event_id\":", stdout) == EOF || rb_jsonl_put_string(stdout, a->id) < 0 ||
 		    printf(",\"deliveries\":%d,\"duplicate\":%s,\"handlers\":%s,\"line\":%ld}\n",
 		    a->deliveries, a->duplicate ? "true" : "false", a->handlers, line) < 0))
 			return -1;
@@ -385,8 +385,20 @@ main(int argc, char **argv)
 				}
 				continue;
 			}
+			if (json_object_get(ev, "event_id") != NULL && json_object_get(ev, "id") == NULL) {
+				/* the alias: the store reads "id", so the line gets one in
+				 * front, the rest sent as written (numbers keep their spelling) */
+				char *id = json_dumps(json_object_get(ev, "event_id"), JSON_ENCODE_ANY);
+				const char *brace = memchr(line, '{', len);
+				char *t = xasprintf("{\"id\":%s,%.*s", id, (int)(len - (size_t)(brace + 1 - line)),
+				    brace + 1);
+
+				batch_add(&b, t, strlen(t), rb_jsonl_lineno(in));
+				free(t);
+				free(id);
+			} else
+				batch_add(&b, line, len, rb_jsonl_lineno(in));
 			json_decref(ev);
-			batch_add(&b, line, len, rb_jsonl_lineno(in));
 		}
 		if (b.n == (size_t)opt.batch && (exit_code = flush_batch(store, &b)) != 0)
 			break;
