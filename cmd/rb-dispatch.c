@@ -30,6 +30,7 @@
 #include "rb_exit.h"
 #include "rb_log.h"
 #include "rb_store.h"
+#include "rb_util.h"
 
 #include "dispatch/dispatch.h"
 
@@ -259,17 +260,21 @@ main(int argc, char **argv)
 {
 	struct dispatcher *dp;
 	struct rb_store *store;
+	char *app_name;
 	int exit_code;
 
 	guard_std_fds();
 	rb_cli_init("rb-dispatch", &opt.common);
 	parse_args(argc, argv);
 	rb_log_set_prefix(opt.dispatch.handler);
+	/* pg_stat_activity tells the dispatchers apart (PGAPPNAME still wins) */
+	opt.common.app = app_name = xasprintf("rb-dispatch/%s", opt.dispatch.handler);
 	dp = dispatcher_new(&opt.dispatch);
 	setup_signals();
 	store = rb_cli_open(&opt.common);
 	exit_code = dispatcher_run(dp, store);
 	rb_store_close(store);
 	dispatcher_free(dp);
+	free(app_name);
 	return exit_code;
 }

@@ -148,7 +148,8 @@ struct rb_store *
 rb_cli_open(const struct rb_common *c)
 {
 	struct rb_error err = { 0 };
-	struct rb_store *s = rb_store_open(c->db, c->schema, rb_log_prog(), &err);
+	struct rb_store *s = rb_store_open(c->db, c->schema, c->app != NULL ? c->app : rb_log_prog(),
+	    &err);
 
 	if (s == NULL)
 		rb_cli_die(&err);

@@ -17,6 +17,7 @@ struct rb_common {
 	const char	*db;		/* --db URL */
 	const char	*schema;	/* --schema NAME */
 	int		 verbosity;	/* RB_LOG_* */
+	const char	*app;		/* application_name (NULL: the program's name) */
 };
 
 /* option values for the common long options, above any short option char */

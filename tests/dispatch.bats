@@ -346,6 +346,16 @@ f2|dead|3|exit 1" ]
   [ "$(q "SELECT status, attempts, last_error FROM relaybus_deliveries WHERE handler = 'retrying'")" = "dead|2|exit 75: retry later" ]
 }
 
+@test "application_name names the handler (rb-dispatch/HANDLER); PGAPPNAME still wins" {
+  need_pg
+  rb-dispatch -H appname.h1 --exec true 2>/dev/null 3>&- & PIDS=$!
+  wait_for 10 '[ "$(q "SELECT count(*) FROM pg_stat_activity WHERE application_name = '"'rb-dispatch/appname.h1'"'")" -ge 1 ]'
+  kill -TERM "$PIDS"; wait "$PIDS"
+  PGAPPNAME=billing-worker rb-dispatch -H appname.h2 --exec true 2>/dev/null 3>&- & PIDS=$!
+  wait_for 10 '[ "$(q "SELECT count(*) FROM pg_stat_activity WHERE application_name = '"'billing-worker'"'")" -ge 1 ]'
+  kill -TERM "$PIDS"; wait "$PIDS"
+}
+
 @test "--settle: retries due at once, whatever --backoff or a retry_ms say: dead after --max-attempts, no waiting" {
   need_pg
   local f=$BATS_TEST_TMPDIR/f.out
