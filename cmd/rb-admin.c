@@ -66,6 +66,10 @@ static const char usage_str[] =
 "\n"
 "Options:\n"
 "  -u, --db URL                 postgresql:// URL or conninfo (default: $RELAYBUS_URL, PG*)\n"
+"  -h, --host HOST              server host or socket folder (PGHOST)\n"
+"  -p, --port PORT              server port (PGPORT)\n"
+"  -U, --username USER          database user (PGUSER)\n"
+"  -d, --dbname NAME            database name (PGDATABASE), or a URL as --db\n"
 "      --schema NAME            schema of the tables (default: $RELAYBUS_SCHEMA or public)\n"
 "      --json                   JSON lines (the default when stdout is not a terminal)\n"
 "      --table                  an aligned table (the default on a terminal)\n"
@@ -87,7 +91,7 @@ static const char usage_str[] =
 "  -v, --verbose                more messages (-vv: debug)\n"
 "  -q, --quiet                  errors only\n"
 "      --log-format FORMAT      text (default) or json diagnostics on stderr\n"
-"  -h, --help                   this help\n"
+"      --help                   this help\n"
 "  -V, --version                version and libraries\n"
 "\n"
 "Exit status: 0 ok, 64 usage, 65 an id or input line that matches nothing or\n"
@@ -702,7 +706,7 @@ cmd_list(struct rb_store *s, int argc, char **argv)
 	return finish(RB_EXIT_OK);
 }
 
-static const char *const show_fields[] = { "id", "name", "key", "created_at", "handlers",
+static const char *const show_fields[] = { "event_id", "name", "key", "created_at", "handlers",
 	"headers", "payload", NULL };
 
 static int

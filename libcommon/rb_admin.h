@@ -59,10 +59,10 @@ int	rb_admin_list(struct rb_store *, const struct rb_admin_filter *f, json_t **r
 	    struct rb_error *err);
 
 /**
- * One event: event receives {"id", "name", "key", "payload", "headers",
+ * One event: event receives {"event_id", "name", "key", "payload", "headers",
  * "handlers", "created_at", "deliveries": [list rows, completions included]},
  * or NULL when no such event exists (returns 0 then).  When the event row
- * was purged but deliveries remain, event holds only "id" and "deliveries".
+ * was purged but deliveries remain, event holds only "event_id" and "deliveries".
  */
 int	rb_admin_show(struct rb_store *, const char *event_id, json_t **event, struct rb_error *err);
 

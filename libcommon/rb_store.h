@@ -122,17 +122,20 @@ int	rb_store_require_schema(struct rb_store *, struct rb_error *err);
 
 /**
  * Check one event object against the JSON-lines contract (DESIGN.md):
- * name (string, required), payload (any, required), id, key (strings),
- * headers (object), delay_ms (integer >= 0) or available_at (RFC 3339
- * string), handlers (array of handler names).  Returns 0, or -1 with a
- * reason in err->msg ("missing field 'name'").
+ * name (string, required), payload (any, required), id (or its alias
+ * event_id: the same value if both are given), key (strings), headers
+ * (object), delay_ms (integer >= 0) or available_at (RFC 3339 string),
+ * handlers (array of handler names); any other field is an error.
+ * Returns 0, or -1 with a reason in err->msg ("missing field 'name'").
  */
 int	rb_event_validate(const json_t *event, struct rb_error *err);
+/** A validated event's "event_id" becomes its "id"; true when event changed. */
+bool	rb_event_id_alias(json_t *event);
 
 /**
  * Publish events (a JSON array of validated event objects) in one
  * transaction.  acks receives one object per event, in order:
- * {"id", "deliveries": n, "duplicate": bool, "handlers": [...]} where
+ * {"event_id", "deliveries": n, "duplicate": bool, "handlers": [...]} where
  * handlers are those that got a new delivery.  All or nothing.
  */
 int	rb_store_publish(struct rb_store *, const json_t *events, json_t **acks,
@@ -162,7 +165,7 @@ struct rb_publish_acks {
 int	rb_store_publish_text(struct rb_store *, const char *events_json, size_t n,
 	    struct rb_publish_acks *acks, struct rb_error *err);
 void	rb_publish_acks_clear(struct rb_publish_acks *);
-/** The acks as JSON: [{"id", "deliveries", "duplicate", "handlers": [...]}, ...]. */
+/** The acks as JSON: [{"event_id", "deliveries", "duplicate", "handlers": [...]}, ...]. */
 json_t	*rb_publish_acks_json(const struct rb_publish_acks *);
 
 /* ---- the delivery path ----------------------------------------------- */

@@ -336,7 +336,7 @@ pg_admin_show(struct rb_store *s, const char *event_id, json_t **out, struct rb_
 	if (res == NULL)
 		return -1;
 	ev = json_object();
-	json_object_set_new(ev, "id", json_string(event_id));
+	json_object_set_new(ev, "event_id", json_string(event_id));
 	if (PQntuples(res) > 0) {
 		json_object_set_new(ev, "name", pg_jstr(res, 0, 1));
 		json_object_set_new(ev, "key", pg_jstr(res, 0, 2));

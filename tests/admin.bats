@@ -166,11 +166,11 @@ e4 audit dead" ]
   run --separate-stderr rb-admin show e1
   [ "$status" -eq 0 ]
   [ "${#lines[@]}" -eq 1 ]
-  [ "$(jq -c '{id, name, key, payload, headers, handlers}' <<<"$output")" = '{"id":"e1","name":"order.paid","key":"k1","payload":{"n":1},"headers":{},"handlers":["audit","mailer"]}' ]
+  [ "$(jq -c '{event_id, name, key, payload, headers, handlers}' <<<"$output")" = '{"event_id":"e1","name":"order.paid","key":"k1","payload":{"n":1},"headers":{},"handlers":["audit","mailer"]}' ]
   [ "$(jq -r '.deliveries[] | "\(.handler) \(.status)"' <<<"$output" | tr '\n' ,)" = "audit pending,mailer processing,billing completed," ]
   run --separate-stderr rb-admin show --table e4
   [ "$status" -eq 0 ]
-  [ "${lines[0]}" = "id          e4" ]
+  [ "${lines[0]}" = "event_id    e4" ]
   [ "${lines[1]}" = "name        user.gone" ]
   [ "${lines[6]}" = 'payload     {"n": 4}' ] || [ "${lines[6]}" = 'payload     {"n":4}' ]
   [[ "${lines[7]}" == "EVENT_ID  HANDLER  STATUS  ATTEMPTS"* ]]
@@ -182,7 +182,7 @@ e4 audit dead" ]
   run --separate-stderr rb-admin show nope e5
   [ "$status" -eq 65 ]
   [ "$stderr" = "rb-admin: show: no event 'nope'" ]
-  [ "$(jq -c '[.id, .deliveries]' <<<"$output")" = '["e5",[]]' ]
+  [ "$(jq -c '[.event_id, .deliveries]' <<<"$output")" = '["e5",[]]' ]
 }
 
 @test "requeue from a pipeline: list --status dead | jq | requeue" {
