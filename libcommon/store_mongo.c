@@ -495,6 +495,30 @@ mg_seed_lanes(struct rb_store *s, const char *handler, struct rb_error *err)
 	return rc;
 }
 
+int
+mg_ready(struct rb_store *s, const char *what, struct rb_error *err)
+{
+	mongoc_collection_t *c;
+	bson_t *q;
+	bson_error_t e;
+	int64_t n;
+
+	if (mg_be(s)->ready)
+		return 0;
+	c = mg_coll(s, "schema_version");
+	q = BCON_NEW("_id", BCON_INT32(MG_VERSION));
+	n = mongoc_collection_count_documents(c, q, NULL, NULL, NULL, &e);
+	bson_destroy(q);
+	mongoc_collection_destroy(c);
+	if (n < 0)
+		return mg_err(s, &e, what, err);
+	if (n == 0)
+		return rb_seterr(err, RB_EXIT_CONFIG, "%s: schema \"%s\" is not set up (no %s.schema_version in %s): run rb-setup",
+		    what, s->schema, s->schema, mongoc_database_get_name(mg_be(s)->db));
+	mg_be(s)->ready = true;
+	return 0;
+}
+
 bool
 mg_history(struct rb_store *s)
 {
@@ -991,6 +1015,10 @@ mg_publish(struct rb_store *s, const char *events_json, size_t n, struct rb_publ
 	int64_t maxd = 0;
 	int rc = -1;
 
+	if (mg_ready(s, "publish", err) < 0) {
+		json_decref(events);
+		return -1;
+	}
 	if (!json_is_array(events) || json_array_size(events) != n) {
 		json_decref(events);
 		return rb_seterr(err, RB_EXIT_SOFTWARE, "publish: bad event array");
@@ -1093,6 +1121,9 @@ mg_notified(struct rb_store *s, const char *handler, int timeout_ms, struct rb_e
 	(void)s;
 	(void)handler;
 	(void)err;
+	/* no notifications: the caller claims again after a short wait */
+	if (timeout_ms > MG_POLL_MS)
+		timeout_ms = MG_POLL_MS;
 	if (timeout_ms > 0)
 		usleep((useconds_t)timeout_ms * 1000);
 	return 0;

@@ -310,6 +310,8 @@ mg_complete(struct rb_store *s, const struct rb_complete_opts *o, const json_t *
 		rb_seterr(err, RB_EXIT_USAGE, "--sql is not supported by the mongodb backend");
 		goto out;
 	}
+	if (mg_ready(s, "complete", err) < 0)
+		goto out;
 	for (size_t i = 0; i < n; i++) {
 		const json_t *r = json_array_get(results, i);
 		struct res *x = &v[i];

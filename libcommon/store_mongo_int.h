@@ -24,6 +24,8 @@
 #include "store_int.h"
 
 #define MG_VERSION	1
+/* how long a wait for work sleeps between claims (no LISTEN on MongoDB) */
+#define MG_POLL_MS	200
 
 struct mg_be {
 	mongoc_uri_t		*uri;
@@ -31,6 +33,7 @@ struct mg_be {
 	mongoc_database_t	*db;
 	char			 holder[40];	/* this store instance, kept across reconnects */
 	bool			 broken;
+	bool			 ready;		/* the schema is set up */
 	char			*seeded;	/* the handler whose lanes exist (checked once) */
 	/* the two-step calls of rb_store.h, done at once (no socket to poll) */
 	struct rb_dl		**claimed;
@@ -69,6 +72,8 @@ char	*mg_iter_json_text(const bson_iter_t *);
 void	mg_fmt_time(int64_t ms, char buf[32]);
 int	mg_seed_lanes(struct rb_store *, const char *handler, struct rb_error *);
 bool	mg_history(struct rb_store *);
+/* 0 when s->schema is set up, else -1 + err (78, "run rb-setup") */
+int	mg_ready(struct rb_store *, const char *what, struct rb_error *);
 /* bson helpers */
 int64_t	mg_get_int(const bson_t *, const char *key, int64_t dflt);
 const char *mg_get_str(const bson_t *, const char *key);

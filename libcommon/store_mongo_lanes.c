@@ -743,6 +743,8 @@ mg_claim(struct rb_store *s, const struct rb_claim_opts *o, json_t **out, struct
 	size_t nheld = 0, nfree = 0;
 	int rc = -1;
 
+	if (mg_ready(s, "claim", err) < 0)
+		goto out;
 	if (be->seeded == NULL || strcmp(be->seeded, o->handler) != 0) {
 		if (mg_seed_lanes(s, o->handler, err) < 0)
 			goto out;
