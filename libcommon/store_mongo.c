@@ -1308,4 +1308,11 @@ const struct rb_store_ops rb_store_mongo_ops = {
 	.relinquish_leases = mg_relinquish_leases,
 	.listen = mg_listen,
 	.notified = mg_notified,
+	.admin_stats = mg_admin_stats,
+	.admin_list = mg_admin_list,
+	.admin_show = mg_admin_show,
+	.admin_apply = mg_admin_apply,
+	.admin_purge = mg_admin_purge,
+	.admin_lanes = mg_admin_lanes,
+	.admin_subscriptions = mg_admin_subscriptions,
 };

@@ -87,4 +87,14 @@ int	mg_relinquish(struct rb_store *, const char *, const char *, struct rb_error
 int	mg_relinquish_owner(struct rb_store *, const char *, const char *, struct rb_error *);
 int	mg_relinquish_leases(struct rb_store *, const json_t *, struct rb_error *);
 
+/* store_mongo_admin.c */
+int	mg_admin_stats(struct rb_store *, json_t **, struct rb_error *);
+int	mg_admin_list(struct rb_store *, const struct rb_admin_filter *, json_t **, struct rb_error *);
+int	mg_admin_show(struct rb_store *, const char *, json_t **, struct rb_error *);
+int	mg_admin_apply(struct rb_store *, enum rb_admin_action, const json_t *, const char *, json_t **,
+	    struct rb_error *);
+int	mg_admin_purge(struct rb_store *, enum rb_admin_purge, int64_t, int, struct rb_error *);
+int	mg_admin_lanes(struct rb_store *, const char *, bool, json_t **, struct rb_error *);
+int	mg_admin_subscriptions(struct rb_store *, const char *, json_t **, struct rb_error *);
+
 #endif

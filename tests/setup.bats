@@ -235,5 +235,5 @@ teardown() {
   [ "$status" -eq 0 ]
   [[ "$output" == "rb-setup 0.1.0 (backends: postgresql"* ]]
   # libpq's version as its users write it (15.18, not 150018)
-  [[ "$output" =~ \;\ libpq\ [0-9]+\.[0-9]+(\.[0-9]+)?,\ jansson\  ]]
+  [[ "$output" =~ \;\ libpq\ [0-9]+\.[0-9]+(\.[0-9]+)?,\ (libmongoc\ [0-9.]+,\ )?jansson\  ]]
 }
