@@ -78,6 +78,9 @@ int	mg_ready(struct rb_store *, const char *what, struct rb_error *);
 int64_t	mg_get_int(const bson_t *, const char *key, int64_t dflt);
 const char *mg_get_str(const bson_t *, const char *key);
 
+/* store_mongo_publish.c */
+int	mg_publish(struct rb_store *, const char *, size_t, struct rb_publish_acks *, struct rb_error *);
+
 /* store_mongo_lanes.c */
 int	mg_claim(struct rb_store *, const struct rb_claim_opts *, json_t **, struct rb_error *);
 int	mg_complete(struct rb_store *, const struct rb_complete_opts *, const json_t *, json_t **,

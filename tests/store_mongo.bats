@@ -220,3 +220,31 @@ q2 Q 2 1" ]
   [ "$status" -eq 69 ]
   [ "$stderr" = "rb-setup: MongoDB at mongodb://127.0.0.1:$(cat "$d/port")/x is not a replica set or sharded cluster: relaybus needs transactions" ]
 }
+
+@test "rb-admin on MongoDB: stats, list, show, bury, requeue, cancel, purge, lanes, subscriptions" {
+  gen_events 3 job.x | rb-publish -q
+  rb-claim -H h1 --owner w1 --batch 1 >"$BATS_TEST_TMPDIR/c"
+  run -0 rb-admin --json stats
+  [ "$(jq -r 'select(.handler == "h1") | "\(.pending) \(.processing) \(.dead)"' <<<"$output")" = "2 1 0" ]
+  run -0 rb-admin stats --prometheus
+  [[ "$output" == *'relaybus_handler_deliveries{schema="'"$RB_SCHEMA"'",handler="h1",state="processing"} 1'* ]]
+  running=$(field event_id <"$BATS_TEST_TMPDIR/c")
+  idle=$(rbq find deliveries "{\"eventId\":{\"\$ne\":\"$running\"}}" eventId | head -n 1)
+  run -0 rb-admin --json bury "$running" "$idle"
+  [ "$(jq -r '.outcome' <<<"$output" | tr '\n' ' ')" = "skipped buried " ]
+  run -0 rb-admin --json list --status dead
+  [ "$(field event_id <<<"$output")" = "$idle" ]
+  run -0 rb-admin --json requeue "$idle"
+  [[ "$output" == *'"outcome":"requeued"'* ]]
+  run -0 rb-admin --json cancel "$idle"
+  [[ "$output" == *'"outcome":"cancelled"'* ]]
+  [ "$(rbq count deliveries "{\"eventId\":\"$idle\"}")" = 0 ]
+  run -0 rb-admin --json show "$idle"
+  [ "$(jq -r '.id + " " + (.deliveries | length | tostring)' <<<"$output")" = "$idle 0" ]
+  run -0 rb-admin purge --completed-older-than 0s
+  [ "$(rbq count events "{\"_id\":\"$idle\"}")" = 0 ]
+  run -0 rb-admin --json lanes --handler h1
+  [ "$(jq -r '.owner' <<<"$output")" = w1 ]
+  run -0 rb-admin --json subscriptions
+  [ "$(jq -r '.handler + ":" + .pattern' <<<"$output" | tr '\n' ' ')" = "h1:job.* k:keyed.* " ]
+}
