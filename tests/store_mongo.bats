@@ -205,6 +205,9 @@ q2 Q 2 1" ]
   [ "$status" -eq 64 ]
   [[ "$stderr" == *"--sql is not supported by the mongodb backend"* ]]
   [ "$(rbq count deliveries)" = 1 ]
+  run --separate-stderr timeout 20 rb-dispatch -H h1 --sql 'SELECT 1' --drain
+  [ "$status" -eq 64 ]
+  [ "${stderr_lines[0]}" = "rb-dispatch: h1: --sql: not supported by the mongodb backend" ]
 }
 
 @test "an unreachable MongoDB exits 69; a server that is not a replica set exits 69 with one line" {
