@@ -16,13 +16,16 @@
 
 #include <ctype.h>
 #include <limits.h>
+#include <locale.h>
 #include <math.h>
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <wchar.h>
 
 #include <jansson.h>
 
@@ -323,6 +326,60 @@ static const char *schema_name;	/* for Prometheus labels */
 static json_t *tab_rows;		/* table mode: rows kept until flush */
 static const struct column *tab_cols;
 
+/*
+ * Table cells are UTF-8 (JSON text); they are measured in terminal columns,
+ * not bytes: wcwidth(3) in a UTF-8 LC_CTYPE (C.UTF-8, set while the table is
+ * printed), or one column per character where the C library has none.
+ */
+static bool tab_utf8;
+
+/* The columns of s; with max > 0, *cut gets the length of the longest prefix of at most max columns. */
+static size_t
+text_width(const char *s, size_t max, size_t *cut)
+{
+	mbstate_t st;
+	size_t cols = 0, i = 0, len = strlen(s);
+
+	memset(&st, 0, sizeof st);
+	if (cut != NULL)
+		*cut = len;
+	while (i < len) {
+		size_t n = 1;
+		int w = 1;
+
+		if (tab_utf8) {
+			wchar_t wc;
+
+			n = mbrtowc(&wc, s + i, len - i, &st);
+			if (n == (size_t)-1 || n == (size_t)-2 || n == 0) {
+				n = 1;	/* not UTF-8 (cannot come from jansson): a column a byte */
+				memset(&st, 0, sizeof st);
+			} else if ((w = wcwidth(wc)) < 0)
+				w = 1;
+		} else
+			while (i + n < len && ((unsigned char)s[i + n] & 0xc0) == 0x80)
+				n++;
+		if (max > 0 && cut != NULL && cols + (size_t)w > max && *cut == len)
+			*cut = i;
+		cols += (size_t)w;
+		i += n;
+	}
+	return cols;
+}
+
+/* s padded with spaces to width columns, on the left when right. */
+static void
+put_cell(const char *s, size_t width, bool right)
+{
+	size_t w = text_width(s, 0, NULL), pad = width > w ? width - w : 0;
+
+	if (right)
+		printf("%*s", (int)pad, "");
+	fputs(s, stdout);
+	if (!right)
+		printf("%*s", (int)pad, "");
+}
+
 /* The text of one cell (new string). */
 static char *
 cell(const json_t *v, int max)
@@ -347,16 +404,31 @@ cell(const json_t *v, int max)
 	for (char *p = s; *p != '\0'; p++)
 		if ((unsigned char)*p < ' ')
 			*p = ' ';
-	if (max > 3 && strlen(s) > (size_t)max)
-		strcpy(s + max - 3, "...");
+	if (max > 3) {
+		size_t cut;
+
+		if (text_width(s, (size_t)max - 3, &cut) > (size_t)max)
+			strcpy(s + cut, "...");
+	}
 	return s;
+}
+
+/* stdout failed: a reader that went away (| head) is normal in a pipeline, said only with -v */
+static void __attribute__((noreturn))
+out_failed(void)
+{
+	if (errno == EPIPE) {
+		rb_info("stdout closed");
+		exit(RB_EXIT_IOERR);
+	}
+	rb_die_errno(RB_EXIT_IOERR, "cannot write to stdout");
 }
 
 static void
 out_check(void)
 {
 	if (ferror(stdout))
-		rb_die_errno(RB_EXIT_IOERR, "cannot write to stdout");
+		out_failed();
 }
 
 static void
@@ -366,9 +438,12 @@ table_flush(void)
 	size_t *width;
 	bool *right, *numeric;
 	char ***cells;
+	char *old_ctype;
 
 	if (tab_rows == NULL)
 		return;
+	old_ctype = xstrdup(setlocale(LC_CTYPE, NULL));
+	tab_utf8 = setlocale(LC_CTYPE, "C.UTF-8") != NULL;
 	while (tab_cols[ncols].title != NULL)
 		ncols++;
 	width = xcalloc(ncols, sizeof *width);
@@ -385,8 +460,8 @@ table_flush(void)
 			const json_t *v = json_object_get(json_array_get(tab_rows, r), tab_cols[c].field);
 
 			cells[r][c] = cell(v, tab_cols[c].max);
-			if (strlen(cells[r][c]) > width[c])
-				width[c] = strlen(cells[r][c]);
+			if (text_width(cells[r][c], 0, NULL) > width[c])
+				width[c] = text_width(cells[r][c], 0, NULL);
 			if (v != NULL && !json_is_null(v) && !json_is_number(v))
 				right[c] = false;
 			if (json_is_number(v))
@@ -396,14 +471,15 @@ table_flush(void)
 	for (c = 0; c < ncols; c++)
 		right[c] = right[c] && numeric[c];
 	free(numeric);
-	for (c = 0; c < ncols; c++)
-		printf("%s%-*s", c > 0 ? "  " : "", c + 1 < ncols || right[c] ? (int)width[c] : 0,
-		    tab_cols[c].title);
+	for (c = 0; c < ncols; c++) {
+		fputs(c > 0 ? "  " : "", stdout);
+		put_cell(tab_cols[c].title, c + 1 < ncols || right[c] ? width[c] : 0, false);
+	}
 	putchar('\n');
 	for (r = 0; r < nrows; r++) {
 		for (c = 0; c < ncols; c++) {
-			printf("%s%*s", c > 0 ? "  " : "", (right[c] ? 1 : -1) *
-			    (c + 1 < ncols || right[c] ? (int)width[c] : 0), cells[r][c]);
+			fputs(c > 0 ? "  " : "", stdout);
+			put_cell(cells[r][c], c + 1 < ncols || right[c] ? width[c] : 0, right[c]);
 			free(cells[r][c]);
 		}
 		putchar('\n');
@@ -415,6 +491,8 @@ table_flush(void)
 	json_decref(tab_rows);
 	tab_rows = NULL;
 	tab_cols = NULL;
+	setlocale(LC_CTYPE, old_ctype);
+	free(old_ctype);
 	out_check();
 }
 
@@ -443,7 +521,7 @@ finish(int rc)
 {
 	table_flush();
 	if (fflush(stdout) != 0 || ferror(stdout))
-		rb_die_errno(RB_EXIT_IOERR, "cannot write to stdout");
+		out_failed();
 	return rc;
 }
 
@@ -706,6 +784,21 @@ add_target(json_t *targets, const char *event_id, const char *handler)
 	    "handler", handler));
 }
 
+/* Why a bare event id cannot be one (a NUL would cut it, and the store
+ * takes UTF-8 only), or NULL when it can. */
+static const char *
+bad_id(const char *id, size_t len)
+{
+	json_t *s;
+
+	if (memchr(id, '\0', len) != NULL)
+		return "holds a NUL byte";
+	if ((s = json_stringn(id, len)) == NULL)
+		return "is not valid UTF-8";
+	json_decref(s);
+	return NULL;
+}
+
 /* One stdin line: a JSON object with event_id (and handler), or a bare event id. */
 static int
 stdin_target(const char *line, size_t len, long lineno, json_t *targets)
@@ -741,8 +834,14 @@ stdin_target(const char *line, size_t len, long lineno, json_t *targets)
 		json_decref(o);
 		return 0;
 	}
-	char *id = xmalloc(len + 1);
+	const char *why = bad_id(line, len);
+	char *id;
 
+	if (why != NULL) {
+		rb_error("stdin:%ld: the event id %s", lineno, why);
+		return -1;
+	}
+	id = xmalloc(len + 1);
 	memcpy(id, line, len);
 	id[len] = '\0';
 	add_target(targets, id, opt.handler);
@@ -777,6 +876,13 @@ apply_cmd(struct rb_store *s, enum rb_admin_action action, int argc, char **argv
 		json_decref(rows);
 	} else if (argc > 0) {
 		for (int i = 0; i < argc; i++) {
+			const char *why = bad_id(argv[i], strlen(argv[i]));
+
+			if (why != NULL) {
+				rb_error("%s: the event id '%s' %s", the_cmd->name, argv[i], why);
+				t.bad++;
+				continue;
+			}
 			add_target(targets, argv[i], opt.handler);
 			if (json_array_size(targets) == APPLY_CHUNK)
 				apply_chunk(s, action, targets, &t);

@@ -137,6 +137,18 @@ remember_lane(const json_t *r)
 
 static long counts[6];	/* completed, rescheduled, buried, released, lost, bad */
 
+/* stdout failed after the results through input line `last` were applied */
+static void __attribute__((noreturn))
+out_failed(long last)
+{
+	/* a reader that went away (| head): no "Broken pipe", but what was left undone */
+	if (errno == EPIPE) {
+		rb_warn("stdout closed: applied through line %ld, the rest of the input not read", last);
+		exit(RB_EXIT_IOERR);
+	}
+	rb_die_errno(RB_EXIT_IOERR, "cannot write to stdout");
+}
+
 static int
 apply(struct rb_store *store, json_t *results, json_t *lines)
 {
@@ -179,13 +191,16 @@ apply(struct rb_store *store, json_t *results, json_t *lines)
 			    json_string_value(json_object_get(o, "handler")));
 		json_object_set_new(o, "line", json_integer(line));
 		if (rb_jsonl_write(stdout, o) < 0) {
+			int e = errno;
+
 			json_decref(outcomes);
-			rb_die_errno(RB_EXIT_IOERR, "cannot write to stdout");
+			errno = e;
+			out_failed((long)json_integer_value(json_array_get(lines, json_array_size(lines) - 1)));
 		}
 	}
 	json_decref(outcomes);
 	if (fflush(stdout) != 0)
-		rb_die_errno(RB_EXIT_IOERR, "cannot write to stdout");
+		out_failed((long)json_integer_value(json_array_get(lines, json_array_size(lines) - 1)));
 	json_array_clear(results);
 	json_array_clear(lines);
 	return 0;

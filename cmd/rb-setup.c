@@ -9,6 +9,7 @@
  */
 #include "config.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -126,8 +127,14 @@ main(int argc, char **argv)
 		free(sql);
 		free(opt.subscribe);
 		free(opt.unsubscribe);
-		if (fflush(stdout) != 0 || ferror(stdout))
+		if (fflush(stdout) != 0 || ferror(stdout)) {
+			/* a reader that went away (| head) is normal in a pipeline: say it only with -v */
+			if (errno == EPIPE) {
+				rb_info("stdout closed: the script was cut short");
+				return RB_EXIT_IOERR;
+			}
 			rb_die_errno(RB_EXIT_IOERR, "cannot write the script");
+		}
 		return RB_EXIT_OK;
 	}
 	store = rb_cli_open(&opt.common);

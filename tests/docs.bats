@@ -48,3 +48,12 @@ man_opts() { grep -oE 'Fl -[a-z][a-z-]+' "$RB_SRCDIR/man/$1.1" | sed 's/^Fl /-/'
     grep -qE "^\.It $code\$" "$RB_SRCDIR/man/relaybus.7" || { echo "exit code $code missing"; false; }
   done
 }
+
+@test "every page has an ENVIRONMENT section, and section-1 pages EXIT STATUS and EXAMPLES" {
+  for f in "$RB_SRCDIR"/man/*.[17]; do
+    grep -qx '.Sh ENVIRONMENT' "$f" || { echo "no ENVIRONMENT in $f"; false; }
+  done
+  for f in "$RB_SRCDIR"/man/*.1; do
+    grep -qx '.Sh EXIT STATUS' "$f" && grep -qx '.Sh EXAMPLES' "$f" || { echo "$f lacks EXIT STATUS or EXAMPLES"; false; }
+  done
+}

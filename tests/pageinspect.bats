@@ -108,10 +108,10 @@ entries() { jq -r --arg n "relaybus_deliveries_$1" '.indexes[] | select(.name ==
   need_pg
   local db=rb_noext_$$ role=rb_noext_$$
   psql "$_test_pg_url" -qX -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db" \
-    -c "DROP ROLE IF EXISTS $role" -c "CREATE ROLE $role LOGIN" >/dev/null 2>&1
-  # the same server, that role, that database
+    -c "DROP ROLE IF EXISTS $role" -c "CREATE ROLE $role LOGIN PASSWORD '$role'" >/dev/null 2>&1
+  # the same server, that role (and its password, where the server asks: pg_virtualenv), that database
   local url
-  url=$(sed -E "s#^(postgres(ql)?://)([^@/]*@)?#\1$role@#; s#^(postgres(ql)?://[^/]*)/?[^?]*#\1/$db#" <<<"$_test_pg_url")
+  url=$(sed -E "s#^(postgres(ql)?://)([^@/]*@)?#\1$role@#; s#^(postgres(ql)?://[^/]*)/?[^?]*#\1/$db#; s#([?&]password=)[^&]*#\1$role#" <<<"$_test_pg_url")
   run --separate-stderr rb-pageinspect lifecycle --db "$url"
   psql "$_test_pg_url" -qX -c "DROP DATABASE $db" -c "DROP ROLE $role" >/dev/null 2>&1
   [ "$status" -eq 69 ]

@@ -2,9 +2,11 @@
 #
 # Clears RELAYBUS_* and PG* from the environment, puts the programs under
 # test first on PATH (wrapped in valgrind with --enable-valgrind), and gives
-# each file its own schema in the test database (RELAYBUS_TEST_PG_URL),
-# dropped at the end.  need_pg skips when no database is given, unless
-# RELAYBUS_REQUIRE_PG=1 (scripts/test), where a missing database fails.
+# each file its own schema in the test database (RELAYBUS_TEST_PG_URL, or
+# without it libpq's PG* variables made into that URL, so that
+# `pg_virtualenv make check` runs every test), dropped at the end.  need_pg
+# skips when no database is given, unless RELAYBUS_REQUIRE_PG=1
+# (scripts/test), where a missing database fails.
 #
 # RELAYBUS_TEST_STORE=mongo runs the same suites against MongoDB
 # (RELAYBUS_TEST_MONGO_URL; RELAYBUS_REQUIRE_MONGO=1 fails instead of
@@ -16,6 +18,31 @@
 bats_require_minimum_version 1.5.0
 
 export LC_ALL=C
+
+# libpq's PG* variables as one URL: the user in it, the rest as parameters
+_pct() {  # percent-encode $1 for a URL
+  local s=$1 out= c i
+  for ((i = 0; i < ${#s}; i++)); do
+    c=${s:i:1}
+    case $c in [a-zA-Z0-9._~-]) out+=$c ;; *) printf -v c '%%%02X' "'$c"; out+=$c ;; esac
+  done
+  printf '%s' "$out"
+}
+_pg_env_url() {
+  local url=postgresql:// q= k v
+  [ -n "${PGUSER:-}" ] && url+="$(_pct "$PGUSER")@"
+  url+="/$(_pct "${PGDATABASE:-}")"
+  for k in host:PGHOST hostaddr:PGHOSTADDR port:PGPORT password:PGPASSWORD passfile:PGPASSFILE \
+      service:PGSERVICE servicefile:PGSERVICEFILE sslmode:PGSSLMODE; do
+    v=${k#*:}; v=${!v:-}
+    [ -n "$v" ] && q+="${q:+&}${k%%:*}=$(_pct "$v")"
+  done
+  printf '%s%s\n' "$url" "${q:+?$q}"
+}
+if [ -z "${RELAYBUS_TEST_PG_URL:-}" ] && [ -n "${PGHOST:-}${PGHOSTADDR:-}${PGPORT:-}${PGSERVICE:-}" ]; then
+  RELAYBUS_TEST_PG_URL=$(_pg_env_url)
+  export RELAYBUS_TEST_PG_URL
+fi
 _test_pg_url=${RELAYBUS_TEST_PG_URL:-}
 _test_pg_dir=${RELAYBUS_TEST_PG_DIR:-}
 _require_pg=${RELAYBUS_REQUIRE_PG:-}
@@ -97,7 +124,7 @@ need_pg() {
       echo "RELAYBUS_REQUIRE_PG=1 but RELAYBUS_TEST_PG_URL is not set" >&2
       return 1
     fi
-    skip "no test database (set RELAYBUS_TEST_PG_URL)"
+    skip "no test database (set RELAYBUS_TEST_PG_URL, or PG*: pg_virtualenv)"
   fi
   export RELAYBUS_URL=$_test_pg_url
   export RELAYBUS_SCHEMA=$RB_SCHEMA

@@ -3,7 +3,8 @@
  * rb_pg_publish on the caller's own connection, inside the caller's
  * transaction: rolled back publishes nothing, committed publishes the event
  * and its deliveries together with the caller's own write.
- * Needs RELAYBUS_TEST_PG_URL (skips without it unless RELAYBUS_REQUIRE_PG=1).
+ * Needs RELAYBUS_TEST_PG_URL, or libpq's PG* variables (pg_virtualenv make check);
+ * skips without them unless RELAYBUS_REQUIRE_PG=1.
  */
 #include "config.h"
 
@@ -39,6 +40,14 @@ exec_ok(PGconn *c, const char *sql)
 	PQclear(r);
 }
 
+static int
+nonempty(const char *var)
+{
+	const char *v = getenv(var);
+
+	return v != NULL && *v != '\0';
+}
+
 int
 main(void)
 {
@@ -50,6 +59,10 @@ main(void)
 	PGconn *c;
 	json_t *ev, *ack = NULL;
 
+	/* without it, libpq's PG* variables: a conninfo that names nothing else (never RELAYBUS_URL) */
+	if ((url == NULL || *url == '\0') && (nonempty("PGHOST") || nonempty("PGHOSTADDR") ||
+	    nonempty("PGPORT") || nonempty("PGSERVICE")))
+		url = "connect_timeout=10";
 	if (url == NULL || *url == '\0') {
 		const char *req = getenv("RELAYBUS_REQUIRE_PG");
 

@@ -1,0 +1,181 @@
+#!/usr/bin/env bats
+# What `make install` puts in place works from there: a C program built
+# with nothing but `pkg-config --cflags --libs relaybus` against the
+# installed header and library publishes in its own transaction; every
+# installed program runs; `make uninstall` takes every file back.
+
+load test_helper
+
+setup_file() {
+  builddir=${RB_BUILDDIR:-}
+  [ -n "$builddir" ] && [ -f "$builddir/Makefile" ] || return 0
+  export DEST=$BATS_FILE_TMPDIR/root
+  # a make of its own, not a part of the make check that runs this file
+  env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -s -C "$builddir" install DESTDIR="$DEST" >"$BATS_FILE_TMPDIR/install.log" 2>&1 ||
+    { cat "$BATS_FILE_TMPDIR/install.log" >&2; return 1; }
+  have_pg || return 0
+  rb-setup -s 'capi:order.*'
+}
+
+teardown_file() { drop_schema; }
+
+need_install() {
+  [ -n "${DEST:-}" ] || skip "not run from a build tree (RB_BUILDDIR)"
+}
+
+# the installed relaybus.pc, moved with the files: prefix= is its only absolute path
+pc_dir() {
+  local pc
+  pc=$(find "$DEST" -name relaybus.pc)
+  [ -n "$pc" ] || { echo "relaybus.pc is not installed" >&2; return 1; }
+  mkdir -p "$BATS_TEST_TMPDIR/pc"
+  sed "s|^prefix=|prefix=$DEST|" "$pc" >"$BATS_TEST_TMPDIR/pc/relaybus.pc"
+  echo "$BATS_TEST_TMPDIR/pc"
+}
+
+@test "relaybus.pc, <rb_pg.h> and librelaybus.a: a program built from the installed files only" {
+  need_install
+  local pcd
+  pcd=$(pc_dir)
+  run env PKG_CONFIG_PATH="$pcd" pkg-config --cflags --libs relaybus
+  [ "$status" -eq 0 ]
+  [[ "$output" == *"-I$DEST"*"/include/relaybus"* ]]
+  [[ "$output" == *"-lrelaybus"* ]]
+  [[ "$output" == *"-lpq"* ]]
+  [[ "$output" == *"-ljansson"* ]]
+  [[ "$output" != *"$RB_SRCDIR"* ]]
+  cd "$BATS_TEST_TMPDIR"
+  cat >app.c <<'EOF'
+/* publish one event inside the application's own transaction */
+#include <stdio.h>
+#include <rb_pg.h>
+
+int
+main(int argc, char **argv)
+{
+	struct rb_error err = { 0 };
+	json_t *ev, *ack = NULL;
+	PGconn *conn;
+
+	if (argc != 3) {
+		fprintf(stderr, "usage: app CONNINFO SCHEMA\n");
+		return 64;
+	}
+	conn = PQconnectdb(argv[1]);
+	if (PQstatus(conn) != CONNECTION_OK)
+		return 69;
+	ev = json_pack("{s:s, s:s, s:{s:i}}", "id", "capi-1", "name", "order.paid", "payload", "n", 7);
+	PQclear(PQexec(conn, "BEGIN"));
+	if (rb_pg_publish(conn, argv[2], ev, &ack, &err) < 0) {
+		fprintf(stderr, "app: %s (%d)\n", err.msg, err.exit_code);
+		return err.exit_code;
+	}
+	PQclear(PQexec(conn, "COMMIT"));
+	printf("%s deliveries=%d\n", json_string_value(json_object_get(ack, "id")),
+	    (int)json_integer_value(json_object_get(ack, "deliveries")));
+	json_decref(ack);
+	json_decref(ev);
+	PQfinish(conn);
+	return 0;
+}
+EOF
+  # the sanitizer build's library needs the sanitizers' run-time too
+  local san=
+  [ "${RELAYBUS_TEST_ASAN:-}" = 1 ] && san=-fsanitize=address,undefined
+  # shellcheck disable=SC2046
+  run cc -std=c11 -Wall -Werror $san -o app app.c $(PKG_CONFIG_PATH="$pcd" pkg-config --cflags --libs relaybus)
+  [ "$status" -eq 0 ] || { echo "$output"; false; }
+  run ./app
+  [ "$status" -eq 64 ]
+  need_pg
+  run ./app "$RELAYBUS_URL" "$RB_SCHEMA"
+  [ "$status" -eq 0 ] || { echo "$output"; false; }
+  [ "$output" = "capi-1 deliveries=1" ]
+  [ "$(rb-admin show capi-1 | jq -r '.deliveries[0].handler')" = capi ]
+}
+
+@test "the installed library defines only rb_ symbols (no clash with an application's xmalloc)" {
+  need_install
+  local lib
+  lib=$(find "$DEST" -name librelaybus.a)
+  [ -n "$lib" ]
+  # (names starting with __ are the compiler's own: the sanitizers' in an --enable-asan build)
+  run sh -c "nm -g --defined-only '$lib' | awk 'NF == 3 { print \$3 }' | grep -v -e '^rb_' -e '^__'"
+  [ -z "$output" ] || { echo "not rb_-prefixed: $output"; false; }
+  # and it holds what rb-publish(1) says it does
+  nm -g --defined-only "$lib" | grep -q ' T rb_pg_publish$'
+}
+
+@test "only the headers of the API are installed, and they are self-contained" {
+  need_install
+  local inc
+  inc=$(dirname "$(find "$DEST" -name rb_pg.h)")
+  [ "$(cd "$inc" && ls | sort | tr '\n' ' ')" = "rb_exit.h rb_pg.h rb_store.h " ]
+  for h in rb_exit.h rb_pg.h rb_store.h; do
+    # shellcheck disable=SC2046
+    echo "#include <$h>" | cc -std=c11 -fsyntax-only -Wall -Werror -I"$inc" $(pkg-config --cflags jansson libpq) -x c - ||
+      { echo "$h does not compile on its own"; false; }
+  done
+}
+
+@test "the installed programs run from where they were installed" {
+  need_install
+  local bin n=0
+  bin=$(dirname "$(find "$DEST" -path "*/bin/rb-setup" -type f)")
+  for p in rb-setup rb-publish rb-claim rb-complete rb-dispatch rb-admin rb-pageinspect; do
+    run "$bin/$p" --version
+    [ "$status" -eq 0 ] || { echo "$p --version: $status"; false; }
+    [[ "$output" == "$p 0."* ]]
+    n=$((n + 1))
+  done
+  [ "$n" -eq 7 ]
+  "$bin/rb-setup" --print-sql | grep -q 'relaybus_publish'
+}
+
+@test "make uninstall leaves no file behind" {
+  need_install
+  local dest=$BATS_TEST_TMPDIR/root2
+  env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -s -C "$RB_BUILDDIR" install DESTDIR="$dest" >/dev/null 2>&1
+  [ -n "$(find "$dest" -type f)" ]
+  env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -s -C "$RB_BUILDDIR" uninstall DESTDIR="$dest" >/dev/null 2>&1
+  run find "$dest" -type f -o -type l
+  [ -z "$output" ] || { echo "left: $output"; false; }
+}
+
+@test "bash completion: a file for every program where bash-completion looks, each completing its program" {
+  need_install
+  local dir
+  dir=$(dirname "$(find "$DEST" -path '*/bash-completion/completions/rb-setup')")
+  [ -d "$dir" ]
+  for p in rb-setup rb-publish rb-claim rb-complete rb-dispatch rb-admin rb-pageinspect; do
+    [ -e "$dir/$p" ] || { echo "no completion for $p"; false; }
+    run bash -c "source '$dir/$p' && complete -p $p"
+    [ "$status" -eq 0 ]
+    [[ "$output" == *"-F _relaybus $p" ]]
+  done
+  if pkg-config --exists bash-completion; then
+    # where this system's bash-completion loads from, under the build's prefix
+    [[ "$dir" == "$DEST"*"/share/bash-completion/completions" ]]
+  fi
+}
+
+@test "the bats library: bats_load_library relaybus finds it where it was installed, with its pg-tmp" {
+  need_install
+  local lib
+  lib=$(dirname "$(dirname "$(find "$DEST" -path '*/bats/relaybus/load.bash')")")
+  [[ "$lib" == "$DEST"*/lib/bats ]]
+  [ -x "$lib/relaybus/pg-tmp" ]
+  cat >"$BATS_TEST_TMPDIR/user.bats" <<'EOT'
+bats_load_library relaybus
+TEST "loaded" {
+  declare -F relaybus_setup_file rb_publish rb_run_handler rb_dispatch assert_delivery_completed \
+    assert_delivery_rescheduled assert_delivery_dead >/dev/null
+}
+EOT
+  sed -i 's/^TEST /@test /' "$BATS_TEST_TMPDIR/user.bats"
+  local path
+  path=$(tr ':' '\n' <<<"$PATH" | grep -v bats-core | paste -sd:)
+  run env -i PATH="$path" HOME="$HOME" BATS_LIB_PATH="$lib" bats "$BATS_TEST_TMPDIR/user.bats"
+  [ "$status" -eq 0 ] || { echo "$output"; false; }
+  [[ "$output" == *"ok 1 loaded"* ]]
+}
