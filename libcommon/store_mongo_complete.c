@@ -11,7 +11,6 @@
 #include "config.h"
 
 #include <inttypes.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -255,8 +254,14 @@ fail_txn(mongoc_client_session_t *cs, void *ctx, bson_error_t *e)
 
 			r->new_attempts = r->attempts + 1;
 			r->outcome = dead ? "buried" : "rescheduled";
-			delay = json_is_integer(rm) ? (double)json_integer_value(rm) :
-			    (double)c->o->backoff.base_ms * pow(c->o->backoff.factor, r->attempts < 60 ? r->attempts : 60);
+			if (json_is_integer(rm))
+				delay = (double)json_integer_value(rm);
+			else {
+				/* base * factor^min(attempts, 60), as relaybus_fail (no libm) */
+				delay = (double)c->o->backoff.base_ms;
+				for (int k = 0; k < r->attempts && k < 60 && delay <= (double)c->o->backoff.max_ms; k++)
+					delay *= c->o->backoff.factor;
+			}
 			if (delay > (double)c->o->backoff.max_ms)
 				delay = (double)c->o->backoff.max_ms;
 			BSON_APPEND_UTF8(&set, "status", dead ? "dead" : "pending");
