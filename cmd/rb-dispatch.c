@@ -24,6 +24,7 @@
 #include "config.h"
 
 #include <fcntl.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "rb_cli.h"
@@ -273,6 +274,9 @@ main(int argc, char **argv)
 	dp = dispatcher_new(&opt.dispatch);
 	setup_signals();
 	store = rb_cli_open(&opt.common);
+	/* --sql runs in the completing PostgreSQL transaction: no such thing elsewhere */
+	if (opt.dispatch.kind == &handler_sql && strcmp(rb_store_backend(store), "postgresql") != 0)
+		rb_cli_usage_error(usage_str, "--sql: not supported by the %s backend", rb_store_backend(store));
 	exit_code = dispatcher_run(dp, store);
 	rb_store_close(store);
 	dispatcher_free(dp);

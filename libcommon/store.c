@@ -29,9 +29,15 @@
  * its configure conditional), its store_<name>.c and one Makefile.am line.
  */
 extern const struct rb_store_ops rb_store_pg_ops;	/* store_pg.c */
+#ifdef HAVE_MONGO
+extern const struct rb_store_ops rb_store_mongo_ops;	/* store_mongo.c */
+#endif
 
 static const struct rb_store_ops *const backends[] = {
 	&rb_store_pg_ops,
+#ifdef HAVE_MONGO
+	&rb_store_mongo_ops,
+#endif
 };
 #define N_BACKENDS	(sizeof backends / sizeof backends[0])
 

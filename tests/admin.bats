@@ -434,5 +434,5 @@ mailer pending -" ]
     [[ "$output" == *"  $c "* ]] || [[ "$output" == *"  $c"$'\n'* ]]
   done
   run rb-admin -V
-  [[ "$output" == "rb-admin 0.1.0 (backends: postgresql;"* ]]
+  [[ "$output" == "rb-admin 0.1.0 (backends: postgresql"* ]]
 }

@@ -158,8 +158,14 @@ test_setup_script(void)
 	memset(&err, 0, sizeof err);
 	setenv("RELAYBUS_URL", "mongodb+srv://u:pw@h/d", 1);
 	sql = rb_store_setup_script(NULL, NULL, &so, &err);
+	/* (69 either way: without libmongoc not part of this build; with it,
+	 * a backend that has no set-up script) */
 	ok(sql == NULL && err.exit_code == RB_EXIT_UNAVAILABLE &&
+#ifdef HAVE_MONGO
+	    strcmp(err.msg, "setup_script not supported by the mongodb backend") == 0 &&
+#else
 	    strstr(err.msg, "the mongodb backend is not part of this build") != NULL &&
+#endif
 	    strstr(err.msg, "pw") == NULL, "$RELAYBUS_URL mongodb+srv://: 69 (%s)", err.msg);
 	unsetenv("RELAYBUS_URL");
 }
@@ -169,8 +175,13 @@ test_backends(void)
 {
 	char *b = rb_store_backends();
 
+#ifdef HAVE_MONGO
+	ok(strncmp(b, "postgresql, mongodb; libpq ", 27) == 0 && strstr(b, ", libmongoc 1.") != NULL,
+	    "backends and versions: '%s'", b);
+#else
 	ok(strncmp(b, "postgresql; libpq ", 18) == 0 && strchr(b + 18, '.') != NULL &&
 	    strspn(b + 18, "0123456789.") == strlen(b + 18), "backends and versions: '%s'", b);
+#endif
 	free(b);
 }
 
