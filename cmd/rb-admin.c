@@ -731,6 +731,21 @@ add_target(json_t *targets, const char *event_id, const char *handler)
 	    "handler", handler));
 }
 
+/* Why a bare event id cannot be one (a NUL would cut it, and the store
+ * takes UTF-8 only), or NULL when it can. */
+static const char *
+bad_id(const char *id, size_t len)
+{
+	json_t *s;
+
+	if (memchr(id, '\0', len) != NULL)
+		return "holds a NUL byte";
+	if ((s = json_stringn(id, len)) == NULL)
+		return "is not valid UTF-8";
+	json_decref(s);
+	return NULL;
+}
+
 /* One stdin line: a JSON object with event_id (and handler), or a bare event id. */
 static int
 stdin_target(const char *line, size_t len, long lineno, json_t *targets)
@@ -766,8 +781,14 @@ stdin_target(const char *line, size_t len, long lineno, json_t *targets)
 		json_decref(o);
 		return 0;
 	}
-	char *id = xmalloc(len + 1);
+	const char *why = bad_id(line, len);
+	char *id;
 
+	if (why != NULL) {
+		rb_error("stdin:%ld: the event id %s", lineno, why);
+		return -1;
+	}
+	id = xmalloc(len + 1);
 	memcpy(id, line, len);
 	id[len] = '\0';
 	add_target(targets, id, opt.handler);
@@ -802,6 +823,13 @@ apply_cmd(struct rb_store *s, enum rb_admin_action action, int argc, char **argv
 		json_decref(rows);
 	} else if (argc > 0) {
 		for (int i = 0; i < argc; i++) {
+			const char *why = bad_id(argv[i], strlen(argv[i]));
+
+			if (why != NULL) {
+				rb_error("%s: the event id '%s' %s", the_cmd->name, argv[i], why);
+				t.bad++;
+				continue;
+			}
 			add_target(targets, argv[i], opt.handler);
 			if (json_array_size(targets) == APPLY_CHUNK)
 				apply_chunk(s, action, targets, &t);

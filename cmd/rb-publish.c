@@ -14,6 +14,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,7 +41,8 @@ static const char usage_str[] =
 "      --flush DUR       commit a partial batch when input pauses this long (default 20ms)\n"
 "  -o, --output          print one outcome line per event on stdout\n"
 "  -k, --keep-going      skip bad lines (reported on stderr; exit 65 at the end)\n"
-"      --rejects FILE    append bad lines, verbatim, to FILE\n"
+"      --rejects FILE    append bad lines, verbatim, to FILE (created 0600; not a\n"
+"                        symbolic link)\n"
 "      --max-line BYTES  longest accepted line (default 1048576)\n"
 "  -v, --verbose         more messages (-vv: debug)\n"
 "  -q, --quiet           errors only (no summary)\n"
@@ -141,6 +143,24 @@ show_progress(void)
 	last_progress_ms = now;
 	fprintf(stderr, "\r%s: %ld events, %ld deliveries...", rb_log_prog(), cnt.events, cnt.deliveries);
 	fflush(stderr);
+}
+
+/*
+ * --rejects FILE: appended to, created 0600 (rejected lines are payloads),
+ * never through a symbolic link (one planted in a shared folder would
+ * send publishers' lines into another file).
+ */
+static FILE *
+open_rejects(const char *path)
+{
+	int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+	FILE *f;
+
+	if (fd < 0 && errno == ELOOP)
+		rb_die(RB_EXIT_CANTCREAT, "--rejects: cannot open %s: it is a symbolic link", path);
+	if (fd < 0 || (f = fdopen(fd, "a")) == NULL)
+		rb_die_errno(RB_EXIT_CANTCREAT, "--rejects: cannot open %s", path);
+	return f;
 }
 
 /* Report a bad line; save it to --rejects.  Returns the exit code to end with. */
@@ -328,8 +348,8 @@ main(int argc, char **argv)
 
 	rb_cli_init("rb-publish", &opt.common);
 	parse_args(argc, argv);
-	if (opt.rejects != NULL && (rejects_f = fopen(opt.rejects, "a")) == NULL)
-		rb_die_errno(RB_EXIT_CANTCREAT, "--rejects: cannot open %s", opt.rejects);
+	if (opt.rejects != NULL)
+		rejects_f = open_rejects(opt.rejects);
 	progress = isatty(STDERR_FILENO);
 	store = rb_cli_open(&opt.common);
 	in = rb_jsonl_reader_new(STDIN_FILENO, opt.max_line);

@@ -58,13 +58,39 @@ rb_cli_bad_option(const char *usage)
 	exit(RB_EXIT_USAGE);
 }
 
+/*
+ * --db URL: keep a copy and overwrite the argument where it stands, in
+ * argv, with the URL as messages show it, so that /proc/PID/cmdline, which
+ * every local user can read, no longer holds the password (it did from
+ * exec until now: a passfile or the environment is better).  The rest of
+ * a redacted URL shorter than the original is NUL bytes; one longer is cut.
+ */
+static const char *
+take_url(char *arg)
+{
+	static char *copy;	/* the last --db given wins */
+	char *r;
+	size_t n = strlen(arg), m;
+
+	free(copy);
+	copy = xstrdup(arg);
+	r = rb_store_redact(copy);
+	if (strcmp(r, copy) != 0) {
+		m = strlen(r) < n ? strlen(r) : n;
+		memcpy(arg, r, m);
+		memset(arg + m, '\0', n - m);
+	}
+	free(r);
+	return copy;
+}
+
 bool
 rb_cli_common(int c, const char *arg, struct rb_common *cm, const char *usage)
 {
 	switch (c) {
 	case 'u':
 	case RB_OPT_DB:
-		cm->db = arg;
+		cm->db = take_url((char *)arg);
 		return true;
 	case RB_OPT_SCHEMA:
 		if (!rb_ident_valid(arg))
@@ -118,14 +144,45 @@ rb_cli_open(const struct rb_common *c)
 	return s;
 }
 
+/*
+ * The largest value of each duration option (relaybus(7), DURATIONS).  A
+ * wait ends up in poll(2), whose timeout is an int of milliseconds: 24d
+ * fits, and so does every deadline of the monotonic clock plus 24d.
+ * Leases and backoffs become SQL intervals; the purges' ages reach back.
+ */
+static const struct {
+	const char	*opt, *text;
+	int64_t		 ms;
+} duration_max[] = {
+	{ "--lease", "1d", 86400000LL },
+	{ "--backoff", "365d", 365 * 86400000LL },
+	{ "--dead-older-than", "3650d", 3650 * 86400000LL },
+	{ "--completed-older-than", "3650d", 3650 * 86400000LL },
+	{ "--history-older-than", "3650d", 3650 * 86400000LL },
+	{ NULL, "24d", 24 * 86400000LL },	/* every other duration */
+};
+
 long long
 rb_cli_duration(const char *usage, const char *opt, const char *arg)
 {
+	size_t i = 0;
 	int64_t ms;
+	int rc;
 
-	if (rb_parse_duration_ms(arg, &ms) < 0)
-		rb_cli_usage_error(usage, "%s: '%s' is not a duration (such as 500ms, 30s, 5m, 2h)",
-		    opt, arg);
+	while (duration_max[i].opt != NULL && strcmp(duration_max[i].opt, opt) != 0)
+		i++;
+	rc = rb_parse_duration_ms(arg, &ms);
+	if (rc == RB_DURATION_BARE)
+		rb_cli_usage_error(usage, "%s: '%s' has no unit: write %ss, %sms, %sm, %sh or %sd "
+		    "(see relaybus(7))", opt, arg, arg, arg, arg, arg, arg);
+	if (rc == RB_DURATION_FRACTION)
+		rb_cli_usage_error(usage, "%s: '%s' is not a whole number of milliseconds", opt, arg);
+	if (rc == RB_DURATION_RANGE || (rc == 0 && ms > duration_max[i].ms))
+		rb_cli_usage_error(usage, "%s: '%s' is more than %s, the most it takes", opt, arg,
+		    duration_max[i].text);
+	if (rc < 0)
+		rb_cli_usage_error(usage, "%s: '%s' is not a duration (such as 500ms, 30s, 1m30s, "
+		    "1.5h; units d, h, m, s, ms)", opt, arg);
 	return (long long)ms;
 }
 

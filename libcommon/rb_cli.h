@@ -37,7 +37,9 @@ enum {
 void	rb_cli_init(const char *prog, struct rb_common *);
 /**
  * Handle a common option; returns true when c was one.  -h prints usage
- * (the full text) and exits 0; -V prints the version and exits 0.
+ * (the full text) and exits 0; -V prints the version and exits 0.  --db
+ * (-u) keeps a copy of arg and overwrites arg, in argv, with the URL as
+ * messages show it (no password in /proc/PID/cmdline).
  */
 bool	rb_cli_common(int c, const char *arg, struct rb_common *, const char *usage);
 /** "usage: ..." line and the "Try --help" hint on stderr; exit 64. */
@@ -49,7 +51,12 @@ void	rb_cli_bad_option(const char *usage) __attribute__((noreturn));
 struct rb_store *rb_cli_open(const struct rb_common *);
 /** Die with err's code and message. */
 void	rb_cli_die(const struct rb_error *) __attribute__((noreturn));
-/** Parse a duration option or die with a usage error naming the option. */
+/**
+ * Parse a duration option (a unit required: rb_parse_duration_ms) or die
+ * with a usage error naming the option; at most the option's maximum
+ * (--lease 1d, --backoff 365d, rb-admin's --*-older-than 3650d, any other
+ * 24d: the table in rb_cli.c, relaybus(7) DURATIONS).
+ */
 long long rb_cli_duration(const char *usage, const char *opt, const char *arg);
 /** Parse an integer option in [min, max] or die with a usage error. */
 int	rb_cli_int(const char *usage, const char *opt, const char *arg, int min, int max);

@@ -143,14 +143,81 @@ level_name(enum rb_log_level level)
 	}
 }
 
+/* The length of the valid UTF-8 sequence at s (n bytes left) and its code
+ * point in *cp, or 0 (the rules jansson checks: no overlong form, no
+ * surrogate, nothing above U+10FFFF). */
+static size_t
+utf8_seq(const unsigned char *s, size_t n, unsigned *cp)
+{
+	size_t len;
+	unsigned v;
+
+	if (s[0] >= 0xC2 && s[0] <= 0xDF)
+		len = 2, v = s[0] & 0x1F;
+	else if (s[0] >= 0xE0 && s[0] <= 0xEF)
+		len = 3, v = s[0] & 0x0F;
+	else if (s[0] >= 0xF0 && s[0] <= 0xF4)
+		len = 4, v = s[0] & 0x07;
+	else
+		return 0;
+	if (n < len)
+		return 0;
+	for (size_t i = 1; i < len; i++) {
+		if ((s[i] & 0xC0) != 0x80)
+			return 0;
+		v = (v << 6) | (s[i] & 0x3F);
+	}
+	if ((len == 3 && v < 0x800) || (len == 4 && v < 0x10000) || v > 0x10FFFF ||
+	    (v >= 0xD800 && v <= 0xDFFF))
+		return 0;
+	*cp = v;
+	return len;
+}
+
+/*
+ * A message fit for a terminal and a log file: messages quote event ids,
+ * handler names and handlers' error texts, which publishers and handlers
+ * choose.  Control characters become \n, \r, \t or \xHH (no forged lines,
+ * no escape sequences), bytes that are not UTF-8 \xHH (the json format
+ * stays valid), and the C1 controls and the line, paragraph and
+ * bidirectional marks \uHHHH.  Cut to size.
+ */
+static void
+log_escape(const char *in, char *out, size_t size)
+{
+	const unsigned char *p = (const unsigned char *)in;
+	size_t o = 0, n = strlen(in);
+
+	while (*p != '\0' && o + 11 < size) {
+		unsigned cp = 0;
+		size_t len = *p >= 0x80 ? utf8_seq(p, n - (size_t)(p - (const unsigned char *)in), &cp) : 1;
+
+		if (*p == '\n' || *p == '\r' || *p == '\t')
+			o += (size_t)snprintf(out + o, size - o, "\\%c", *p == '\n' ? 'n' : *p == '\r' ? 'r' : 't');
+		else if (*p < 0x20 || *p == 0x7F || len == 0)
+			o += (size_t)snprintf(out + o, size - o, "\\x%02x", *p);
+		else if (len > 1 && ((cp >= 0x80 && cp <= 0x9F) || cp == 0x2028 || cp == 0x2029 ||
+		    cp == 0x200E || cp == 0x200F || (cp >= 0x202A && cp <= 0x202E) ||
+		    (cp >= 0x2066 && cp <= 0x2069)))
+			o += (size_t)snprintf(out + o, size - o, "\\u%04x", cp);
+		else {
+			memcpy(out + o, p, len);
+			o += len;
+		}
+		p += len == 0 ? 1 : len;
+	}
+	out[o] = '\0';
+}
+
 void
 rb_logv(enum rb_log_level level, const char *code, const char *fmt, va_list ap)
 {
-	char msg[2048];
+	char raw[2048], msg[8192];
 
 	if ((level == RB_LOG_NOTICE ? RB_LOG_WARN : (int)level) > log_level)
 		return;
-	vsnprintf(msg, sizeof msg, fmt, ap);
+	vsnprintf(raw, sizeof raw, fmt, ap);
+	log_escape(raw, msg, sizeof msg);
 	if (log_json) {
 		char ts[64];
 		struct timespec now;

@@ -47,6 +47,12 @@ char		*rb_store_backends(void);
 const char	*rb_store_schema(const struct rb_store *);
 /** The URL with any password masked (for messages). */
 const char	*rb_store_url_redacted(const struct rb_store *);
+/**
+ * A copy of url (NULL: the environment) fit for messages, without a store:
+ * every password masked the way the backend its scheme picks reads it
+ * (libpq's own parser for PostgreSQL URLs and conninfo strings).  New string.
+ */
+char		*rb_store_redact(const char *url);
 /** Drop and re-establish the connection (after a restart of the server). */
 int		 rb_store_reconnect(struct rb_store *, struct rb_error *);
 /** True when the connection is known to be broken. */

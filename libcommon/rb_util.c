@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include "rb_exit.h"
@@ -98,34 +99,87 @@ rb_parse_int(const char *s, int min, int max, int *out)
 	return 0;
 }
 
+/* The units of a duration, largest first: a compound duration names them in this order. */
+static const struct {
+	const char	*name;
+	int64_t		 ms;
+	int		 rank;		/* m and min are one unit */
+} duration_units[] = {
+	{ "d", 86400000, 0 }, { "h", 3600000, 1 }, { "min", 60000, 2 }, { "m", 60000, 2 },
+	{ "s", 1000, 3 }, { "ms", 1, 4 },
+};
+
 int
 rb_parse_duration_ms(const char *s, int64_t *out_ms)
 {
-	char *end;
-	long long v;
-	int64_t mult;
+	int64_t total = 0;
+	int last_rank = -1;
+	const char *p = s;
 
-	if (s == NULL || !isdigit((unsigned char)*s))
-		return -1;
-	errno = 0;
-	v = strtoll(s, &end, 10);
-	if (errno != 0 || v < 0)
-		return -1;
-	if (*end == '\0' || strcmp(end, "ms") == 0)
-		mult = 1;
-	else if (strcmp(end, "s") == 0)
-		mult = 1000;
-	else if (strcmp(end, "m") == 0)
-		mult = 60 * 1000;
-	else if (strcmp(end, "h") == 0)
-		mult = 3600 * 1000;
-	else if (strcmp(end, "d") == 0)
-		mult = 86400 * 1000;
-	else
-		return -1;
-	if (v > INT64_MAX / mult)
-		return -1;
-	*out_ms = (int64_t)v * mult;
+	if (s == NULL || *s == '\0')
+		return RB_DURATION_SYNTAX;
+	if (strcmp(s, "0") == 0) {
+		*out_ms = 0;
+		return 0;
+	}
+	while (*p != '\0') {
+		int64_t whole = 0, frac = 0, scale = 1, mult = 0, v;
+		const char *u;
+		size_t ulen, i;
+		int rank = -1;
+		bool fine = true;
+
+		if (!isdigit((unsigned char)*p))
+			return RB_DURATION_SYNTAX;
+		for (; isdigit((unsigned char)*p); p++) {
+			if (whole > (INT64_MAX - (*p - '0')) / 10)
+				return RB_DURATION_RANGE;
+			whole = whole * 10 + (*p - '0');
+		}
+		if (*p == '.') {
+			int digits = 0;
+
+			p++;
+			if (!isdigit((unsigned char)*p))
+				return RB_DURATION_SYNTAX;
+			for (; isdigit((unsigned char)*p); p++) {
+				/* 10 digits tell every whole millisecond of a day
+				 * apart; beyond them only zeros may follow */
+				if (digits == 10) {
+					fine = fine && *p == '0';
+					continue;
+				}
+				frac = frac * 10 + (*p - '0');
+				scale *= 10;
+				digits++;
+			}
+		}
+		for (u = p; *p >= 'a' && *p <= 'z'; p++)
+			;
+		ulen = (size_t)(p - u);
+		if (ulen == 0)
+			return *p == '\0' && u == s + strspn(s, "0123456789.") ?
+			    RB_DURATION_BARE : RB_DURATION_SYNTAX;
+		for (i = 0; i < sizeof duration_units / sizeof duration_units[0]; i++)
+			if (strlen(duration_units[i].name) == ulen &&
+			    memcmp(duration_units[i].name, u, ulen) == 0) {
+				mult = duration_units[i].ms;
+				rank = duration_units[i].rank;
+			}
+		if (mult == 0 || rank <= last_rank)
+			return RB_DURATION_SYNTAX;
+		last_rank = rank;
+		/* frac < 10^10 and mult <= 86400000: no overflow */
+		if (!fine || frac * mult % scale != 0)
+			return RB_DURATION_FRACTION;
+		if (whole > INT64_MAX / mult)
+			return RB_DURATION_RANGE;
+		v = whole * mult + frac * mult / scale;
+		if (v < 0 || total > INT64_MAX - v)
+			return RB_DURATION_RANGE;
+		total += v;
+	}
+	*out_ms = total;
 	return 0;
 }
 
@@ -143,6 +197,19 @@ splice_mask(char *s, size_t from, size_t to)
 	return r;
 }
 
+/* Is s[i..] a password key (password, sslpassword, any case) that starts a word? */
+static size_t
+password_key(const char *s, size_t i)
+{
+	if (i > 0 && (isalnum((unsigned char)s[i - 1]) || s[i - 1] == '_'))
+		return 0;
+	if (strncasecmp(s + i, "password", 8) == 0)
+		return 8;
+	if (strncasecmp(s + i, "sslpassword", 11) == 0)
+		return 11;
+	return 0;
+}
+
 char *
 rb_url_redact(const char *url)
 {
@@ -154,35 +221,28 @@ rb_url_redact(const char *url)
 	s = xstrdup(url);
 	p = strstr(s, "://");
 	if (p != NULL) {
-		/* scheme://user:password@host... : mask between ':' and the last '@' of the authority */
-		char *auth = p + 3;
-		char *end = auth + strcspn(auth, "/?#");
-		char *at = NULL, *colon;
+		/* scheme://user:password@host...: mask from the first ':' to the
+		 * last '@' (more than a password, at worst: never less) */
+		char *auth = p + 3, *at = strrchr(auth, '@'), *colon = strchr(auth, ':');
 
-		for (char *q = auth; q < end; q++)
-			if (*q == '@')
-				at = q;
-		if (at != NULL) {
-			colon = memchr(auth, ':', (size_t)(at - auth));
-			if (colon != NULL)
-				s = splice_mask(s, (size_t)(colon + 1 - s), (size_t)(at - s));
-		}
+		if (at != NULL && colon != NULL && colon < at)
+			s = splice_mask(s, (size_t)(colon + 1 - s), (size_t)(at - s));
 	}
 	/* password=... in a conninfo string or a URL query */
 	for (i = 0; s[i] != '\0'; i++) {
-		if (strncmp(s + i, "password", 8) != 0)
+		size_t j, k, n = password_key(s, i);
+
+		if (n == 0)
 			continue;
-		if (i > 0 && s[i - 1] != ' ' && s[i - 1] != '?' && s[i - 1] != '&' && s[i - 1] != '\t')
-			continue;
-		size_t j = i + 8;
-		while (s[j] == ' ')
+		j = i + n;
+		while (isspace((unsigned char)s[j]))
 			j++;
 		if (s[j] != '=')
 			continue;
 		j++;
-		while (s[j] == ' ')
+		while (isspace((unsigned char)s[j]))
 			j++;
-		size_t k = j;
+		k = j;
 		if (s[k] == '\'') {
 			k++;
 			while (s[k] != '\0' && s[k] != '\'') {
@@ -193,7 +253,7 @@ rb_url_redact(const char *url)
 			if (s[k] == '\'')
 				k++;
 		} else {
-			while (s[k] != '\0' && s[k] != ' ' && s[k] != '&' && s[k] != '#')
+			while (s[k] != '\0' && !isspace((unsigned char)s[k]) && s[k] != '&' && s[k] != ';')
 				k++;
 		}
 		s = splice_mask(s, j, k);

@@ -35,20 +35,28 @@ void	rb_sb_putn(struct rb_sbuf *, const char *, size_t);
 void	rb_sb_puts(struct rb_sbuf *, const char *);
 
 /**
- * Parse a duration: a whole number followed by ms, s, m, h or d (a bare
- * number is milliseconds).  "30s" -> 30000.  Returns 0, or -1 when the text
- * is empty, has trailing garbage, is negative or overflows.
+ * Parse a duration (the grammar of relaybus(7), DURATIONS): "0", or one
+ * or more terms NUMBER UNIT, largest unit first, each unit once; NUMBER
+ * is digits with an optional decimal part, UNIT one of d, h, m (or min),
+ * s, ms: "30s" -> 30000, "1m30s" -> 90000, "1.5s" -> 1500.  Returns 0,
+ * or one of the negative RB_DURATION_* codes: SYNTAX (empty, no digits,
+ * an unknown, repeated or misplaced unit, a sign, a space), BARE (a number
+ * without a unit, other than 0), FRACTION (not a whole number of
+ * milliseconds), RANGE (beyond INT64_MAX ms).  Options bound it further.
  */
+enum { RB_DURATION_SYNTAX = -1, RB_DURATION_BARE = -2, RB_DURATION_FRACTION = -3,
+	RB_DURATION_RANGE = -4 };
 int	rb_parse_duration_ms(const char *, int64_t *out_ms);
 /** Parse a decimal integer in [min, max].  Returns 0 or -1. */
 int	rb_parse_int64(const char *, int64_t min, int64_t max, int64_t *out);
 int	rb_parse_int(const char *, int min, int max, int *out);
 
 /**
- * Copy a connection URL or conninfo string with any password replaced by
- * "xxxxx": "postgresql://u:secret@h/db" -> "postgresql://u:xxxxx@h/db",
- * "host=h password=secret" -> "host=h password=xxxxx", and
- * "?password=secret" query parameters.  NULL gives "(environment)".
+ * The backend-neutral redaction, for URLs no backend parses (mongodb://):
+ * a copy of url with the userinfo password (from the first ':' after
+ * "://" to the last '@') and any password= or sslpassword= value replaced
+ * by "xxxxx".  NULL gives "(environment)".  PostgreSQL connection strings
+ * go through rb_pg_url_redact (store_pg_url.h), which reads them as libpq does.
  */
 char	*rb_url_redact(const char *url);
 

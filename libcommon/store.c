@@ -125,6 +125,27 @@ backend_of(const char *url, struct rb_error *err)
 	return NULL;
 }
 
+/* How ops masks passwords in url (a new string). */
+static char *
+redact_with(const struct rb_store_ops *ops, const char *url)
+{
+	return ops != NULL && ops->redact != NULL ? ops->redact(url) : rb_url_redact(url);
+}
+
+char *
+rb_store_redact(const char *url)
+{
+	const struct rb_store_ops *ops = backends[0];
+
+	if (url != NULL && strstr(url, "://") != NULL) {
+		ops = NULL;
+		for (size_t i = 0; i < N_BACKENDS; i++)
+			if (takes(backends[i]->schemes, url))
+				ops = backends[i];
+	}
+	return redact_with(ops, url);
+}
+
 /* Open a store of ops (url and schema resolved). */
 static struct rb_store *
 open_with(const struct rb_store_ops *ops, const char *url, const char *schema, const char *app,
@@ -134,7 +155,7 @@ open_with(const struct rb_store_ops *ops, const char *url, const char *schema, c
 
 	s->ops = ops;
 	s->url = url != NULL ? xstrdup(url) : NULL;
-	s->url_redacted = rb_url_redact(url);
+	s->url_redacted = redact_with(ops, url);
 	s->schema = xstrdup(schema);
 	s->app = xstrdup(app != NULL ? app : "relaybus");
 	if (s->ops->open(s, err) < 0) {

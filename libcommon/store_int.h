@@ -45,6 +45,10 @@ struct rb_store_ops {
 	/* Write the client library's name and version ("libpq 15.18") into buf
 	 * (len bytes, at least 64), for --version.  Needs no store. */
 	void	(*version)(char *buf, size_t len);
+	/* A copy of url fit for messages (a new string): every password the
+	 * backend's client library would read in it masked.  Needs no store.
+	 * NULL: rb_url_redact (userinfo and password= parameters). */
+	char	*(*redact)(const char *url);
 
 	/* ---- the store ---------------------------------------------------- */
 

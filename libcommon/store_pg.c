@@ -27,6 +27,7 @@
 #include "rb_util.h"
 #include "store_int.h"
 #include "store_pg_int.h"
+#include "store_pg_url.h"
 
 /* Every statement of struct pg_be, rendered for the schema at open. */
 static const struct {
@@ -198,6 +199,7 @@ const struct rb_store_ops rb_store_pg_ops = {
 	.name = "postgresql",
 	.schemes = pg_schemes,
 	.version = pg_version,
+	.redact = rb_pg_url_redact,
 	.open = pg_open,
 	.close = pg_close,
 	.reconnect = pg_reconnect,

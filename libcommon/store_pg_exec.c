@@ -22,6 +22,7 @@
 #include "rb_util.h"
 #include "store_int.h"
 #include "store_pg_int.h"
+#include "store_pg_url.h"
 
 /* ---- text ---------------------------------------------------------------- */
 
@@ -404,10 +405,11 @@ pg_connect_to(struct rb_store *s, PGconn **conn, struct rb_error *err)
 	PQsetNoticeProcessor(*conn, notice_to_log, NULL);
 	if (PQstatus(*conn) != CONNECTION_OK) {
 		char msg[400];
+		/* (a string libpq cannot parse is a bad URL, and its error quotes it) */
+		bool bad = rb_pg_conn_error(s->url, PQerrorMessage(*conn), msg, sizeof msg);
 
-		snprintf(msg, sizeof msg, "%s", PQerrorMessage(*conn));
-		msg[strcspn(msg, "\n")] = '\0';
-		return rb_seterr(err, refused_role(*conn, msg) ? RB_EXIT_NOPERM : RB_EXIT_UNAVAILABLE,
+		return rb_seterr(err, bad ? RB_EXIT_CONFIG
+		    : refused_role(*conn, msg) ? RB_EXIT_NOPERM : RB_EXIT_UNAVAILABLE,
 		    "cannot connect to %s: %s", s->url_redacted, msg);
 	}
 	return 0;

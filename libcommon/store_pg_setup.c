@@ -27,14 +27,16 @@ extern const char rb_schema_history_pg_sql[];
 
 #define SETUP_LOCK_KEY	"7166535398124000001"
 
-/* A SQL string literal (standard_conforming_strings) for --print-sql. */
+/* A SQL string literal for --print-sql: an E'' literal, which reads the
+ * same whatever standard_conforming_strings says (with a plain '' one, a
+ * pattern holding \' would end the literal where it is off). */
 static void
 sb_literal(struct rb_sbuf *b, const char *v)
 {
-	rb_sb_puts(b, "'");
+	rb_sb_puts(b, "E'");
 	for (; *v != '\0'; v++) {
-		if (*v == '\'')
-			rb_sb_putn(b, "'", 1);
+		if (*v == '\'' || *v == '\\')
+			rb_sb_putn(b, v, 1);
 		rb_sb_putn(b, v, 1);
 	}
 	rb_sb_puts(b, "'");
@@ -142,7 +144,8 @@ pg_setup_script(const char *schema, const struct rb_setup_opts *o, struct rb_err
 		return NULL;
 	rb_sb_init(&b);
 	rb_sb_puts(&b, "-- relaybus schema set-up; apply in one transaction with the workers stopped\n"
-	    "BEGIN;\n");
+	    "BEGIN;\n"
+	    "SET LOCAL standard_conforming_strings = on;\n");
 	setup_script(&b, schema, o, true);
 	rb_sb_puts(&b, "COMMIT;\n");
 	return b.s;

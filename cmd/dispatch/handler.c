@@ -11,6 +11,7 @@
 #include <spawn.h>
 #include <unistd.h>
 
+#include "rb_env.h"
 #include "rb_jsonl.h"
 #include "rb_util.h"
 
@@ -55,7 +56,7 @@ spawn(const char *cmd, int in_fd, int out_fd)
 	posix_spawnattr_setpgroup(&at, 0);
 	posix_spawnattr_setflags(&at, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF |
 	    POSIX_SPAWN_SETSIGMASK);
-	rc = posix_spawn(&pid, "/bin/sh", &fa, &at, argv, environ);
+	rc = posix_spawn(&pid, "/bin/sh", &fa, &at, argv, rb_handler_environ());
 	posix_spawn_file_actions_destroy(&fa);
 	posix_spawnattr_destroy(&at);
 	if (rc != 0) {

@@ -14,23 +14,42 @@
 static void
 test_durations(void)
 {
+	static const struct { const char *in; int64_t ms; } good[] = {
+		{ "0", 0 }, { "0s", 0 }, { "250ms", 250 }, { "30s", 30000 }, { "5m", 300000 },
+		{ "5min", 300000 }, { "2h", 7200000 }, { "1d", 86400000 }, { "1m30s", 90000 },
+		{ "1h30m15s500ms", 5415500 }, { "1d1ms", 86400001 }, { "1.5s", 1500 },
+		{ "0.25s", 250 }, { "1.5m", 90000 }, { "2.5h", 9000000 }, { "0.001s", 1 },
+		{ "1.000s", 1000 }, { "1.0000000000000000000s", 1000 }, { "0.0000003125d", 27 },
+		{ "007s", 7000 }, { "1.5d1.5h", 135000000 },
+		{ "9223372036854775807ms", INT64_MAX }, { "106751991167d", 106751991167 * 86400000LL },
+	};
+	static const struct { const char *in; int rc; } bad[] = {
+		{ "", RB_DURATION_SYNTAX }, { "30", RB_DURATION_BARE }, { "250", RB_DURATION_BARE },
+		{ "1.5", RB_DURATION_BARE }, { "0.000000030003000000", RB_DURATION_BARE }, { "00", RB_DURATION_BARE }, { "-5s", RB_DURATION_SYNTAX },
+		{ "+5s", RB_DURATION_SYNTAX }, { "5 s", RB_DURATION_SYNTAX }, { " 5s", RB_DURATION_SYNTAX },
+		{ "5s ", RB_DURATION_SYNTAX }, { "5x", RB_DURATION_SYNTAX }, { "5S", RB_DURATION_SYNTAX },
+		{ "s", RB_DURATION_SYNTAX }, { ".5s", RB_DURATION_SYNTAX }, { "5.s", RB_DURATION_SYNTAX },
+		{ "1s1m", RB_DURATION_SYNTAX }, { "1m1m", RB_DURATION_SYNTAX },
+		{ "1m1min", RB_DURATION_SYNTAX }, { "1m30", RB_DURATION_SYNTAX },
+		{ "1us", RB_DURATION_SYNTAX }, { "1..5s", RB_DURATION_SYNTAX },
+		{ "0.1ms", RB_DURATION_FRACTION }, { "1.0001s", RB_DURATION_FRACTION },
+		{ "0.00000000001d", RB_DURATION_FRACTION },
+		{ "9223372036854775808ms", RB_DURATION_RANGE },
+		{ "99999999999999999999", RB_DURATION_RANGE },
+		{ "9223372036854775807d", RB_DURATION_RANGE },
+		{ "106751991168d", RB_DURATION_RANGE },
+		{ "106751991167d8h", RB_DURATION_RANGE },
+	};
 	int64_t ms;
 
-	ok(rb_parse_duration_ms("250", &ms) == 0 && ms == 250, "bare number is milliseconds");
-	ok(rb_parse_duration_ms("250ms", &ms) == 0 && ms == 250, "ms suffix");
-	ok(rb_parse_duration_ms("30s", &ms) == 0 && ms == 30000, "30s");
-	ok(rb_parse_duration_ms("5m", &ms) == 0 && ms == 300000, "5m");
-	ok(rb_parse_duration_ms("2h", &ms) == 0 && ms == 7200000, "2h");
-	ok(rb_parse_duration_ms("1d", &ms) == 0 && ms == 86400000, "1d");
-	ok(rb_parse_duration_ms("0", &ms) == 0 && ms == 0, "zero");
-	ok(rb_parse_duration_ms("", &ms) < 0, "empty rejected");
-	ok(rb_parse_duration_ms("-5s", &ms) < 0, "negative rejected");
-	ok(rb_parse_duration_ms("5 s", &ms) < 0, "space rejected");
-	ok(rb_parse_duration_ms("5x", &ms) < 0, "unknown unit rejected");
-	ok(rb_parse_duration_ms("s", &ms) < 0, "unit without number rejected");
-	ok(rb_parse_duration_ms("99999999999999999999", &ms) < 0, "overflow rejected");
-	ok(rb_parse_duration_ms("9223372036854775807d", &ms) < 0, "overflow by unit rejected");
-	ok(rb_parse_duration_ms(NULL, &ms) < 0, "NULL rejected");
+	for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+		ms = -1;
+		ok(rb_parse_duration_ms(good[i].in, &ms) == 0 && ms == good[i].ms,
+		    "duration '%s' is %" PRId64 "ms (got %" PRId64 ")", good[i].in, good[i].ms, ms);
+	}
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+		is_int(rb_parse_duration_ms(bad[i].in, &ms), bad[i].rc, "duration '%s' refused", bad[i].in);
+	ok(rb_parse_duration_ms(NULL, &ms) == RB_DURATION_SYNTAX, "NULL rejected");
 }
 
 static void

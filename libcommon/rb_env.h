@@ -1,0 +1,19 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * rb_env.h: the environment a handler runs with (rb-dispatch --exec and
+ * --pipe): ours, less the variables that carry or point to the database
+ * credentials, unless RELAYBUS_PASS_ENV names them.
+ */
+#ifndef RB_ENV_H
+#define RB_ENV_H
+
+/**
+ * The environment for execve/posix_spawn: every variable of environ but
+ * RELAYBUS_URL, PGPASSWORD, PGPASSFILE, PGSERVICEFILE and PGSSLKEY, except
+ * those named in RELAYBUS_PASS_ENV (a list separated by commas or spaces).
+ * Made at the first call from environ as it is then, and kept: the array
+ * is ours (do not free it); its strings are environ's.
+ */
+char	**rb_handler_environ(void);
+
+#endif
