@@ -8,16 +8,23 @@
  *
  * Exit 1 means the documented "nothing was due" (after --wait, if given).
  * If stdout breaks after the claim, the claimed deliveries are released
- * (no attempt charged) and the lanes handed back.
+ * (no attempt charged) and the lanes handed back.  Into a pipe, a line goes
+ * once the reader has taken the one before it out of the pipe: a reader
+ * that stops early (head -1) leaves the rest unread, and they are released
+ * too, not left in flight to be charged when the lease ends.
  */
 #include "config.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "rb_cli.h"
@@ -49,8 +56,8 @@ static const char usage_str[] =
 "  -V, --version          version and libraries\n"
 "\n"
 "Exit status: 0 deliveries printed, 1 nothing was due, 64 usage, 69 database\n"
-"unavailable, 74 stdout failed (claims released), 75 temporary failure, 78 bad URL\n"
-"or schema not set up.\n";
+"unavailable, 74 stdout failed or its reader left before taking them all (the rest\n"
+"released), 75 temporary failure or interrupted, 78 bad URL or schema not set up.\n";
 
 enum { OPT_OWNER = RB_OPT_FIRST_PROGRAM, OPT_POLL, OPT_MAX_ATTEMPTS };
 
@@ -128,6 +135,77 @@ parse_args(int argc, char **argv)
 		rb_cli_usage_error(usage_str, "--handler is required");
 }
 
+/*
+ * How lines are known to be handed on when stdout is a pipe: 0 not a pipe
+ * (a line written is handed on); 1 the pipe was cut down to one page
+ * (F_SETPIPE_SZ), so that it is writable (POLLOUT) only once it is empty;
+ * 2 FIONREAD says how much is still unread, looked at every few ms.
+ */
+static int pipe_mode;
+
+static void
+pipe_setup(void)
+{
+	struct stat st;
+
+	if (fstat(STDOUT_FILENO, &st) < 0 || !S_ISFIFO(st.st_mode))
+		return;
+#ifdef F_SETPIPE_SZ
+	if (fcntl(STDOUT_FILENO, F_SETPIPE_SZ, 4096) >= 0) {
+		pipe_mode = 1;
+		return;
+	}
+#endif
+#ifdef FIONREAD
+	pipe_mode = 2;
+#endif
+}
+
+/*
+ * Wait until the reader has taken everything written to the pipe so far:
+ * 1 it has (or this cannot be told), 0 it went away without, -1 a signal
+ * came (SIGINT, SIGTERM) while it had not.
+ */
+static int
+wait_handed_on(void)
+{
+	long nap_ms = 1;
+
+	for (;;) {
+		struct pollfd p = { .fd = STDOUT_FILENO, .events = POLLOUT };
+		int rc, unread = 0;
+
+		if (pipe_mode == 1) {
+			rc = poll(&p, 1, -1);
+			if (rc < 0 && errno == EINTR) {
+				if (stop)
+					return -1;
+				continue;
+			}
+			if (rc < 0 || (p.revents & POLLOUT) != 0)
+				return 1;
+			if ((p.revents & (POLLERR | POLLHUP)) != 0)
+				return 0;
+			if ((p.revents & POLLNVAL) != 0)
+				return 1;
+			continue;
+		}
+#ifdef FIONREAD
+		if (ioctl(STDOUT_FILENO, FIONREAD, &unread) < 0)
+			return 1;
+#endif
+		if (unread == 0)
+			return 1;
+		if (poll(&p, 1, 0) > 0 && (p.revents & (POLLERR | POLLHUP)) != 0)
+			return 0;
+		struct timespec ts = { 0, nap_ms * 1000000L };
+		if (nanosleep(&ts, NULL) < 0 && errno == EINTR && stop)
+			return -1;
+		if (nap_ms < 20)
+			nap_ms *= 2;
+	}
+}
+
 /* Give back what we claimed but could not hand on. */
 static void
 give_back(struct rb_store *store, json_t *deliveries, size_t from, const char *owner)
@@ -196,9 +274,11 @@ main(int argc, char **argv)
 		exit_code = RB_EXIT_EMPTY;
 		goto out;
 	}
+	pipe_setup();
 	for (size_t i = 0; i < (size_t)n; i++) {
 		/* the line as the store made it from the columns: the payload as stored */
 		const json_t *line = json_object_get(json_array_get(deliveries, i), RB_LINE_TEXT_KEY);
+		int handed = 1;
 
 		if (fwrite(json_string_value(line), 1, json_string_length(line), stdout) != json_string_length(line) ||
 		    fflush(stdout) != 0) {
@@ -212,6 +292,22 @@ main(int argc, char **argv)
 				rb_error("cannot write to stdout: %s (%d deliveries released)", strerror(e),
 				    n - (int)i);
 			exit_code = RB_EXIT_IOERR;
+			goto out;
+		}
+		if (pipe_mode != 0)
+			handed = wait_handed_on();
+		if (handed == 0) {
+			/* the reader left with this line unread */
+			give_back(store, deliveries, i, owner);
+			rb_info("stdout closed: %d deliveries released", n - (int)i);
+			exit_code = RB_EXIT_IOERR;
+			goto out;
+		}
+		if (handed < 0) {
+			/* this line may still be read (and run): it stays in flight */
+			give_back(store, deliveries, i + 1, owner);
+			rb_warn("interrupted: %d deliveries released", n - (int)i - 1);
+			exit_code = RB_EXIT_TEMPFAIL;
 			goto out;
 		}
 	}

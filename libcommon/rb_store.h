@@ -35,7 +35,12 @@ struct rb_error {
  * Open a store.  url: a postgres:// or postgresql:// URL, a libpq conninfo
  * string, or NULL/"" for $RELAYBUS_URL, else libpq's PG* environment.
  * schema: NULL for $RELAYBUS_SCHEMA, else "public".  app: the program name,
- * shown in pg_stat_activity.  Returns NULL with err filled.
+ * shown in pg_stat_activity.  Returns NULL with err filled.  Each store is
+ * a lane holder of its own (a random id, kept across rb_store_reconnect):
+ * claims, rb_store_extend, rb_store_relinquish and _relinquish_owner act
+ * on the lanes held under the owner name AND this holder, so a process
+ * restarted under its predecessor's owner name does not adopt its lanes
+ * (it takes them over once their lease expired, as any claimer would).
  */
 struct rb_store	*rb_store_open(const char *url, const char *schema, const char *app,
 		    struct rb_error *err);
@@ -134,7 +139,7 @@ json_t	*rb_publish_acks_json(const struct rb_publish_acks *);
 
 struct rb_claim_opts {
 	const char	*handler;
-	const char	*owner;		/* lease owner name, unique per worker */
+	const char	*owner;		/* lease owner name, unique per worker (with the store's holder) */
 	int		 batch;		/* at most this many deliveries */
 	int64_t		 lease_ms;
 	int		 max_attempts;	/* a takeover buries a delivery reaching this */
@@ -151,8 +156,14 @@ struct rb_claim_opts {
 	bool		 no_search;
 	/* take up to this many deliveries of one key at once (0 or 1: only the
 	 * head of each key).  They come in sequence order; the caller must run
-	 * each only after the previous one's completion committed. */
+	 * each only after the previous one's completion committed, or, with
+	 * chain_early, once the previous one succeeded on its first attempt
+	 * (attempt 1).  A takeover charges what may have run under that rule:
+	 * of a key's deliveries in flight, the first still pending, and (early)
+	 * those after it as long as every one before them is on its first
+	 * attempt. */
 	int		 chain;
+	bool		 chain_early;
 	/* each delivery carries its line, newline-terminated, as the string
 	 * member RB_LINE_TEXT_KEY instead of "payload" and "headers" (which
 	 * are then not parsed at all) */

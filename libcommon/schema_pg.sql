@@ -62,8 +62,20 @@ CREATE TABLE IF NOT EXISTS @S@.relaybus_lanes (
     lease_owner      text,
     lease_expires_at timestamptz,
     in_flight        bigint[] NOT NULL DEFAULT '{}',
+    holder           bigint,
+    chain_early      boolean,
     CONSTRAINT relaybus_lanes_pkey PRIMARY KEY (handler, lane)
 ) WITH (fillfactor = 10);
+-- holder: the store instance (one per process) that holds the lease,
+-- set by every claim.  A lane is held by (lease_owner, holder): a process
+-- restarted under its predecessor's owner name has another holder, so it
+-- takes the lanes over only once their lease expired, charging as any
+-- takeover does.  chain_early: how the holder runs a key's chain (the
+-- claim's p_chain_early), which tells a takeover what may have run; NULL
+-- (a lane last claimed before relaybus had it): anything in flight.  No
+-- index on either: lane updates stay HOT.
+ALTER TABLE @S@.relaybus_lanes ADD COLUMN IF NOT EXISTS holder bigint;
+ALTER TABLE @S@.relaybus_lanes ADD COLUMN IF NOT EXISTS chain_early boolean;
 -- (relaybus 0.1 made it 50: a lane row grows from 60 bytes to 600 with
 -- its in-flight ids, and at 40 rows to a page its updates stopped being HOT)
 ALTER TABLE @S@.relaybus_lanes SET (fillfactor = 10);
@@ -351,11 +363,21 @@ $$;
 -- when the owner holds no lane.
 -- p_chain: how many deliveries of one key to take at once (1: the heads
 -- only); see relaybus_lane_candidates.  A chain's followers are in flight
--- like the rest: a takeover charges them an attempt too.
+-- like the rest; the caller starts each only once the completion of the
+-- one before it committed, or, with p_chain_early, as soon as the one
+-- before it succeeded on its first attempt (rb-dispatch --exec, --pipe).
+-- A takeover charges only what may have run under that rule (step 2).
 -- p_live_lanes: the lanes of p_live, element by element, when the caller
 -- knows them: a held lane then gets no more than fills it to 32 in flight
 -- (a lane row lists them, and a row that outgrows its page is no longer
 -- updated HOT).  NULL: no such cap (only 32 a lane per pass).
+-- p_holder: the caller's store instance (rb_store_open makes one per
+-- process, kept across reconnects).  An owner holds the lanes with its
+-- name AND its holder; a lane held under the same name by another holder
+-- (a predecessor that died, or a second process given the same --owner)
+-- is someone else's until its lease expires, and is then taken over like
+-- any other.  NULL (a claim typed in psql) matches lanes held without one.
+-- p_chain_early: see p_chain.
 --
 -- relaybus_claim_ids returns the claimed delivery rows with their lane's
 -- epoch, in the order to start them (each lane's together, a key's in
@@ -368,7 +390,8 @@ DROP FUNCTION IF EXISTS @S@.relaybus_claim_ids(text, text, integer, bigint, inte
 DROP FUNCTION IF EXISTS @S@.relaybus_deliveries_by_id(bigint[], bigint[]);
 CREATE OR REPLACE FUNCTION @S@.relaybus_claim_ids(
     p_handler text, p_owner text, p_batch integer, p_lease_ms bigint, p_max_attempts integer,
-    p_live bigint[], p_search boolean, p_chain integer, p_live_lanes smallint[])
+    p_live bigint[], p_search boolean, p_chain integer, p_live_lanes smallint[],
+    p_holder bigint DEFAULT NULL, p_chain_early boolean DEFAULT false)
 RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigint, claims integer,
                attempts integer, sequence bigint, created_at text)
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
@@ -430,11 +453,13 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM @S@.relaybus_lanes x WHERE x.handler = p_handler AND x.lane = 0) THEN
         PERFORM @S@.relaybus_seed_lanes(p_handler);
     END IF;
-    -- 1. the lanes this owner holds.  NO KEY UPDATE: it does not wait for
-    -- completions in progress (they hold KEY SHARE), but a takeover does.
+    -- 1. the lanes this owner (name and holder) holds.  NO KEY UPDATE: it
+    -- does not wait for completions in progress (they hold KEY SHARE), but a
+    -- takeover does.
     SELECT coalesce(array_agg(h.lane), '{}') INTO v_held FROM (
         SELECT x.lane FROM @S@.relaybus_lanes x
          WHERE x.handler = p_handler AND x.lease_owner = p_owner
+           AND x.holder IS NOT DISTINCT FROM p_holder
          FOR NO KEY UPDATE) h;
     -- deliveries of those lanes still running (in flight and still pending)
     -- (lookups are written one id at a time, LATERAL and fenced with OFFSET
@@ -501,17 +526,17 @@ BEGIN
         SELECT coalesce(array_agg(y.lane ORDER BY (y.lane - v_start + 256) % 256), '{}') INTO v_free
           FROM @S@.relaybus_lanes y
          WHERE y.handler = p_handler AND (y.lease_owner IS NULL OR y.lease_expires_at <= v_now)
-           AND y.lease_owner IS DISTINCT FROM p_owner;
+           AND NOT (y.lane = ANY (v_held));
     END IF;
     WHILE cardinality(v_picked) < p_batch AND cardinality(v_free) > 0 LOOP
         v_new := '{}';
         -- lane by lane, stopping at v_take: a lane is probed for due
         -- work only until enough are found, and locked only when it has some
         FOR l IN
-            SELECT x.lane, x.lease_owner, x.in_flight
+            SELECT x.lane, x.lease_owner, x.in_flight, x.chain_early
               FROM unnest(v_free) g(ln)
              CROSS JOIN LATERAL (
-                SELECT y.lane, y.lease_owner, y.in_flight FROM @S@.relaybus_lanes y
+                SELECT y.lane, y.lease_owner, y.in_flight, y.chain_early FROM @S@.relaybus_lanes y
                  WHERE NOT (g.ln = ANY (v_held))
                    AND y.handler = p_handler AND y.lane = g.ln
                    AND (y.lease_owner IS NULL OR y.lease_expires_at <= v_now)
@@ -525,13 +550,28 @@ BEGIN
              LIMIT v_take
         LOOP
             IF l.lease_owner IS NOT NULL AND cardinality(l.in_flight) > 0 THEN
-                -- a takeover: what the previous holder had in flight was a lost attempt
+                -- a takeover: what the previous holder had in flight and may
+                -- have run was a lost attempt.  That is every unkeyed one
+                -- and, of a key, the first still pending, and those after it
+                -- that may have started: a chain's follower starts once the
+                -- completion of the one before it committed, or (chain_early)
+                -- once that one succeeded on its first attempt.  One behind a
+                -- pending delivery of its key that is not in flight here, or
+                -- is past its first attempt (or any, without chain_early),
+                -- never ran: it is not written at all (the new epoch fences
+                -- its old lease).  (Attempts as the claim read them: nothing
+                -- else changes them while a delivery is in flight.)
                 UPDATE @S@.relaybus_deliveries d
                    SET attempts = d.attempts + 1, claims = d.claims + 1,
                        status = CASE WHEN d.attempts + 1 >= p_max_attempts THEN 'dead' ELSE 'pending' END,
                        last_error = 'lease of ' || l.lease_owner || ' expired: attempt lost',
                        updated_at = v_now
-                 WHERE d.id = ANY (l.in_flight) AND d.status = 'pending';
+                 WHERE d.id = ANY (l.in_flight) AND d.status = 'pending'
+                   AND (d.key IS NULL OR l.chain_early IS NULL OR NOT EXISTS (
+                        SELECT 1 FROM @S@.relaybus_deliveries e
+                         WHERE e.handler = d.handler AND e.lane = d.lane AND e.key = d.key
+                           AND e.status = 'pending' AND e.sequence < d.sequence
+                           AND (NOT l.chain_early OR e.attempts > 0 OR NOT (e.id = ANY (l.in_flight)))));
                 v_charged := v_charged || l.lane;
             END IF;
             v_new := v_new || l.lane;
@@ -601,6 +641,8 @@ BEGIN
         UPDATE @S@.relaybus_lanes x
            SET epoch = CASE WHEN x.lane = ANY (v_acquired) THEN x.epoch + 1 ELSE x.epoch END,
                lease_owner = p_owner,
+               holder = p_holder,
+               chain_early = p_chain_early,
                lease_expires_at = v_expires,
                in_flight = CASE WHEN x.lane = ANY (v_acquired) THEN '{}'::bigint[]
                                 WHEN v_lc IS NULL THEN
@@ -619,14 +661,15 @@ BEGIN
     END LOOP;
     IF cardinality(v_charged) > 0 THEN
         UPDATE @S@.relaybus_lanes x
-           SET epoch = x.epoch + 1, lease_owner = NULL, lease_expires_at = NULL, in_flight = '{}'
+           SET epoch = x.epoch + 1, lease_owner = NULL, holder = NULL, lease_expires_at = NULL, in_flight = '{}'
          WHERE x.handler = p_handler AND x.lane = ANY (v_charged) AND NOT (x.lane = ANY (v_used));
     END IF;
     v_back := ARRAY(SELECT u FROM unnest(v_scanned) u WHERE NOT (u = ANY (v_used)));
     IF cardinality(v_back) > 0 THEN
         UPDATE @S@.relaybus_lanes x
-           SET lease_owner = NULL, lease_expires_at = NULL, in_flight = '{}'
+           SET lease_owner = NULL, holder = NULL, lease_expires_at = NULL, in_flight = '{}'
          WHERE x.handler = p_handler AND x.lane = ANY (v_back) AND x.lease_owner = p_owner
+           AND x.holder IS NOT DISTINCT FROM p_holder
            AND CASE WHEN v_lc IS NULL THEN NOT (x.in_flight && v_live)
                     ELSE v_lc[x.lane] = 0
                          OR NOT (x.in_flight && v_ls[v_lo[x.lane] : v_lo[x.lane] + v_lc[x.lane] - 1]) END;
@@ -642,9 +685,11 @@ END $$;
 -- Claim and read in one statement (rb-claim, rb-dispatch --connections 1;
 -- what one types in psql).
 DROP FUNCTION IF EXISTS @S@.relaybus_claim(text, text, integer, bigint, integer, bigint[], boolean, integer);
+DROP FUNCTION IF EXISTS @S@.relaybus_claim(text, text, integer, bigint, integer, bigint[], boolean, integer, smallint[]);
 CREATE OR REPLACE FUNCTION @S@.relaybus_claim(
     p_handler text, p_owner text, p_batch integer, p_lease_ms bigint, p_max_attempts integer,
-    p_live bigint[], p_search boolean, p_chain integer, p_live_lanes smallint[] DEFAULT NULL)
+    p_live bigint[], p_search boolean, p_chain integer, p_live_lanes smallint[] DEFAULT NULL,
+    p_holder bigint DEFAULT NULL, p_chain_early boolean DEFAULT false)
 RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigint, claims integer,
                attempts integer, name text, key text, sequence bigint, payload jsonb, headers jsonb,
                created_at text)
@@ -663,7 +708,8 @@ BEGIN
            array_agg(c.created_at ORDER BY c.o)
       INTO v_id, v_ev, v_h, v_lane, v_epoch, v_claims, v_att, v_seq, v_ts
       FROM @S@.relaybus_claim_ids(p_handler, p_owner, p_batch, p_lease_ms, p_max_attempts,
-                                  p_live, p_search, p_chain, p_live_lanes) WITH ORDINALITY c(id, event_id, handler,
+                                  p_live, p_search, p_chain, p_live_lanes, p_holder,
+                                  p_chain_early) WITH ORDINALITY c(id, event_id, handler,
                                   lane, epoch, claims, attempts, sequence, created_at, o);
     RETURN QUERY
         SELECT c.id, c.event_id, c.handler, c.lane, c.epoch, c.claims, c.attempts,

@@ -13,11 +13,15 @@
 #include "config.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
 #include <poll.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <libpq-fe.h>
 
@@ -64,6 +68,28 @@ pg_connect(struct rb_store *s, struct rb_error *err)
 	return pg_connect_to(s, &pg_be(s)->conn, err);
 }
 
+/* A new holder id: 64 random bits (the clock, pid and a count if
+ * /dev/urandom cannot be read), as decimal text for a bigint parameter. */
+static void
+new_holder(char *buf, size_t size)
+{
+	static unsigned count;
+	uint64_t h = 0;
+	int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+	bool ok = fd >= 0 && read(fd, &h, sizeof h) == (ssize_t)sizeof h;
+
+	if (fd >= 0)
+		close(fd);
+	if (!ok) {
+		struct timespec ts;
+
+		clock_gettime(CLOCK_REALTIME, &ts);
+		h = ((uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec) ^
+		    ((uint64_t)getpid() << 40) ^ ((uint64_t)++count << 20);
+	}
+	snprintf(buf, size, "%" PRId64, (int64_t)(h & INT64_MAX));
+}
+
 static int
 pg_open(struct rb_store *s, struct rb_error *err)
 {
@@ -71,6 +97,7 @@ pg_open(struct rb_store *s, struct rb_error *err)
 
 	s->be = be;
 	be->history = -1;
+	new_holder(be->holder, sizeof be->holder);
 	rb_sb_init(&be->claim_live);
 	rb_sb_init(&be->claim_live_lanes);
 	for (size_t i = 0; i < N_STATEMENTS; i++)

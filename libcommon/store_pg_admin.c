@@ -389,6 +389,33 @@ static const char lock_lanes_sql[] =
     "    ON d.event_id = t.event_id AND (t.handler IS NULL OR d.handler = t.handler)) "
     "ORDER BY x.handler, x.lane FOR NO KEY UPDATE OF x";
 
+/*
+ * Before a requeue: a dead keyed delivery with a later delivery of its
+ * handler and key in flight (which started, or may have, once it was
+ * buried) could no longer run first.  It goes to the back of its key: new
+ * sequences from the key's counter, in its old order when several are
+ * requeued, so that the claim's per-key rule (the lowest pending sequence
+ * is the head) holds it until the later ones are done.  The others keep
+ * their place.  Runs after lock_lanes_sql: in flight cannot change.
+ */
+static const char requeue_reorder_sql[] =
+    "WITH t AS (SELECT * FROM unnest($1::text[], $2::text[]) AS t(event_id, handler)), "
+    "r AS (SELECT DISTINCT d.id, d.key, d.sequence FROM @S@.relaybus_deliveries d "
+    "  JOIN t ON d.event_id = t.event_id AND (t.handler IS NULL OR d.handler = t.handler) "
+    "  WHERE d.status = 'dead' AND d.key IS NOT NULL AND EXISTS ("
+    "    SELECT 1 FROM @S@.relaybus_deliveries e JOIN @S@.relaybus_lanes x "
+    "      ON x.handler = e.handler AND x.lane = e.lane AND e.id = ANY (x.in_flight) "
+    "     WHERE e.handler = d.handler AND e.lane = d.lane AND e.key = d.key "
+    "       AND e.status = 'pending' AND e.sequence > d.sequence)), "
+    "o AS (SELECT r.id, r.key, row_number() OVER (PARTITION BY r.key ORDER BY r.sequence, r.id) AS n, "
+    "  count(*) OVER (PARTITION BY r.key) AS cnt FROM r), "
+    "k AS (INSERT INTO @S@.relaybus_keys AS k (key, sequence) "
+    "  SELECT o.key, max(o.cnt) FROM o GROUP BY o.key ORDER BY o.key "
+    "  ON CONFLICT (key) DO UPDATE SET sequence = k.sequence + excluded.sequence "
+    "  RETURNING k.key, k.sequence) "
+    "UPDATE @S@.relaybus_deliveries d SET sequence = k.sequence - o.cnt + o.n "
+    "  FROM o JOIN k ON k.key = o.key WHERE d.id = o.id";
+
 #define APPLY_SQL(ACTION, DONE, NEW_STATUS)				\
 	"WITH t AS (SELECT * FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS t(event_id, handler, ord)), " \
 	"m AS (SELECT t.ord, t.event_id AS t_event, t.handler AS t_handler, d.id, d.handler, d.status, " \
@@ -459,6 +486,10 @@ pg_admin_apply(struct rb_store *s, enum rb_admin_action action, const json_t *ta
 		if (pg_run_cmd(s, "BEGIN", what[action], err) < 0)
 			goto out;
 		lk = q(s, lock_lanes_sql, 2, params, PGRES_TUPLES_OK, what[action], &retry, err);
+		if (lk != NULL && action == RB_ADMIN_REQUEUE) {
+			PQclear(lk);
+			lk = q(s, requeue_reorder_sql, 2, params, PGRES_COMMAND_OK, what[action], &retry, err);
+		}
 		if (lk != NULL) {
 			PQclear(lk);
 			res = q(s, sql, action == RB_ADMIN_BURY ? 3 : 2, params, PGRES_TUPLES_OK,

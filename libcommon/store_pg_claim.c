@@ -26,11 +26,11 @@ const char pg_tmpl_claim[] =
     "SELECT id, event_id, handler, lane, epoch, claims, attempts, name, key, sequence, "
     "payload::text, headers::text, created_at "
     "FROM @S@.relaybus_claim($1, $2, $3::integer, $4::bigint, $5::integer, $6::bigint[], $7::boolean, $8::integer, "
-    "$9::smallint[])";
+    "$9::smallint[], $10::bigint, $11::boolean)";
 /* the claim without events, for the second connection to read them (rb_claim_opts.apart) */
 const char pg_tmpl_claim_ids[] = "SELECT id, event_id, handler, lane, epoch, claims, attempts, sequence, created_at "
     "FROM @S@.relaybus_claim_ids($1, $2, $3::integer, $4::bigint, $5::integer, $6::bigint[], $7::boolean, $8::integer, "
-    "$9::smallint[])";
+    "$9::smallint[], $10::bigint, $11::boolean)";
 /* the events of what a claim took, on the second connection, by the
  * position of their event id in $1 (the connection runs with
  * enable_seqscan off, as the claim does: young tables have no
@@ -41,16 +41,17 @@ const char pg_tmpl_fetch[] =
     "CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_events ee WHERE ee.id = p.eid OFFSET 0) e";
 const char pg_tmpl_extend[] =
     "UPDATE @S@.relaybus_lanes SET lease_expires_at = clock_timestamp() + $3::bigint * interval '1 millisecond' "
-    "WHERE handler = $1 AND lease_owner = $2";
+    "WHERE handler = $1 AND lease_owner = $2 AND holder = $4::bigint";
 const char pg_tmpl_relinquish[] =
-    "UPDATE @S@.relaybus_lanes x SET lease_owner = NULL, lease_expires_at = NULL, in_flight = '{}' "
-    "WHERE x.handler = $1 AND x.lease_owner = $2 AND NOT EXISTS ("
+    "UPDATE @S@.relaybus_lanes x SET lease_owner = NULL, holder = NULL, lease_expires_at = NULL, in_flight = '{}' "
+    "WHERE x.handler = $1 AND x.lease_owner = $2 AND x.holder = $3::bigint AND NOT EXISTS ("
     "  SELECT 1 FROM @S@.relaybus_deliveries d WHERE d.id = ANY (x.in_flight) AND d.status = 'pending')";
 const char pg_tmpl_relinquish_owner[] =
-    "UPDATE @S@.relaybus_lanes x SET epoch = x.epoch + 1, lease_owner = NULL, lease_expires_at = NULL, "
-    "in_flight = '{}' WHERE x.handler = $1 AND x.lease_owner = $2";
+    "UPDATE @S@.relaybus_lanes x SET epoch = x.epoch + 1, lease_owner = NULL, holder = NULL, "
+    "lease_expires_at = NULL, in_flight = '{}' WHERE x.handler = $1 AND x.lease_owner = $2 "
+    "AND x.holder = $3::bigint";
 const char pg_tmpl_relinquish_leases[] =
-    "UPDATE @S@.relaybus_lanes x SET lease_owner = NULL, lease_expires_at = NULL, in_flight = '{}' "
+    "UPDATE @S@.relaybus_lanes x SET lease_owner = NULL, holder = NULL, lease_expires_at = NULL, in_flight = '{}' "
     "FROM unnest($1::text[], $2::smallint[], $3::bigint[]) AS r(handler, lane, epoch) "
     "WHERE x.handler = r.handler AND x.lane = r.lane AND x.epoch = r.epoch "
     "  AND x.lease_owner IS NOT NULL AND NOT EXISTS ("
@@ -58,9 +59,14 @@ const char pg_tmpl_relinquish_leases[] =
 
 /* ---- claim --------------------------------------------------------------- */
 
-/* The claim's nine parameters, from what claim_params keeps for a retry. */
+/* relaybus_claim's parameters: handler, owner, batch, lease, max attempts,
+ * live ids, search, chain, live lanes, holder, chain early */
+enum { CLAIM_NPARAMS = 11 };
+
+/* The claim's eleven parameters, from what claim_params keeps for a retry
+ * (the tenth, the holder, is the store's for its whole life). */
 static void
-claim_param_list(const struct pg_be *be, const char *params[9])
+claim_param_list(const struct pg_be *be, const char *params[CLAIM_NPARAMS])
 {
 	for (int i = 0; i < 5; i++)
 		params[i] = be->claim_params[i];
@@ -68,13 +74,15 @@ claim_param_list(const struct pg_be *be, const char *params[9])
 	params[6] = be->claim_quiet ? "false" : "true";
 	params[7] = be->claim_chain;
 	params[8] = be->claim_lanes_known ? be->claim_live_lanes.s : NULL;
+	params[9] = be->holder;
+	params[10] = be->claim_early ? "true" : "false";
 }
 
 /* The claim's parameters, as text, in be->claim_params (the caller checked
  * that handler and owner fit); the sixth, the ids still running, is NULL
  * when the caller does not know them. */
 static void
-claim_params(struct pg_be *be, const struct rb_claim_opts *o, const char *params[9])
+claim_params(struct pg_be *be, const struct rb_claim_opts *o, const char *params[CLAIM_NPARAMS])
 {
 	snprintf(be->claim_params[0], sizeof be->claim_params[0], "%s", o->handler);
 	snprintf(be->claim_params[1], sizeof be->claim_params[1], "%s", o->owner);
@@ -99,6 +107,7 @@ claim_params(struct pg_be *be, const struct rb_claim_opts *o, const char *params
 	}
 	be->claim_quiet = o->no_search;
 	be->claim_text = o->line_text;
+	be->claim_early = o->chain_early;
 	snprintf(be->claim_chain, sizeof be->claim_chain, "%d", o->chain > 1 ? o->chain : 1);
 	claim_param_list(be, params);
 }
@@ -177,11 +186,11 @@ int
 pg_claim(struct rb_store *s, const struct rb_claim_opts *o, json_t **out, struct rb_error *err)
 {
 	struct pg_be *be = pg_be(s);
-	const char *params[9];
+	const char *params[CLAIM_NPARAMS];
 	PGresult *res;
 
 	claim_params(be, o, params);
-	res = pg_run(s, be->q_claim, 9, params, PGRES_TUPLES_OK, "claim", true, err);
+	res = pg_run(s, be->q_claim, CLAIM_NPARAMS, params, PGRES_TUPLES_OK, "claim", true, err);
 	if (res == NULL)
 		return -1;
 	*out = claim_rows(res, o->line_text);
@@ -193,14 +202,14 @@ int
 pg_claim_send(struct rb_store *s, const struct rb_claim_opts *o, struct rb_error *err)
 {
 	struct pg_be *be = pg_be(s);
-	const char *params[9];
+	const char *params[CLAIM_NPARAMS];
 
 	if (be->claim_pending || (be->complete_pending && !be->complete_apart))
 		return rb_seterr(err, RB_EXIT_SOFTWARE, "claim: a statement is in progress already");
 	claim_params(be, o, params);
 	be->claim_tries = 1;
 	be->claim_apart = o->apart;
-	if (!pg_send(be, be->conn, o->apart ? be->q_claim_ids : be->q_claim, 9, params))
+	if (!pg_send(be, be->conn, o->apart ? be->q_claim_ids : be->q_claim, CLAIM_NPARAMS, params))
 		return pg_send_failed(s, "claim", err);
 	be->claim_pending = true;
 	return 0;
@@ -231,12 +240,12 @@ pg_claim_recv(struct rb_store *s, bool wait, struct rb_dl ***out, struct rb_erro
 		}
 		/* a deadlock or serialization failure: the claim runs again, as pg_run() does */
 		if (pg_retryable(res) && be->claim_tries < 5) {
-			const char *params[9];
+			const char *params[CLAIM_NPARAMS];
 
 			PQclear(res);
 			claim_param_list(be, params);
 			be->claim_tries++;
-			if (!pg_send(be, be->conn, be->claim_apart ? be->q_claim_ids : be->q_claim, 9, params))
+			if (!pg_send(be, be->conn, be->claim_apart ? be->q_claim_ids : be->q_claim, CLAIM_NPARAMS, params))
 				return pg_send_failed(s, "claim", err);
 			be->claim_pending = true;
 			continue;
@@ -365,10 +374,10 @@ pg_extend(struct rb_store *s, const char *handler, const char *owner, int64_t le
     struct rb_error *err)
 {
 	char lease[32];
-	const char *params[3] = { handler, owner, lease };
+	const char *params[4] = { handler, owner, lease, pg_be(s)->holder };
 
 	snprintf(lease, sizeof lease, "%" PRId64, lease_ms);
-	return pg_run_affected(s, pg_be(s)->q_extend, 3, params, "extend", err);
+	return pg_run_affected(s, pg_be(s)->q_extend, 4, params, "extend", err);
 }
 
 /* ---- handing lanes back -------------------------------------------------- */
@@ -376,17 +385,17 @@ pg_extend(struct rb_store *s, const char *handler, const char *owner, int64_t le
 int
 pg_relinquish(struct rb_store *s, const char *handler, const char *owner, struct rb_error *err)
 {
-	const char *params[2] = { handler, owner };
+	const char *params[3] = { handler, owner, pg_be(s)->holder };
 
-	return pg_run_affected(s, pg_be(s)->q_relinquish, 2, params, "relinquish", err);
+	return pg_run_affected(s, pg_be(s)->q_relinquish, 3, params, "relinquish", err);
 }
 
 int
 pg_relinquish_owner(struct rb_store *s, const char *handler, const char *owner, struct rb_error *err)
 {
-	const char *params[2] = { handler, owner };
+	const char *params[3] = { handler, owner, pg_be(s)->holder };
 
-	return pg_run_affected(s, pg_be(s)->q_relinquish_owner, 2, params, "relinquish", err);
+	return pg_run_affected(s, pg_be(s)->q_relinquish_owner, 3, params, "relinquish", err);
 }
 
 int

@@ -36,6 +36,10 @@ struct pg_fence;	/* a completion's fence arrays (store_pg_complete.c) */
 
 struct pg_be {
 	PGconn	*conn;
+	/* this store instance's lane holder (relaybus_lanes.holder), made at
+	 * open and kept across reconnects: claims, renewals and hand-backs by
+	 * owner name touch only the lanes held under it */
+	char	 holder[24];
 	bool	 listening;
 	int	 history;	/* -1 unknown, 0 no completion history, 1 yes */
 	/* rendered statements, built once per store (pg_statements in store_pg.c) */
@@ -51,6 +55,7 @@ struct pg_be {
 	bool	 claim_lanes_known;
 	bool	 claim_live_known;
 	bool	 claim_quiet;		/* ... and the seventh: p_search false */
+	bool	 claim_early;		/* ... and the eleventh: p_chain_early */
 	bool	 claim_text;		/* rb_claim_opts.line_text */
 	char	 claim_chain[16];	/* ... and the eighth: p_chain */
 	bool	 claim_apart;		/* rb_claim_opts.apart: relaybus_claim_ids */

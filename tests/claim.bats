@@ -112,9 +112,9 @@ claimers() {  # n: run n claimers until nothing is due; each records "owner lane
     '{"id":"a3","name":"keyed.x","key":"K","payload":3}' '{"id":"u1","name":"keyed.x","payload":4}' | rb-publish -q
   run rb-claim -H k --owner A --batch 10
   [ "$(echo "$output" | jq -r .event_id | sort | tr '\n' ' ')" = "a1 u1 " ]
-  head1=$(echo "$output" | jq -c 'select(.event_id == "a1")')
-  # a failing head pauses its key
-  echo "$head1" | jq -c '. + {ok: false, error: "boom", retry_ms: 0}' | rb-complete -q --no-relinquish >/dev/null
+  # a failing head pauses its key (u1 completes; the lanes are handed back)
+  echo "$output" | jq -c 'if .event_id == "a1" then . + {ok: false, error: "boom", retry_ms: 0} else . + {ok: true} end' |
+    rb-complete -q >/dev/null
   run rb-claim -H k --owner A --batch 10
   [ "$(echo "$output" | jq -r .event_id)" = a1 ]
   [ "$(echo "$output" | jq -r .attempt)" = 2 ]
@@ -203,6 +203,77 @@ claimers() {  # n: run n claimers until nothing is due; each records "owner lane
   [ "$(q "SELECT status || ' ' || attempts FROM relaybus_deliveries WHERE event_id = 'p'")" = "dead 3" ]
 }
 
+@test "a second rb-claim under the same --owner is another holder: it gets the first's lanes only after the lease, charged" {
+  echo '{"id":"o1","name":"keyed.x","payload":1}' | rb-publish -q
+  run -0 rb-claim -H k --owner W --lease 600ms
+  [ "$(echo "$output" | jq -r .attempt)" = 1 ]
+  # that process is gone without completing; the next one under its name gets nothing
+  # while the lease runs (it is not the same holder), and does not renew it
+  run rb-claim -H k --owner W
+  [ "$status" -eq 1 ]
+  sleep 0.7
+  # then it takes the lane over like any other claimer: the lost run is charged
+  run -0 rb-claim -H k --owner W
+  [ "$(echo "$output" | jq -r .attempt)" = 2 ]
+  [ "$(q "SELECT attempts || ' ' || last_error FROM relaybus_deliveries WHERE event_id = 'o1'")" = "1 lease of W expired: attempt lost" ]
+  # the lane records the holder beside the name
+  [ "$(q "SELECT lease_owner || ' ' || (holder IS NOT NULL) FROM relaybus_lanes WHERE handler = 'k' AND lane = relaybus_lane('o1')")" = "W true" ]
+}
+
+@test "a takeover charges what may have run: unkeyed ones, a key's first, and behind first attempts of early chains" {
+  for i in 1 2 3; do printf '{"id":"c%d","name":"keyed.x","key":"C","payload":%d}\n' "$i" "$i"; done | rb-publish -q
+  echo '{"id":"u","name":"keyed.x","payload":0}' | rb-publish -q
+  att() { q "SELECT string_agg(event_id || ':' || attempts, ' ' ORDER BY event_id) FROM relaybus_deliveries"; }
+  # owner claims chains of 3 (early: followers start behind a first attempt), its lease
+  # expires, and another owner takes the lanes over; then every lane is free again
+  takeover() {  # owner early
+    q "SELECT count(*) FROM relaybus_claim('k', '$1', 10, 60000, 9, '{}', true, 3, NULL, NULL, $2)" >/dev/null
+    q "UPDATE relaybus_lanes SET lease_expires_at = now() - interval '1 second' WHERE lease_owner = '$1'"
+    q "SELECT count(*) FROM relaybus_claim('k', 'next', 10, 60000, 9, '{}', true, 1)" >/dev/null
+    q "UPDATE relaybus_lanes SET lease_owner = NULL, lease_expires_at = NULL, in_flight = '{}'"
+  }
+  # followers start only once the one before them is completed: c2 and c3 never ran
+  takeover A false
+  [ "$(att)" = "c1:1 c2:0 c3:0 u:1" ]
+  # early, behind a delivery past its first attempt: the same
+  takeover B true
+  [ "$(att)" = "c1:2 c2:0 c3:0 u:2" ]
+  # early, behind first attempts: c3 may have run after c2 succeeded
+  q "DELETE FROM relaybus_deliveries WHERE event_id = 'c1'"
+  takeover C true
+  [ "$(att)" = "c2:1 c3:1 u:3" ]
+  # a lane last claimed by an older release (no chain_early): everything in flight
+  q "SELECT count(*) FROM relaybus_claim('k', 'D', 10, 60000, 9, '{}', true, 3)" >/dev/null
+  q "UPDATE relaybus_lanes SET chain_early = NULL, lease_expires_at = now() - interval '1 second' WHERE lease_owner = 'D'"
+  q "SELECT count(*) FROM relaybus_claim('k', 'next', 10, 60000, 9, '{}', true, 1)" >/dev/null
+  [ "$(att)" = "c2:2 c3:2 u:4" ]
+  [ "$(q "SELECT DISTINCT last_error FROM relaybus_deliveries")" = "lease of D expired: attempt lost" ]
+}
+
+@test "rb-claim | head -1: the lines the reader did not take are released at once, exit 74" {
+  # ten deliveries in ten lanes, so that each one's lane can be taken on its own
+  q "SELECT min(id) FROM (SELECT 'h' || g AS id FROM generate_series(1, 400) g) s GROUP BY relaybus_lane(id) ORDER BY 1 LIMIT 10" |
+    while read -r id; do printf '{"id":"%s","name":"keyed.x","payload":1}\n' "$id"; done | rb-publish -q
+  # (a reader that starts late: all ten would fit in the pipe before it reads)
+  run -0 bash -c 'rb-claim -H k --owner A --batch 10 --lease 1m | (sleep 0.3; head -1); echo "rc=${PIPESTATUS[0]}"'
+  [ "${#lines[@]}" = 2 ]
+  [ "${lines[1]}" = rc=74 ]
+  first=$(echo "${lines[0]}" | jq -r .event_id)
+  # the nine it did not read: claimable by another owner now, attempts unchanged
+  run -0 rb-claim -H k --owner B --batch 10
+  [ "$(echo "$output" | wc -l)" = 9 ]
+  [ "$(echo "$output" | jq -r .attempt | sort -u)" = 1 ]
+  [[ "$(echo "$output" | jq -r .event_id)" != *"$first"* ]]
+  [ "$(q "SELECT sum(attempts) FROM relaybus_deliveries")" = 0 ]
+  # the one handed on stays A's
+  [ "$(q "SELECT l.lease_owner FROM relaybus_lanes l JOIN relaybus_deliveries d ON d.id = ANY (l.in_flight) AND d.handler = l.handler WHERE d.event_id = '$first'")" = A ]
+  # a reader that takes them all: exit 0, nothing released
+  q "UPDATE relaybus_lanes SET lease_owner = NULL, lease_expires_at = NULL, in_flight = '{}'"
+  run -0 bash -c 'rb-claim -H k --batch 10 | cat; echo "rc=${PIPESTATUS[0]}"'
+  [ "${#lines[@]}" = 11 ]
+  [ "${lines[10]}" = rc=0 ]
+}
+
 @test "release charges no attempt; relinquish frees lanes for another owner at once" {
   printf '%s\n' '{"id":"r1","name":"keyed.x","key":"L","payload":1}' | rb-publish -q
   run bash -c "rb-claim -H k --owner A --lease 1m | jq -c '. + {release: true}' | rb-complete"
@@ -218,8 +289,15 @@ claimers() {  # n: run n claimers until nothing is due; each records "owner lane
   run rb-claim -H k --owner C
   [ "$status" -eq 1 ]
   [ "$(q "SELECT lease_owner FROM relaybus_lanes WHERE handler = 'k' AND lane = relaybus_lane('L')")" = B ]
-  # B's own next claim gets it; completing it with relinquish frees the lane
-  rb-claim -H k --owner B | ok_all | rb-complete -q >/dev/null
+  # kept for that rb-claim process, not for the name: a later rb-claim --owner B does not get it
+  # either until the lease ends; then it takes the lane over (nothing was in flight: no charge)
+  run rb-claim -H k --owner B
+  [ "$status" -eq 1 ]
+  q "UPDATE relaybus_lanes SET lease_expires_at = now() WHERE handler = 'k' AND lane = relaybus_lane('L')"
+  run -0 rb-claim -H k --owner B
+  [ "$(echo "$output" | jq -r '"\(.event_id) \(.attempt)"')" = "r2 1" ]
+  # completing it with relinquish frees the lane
+  echo "$output" | ok_all | rb-complete -q >/dev/null
   [ "$(q "SELECT coalesce(lease_owner, 'free') FROM relaybus_lanes WHERE handler = 'k' AND lane = relaybus_lane('L')")" = free ]
 }
 

@@ -160,6 +160,118 @@ order_violations() {  # file [strict]
   [ "$(awk '$4 == 2' "$b" | wc -l)" = "$(lines "$a")" ]
 }
 
+# Run rb-dispatch (ARGS...) again and again while event EV of HANDLER is
+# pending, at most 60 times: a dispatcher whose handler kills it, restarted.
+restart_while_pending() {  # handler ev args...
+  local h=$1 ev=$2 i=0; shift 2
+  while [ "$(q "SELECT status FROM relaybus_deliveries WHERE handler = '$h' AND event_id = '$ev'")" = pending ] && [ $i -lt 60 ]; do
+    (rb-dispatch -q -H "$h" --lease 400ms --max-attempts 3 --poll 50ms --drain "$@" 3>&- || true) 2>/dev/null
+    i=$((i + 1))
+    sleep 0.1
+  done
+}
+
+@test "restarted under the same --owner, a dispatcher whose handler kills it: the delivery still ends dead" {
+  need_pg
+  local out=$BATS_TEST_TMPDIR/loop.out
+  publish 1 p crashloop
+  # each restart is a new holder: it waits for the dead one's lease, then takes the lane over
+  restart_while_pending crashloop p1 --owner w1 --exec "rb-test-exec $out crash-on:p1 || kill -9 \$PPID"
+  [ "$(q "SELECT status || ' ' || attempts || ' ' || last_error FROM relaybus_deliveries WHERE handler = 'crashloop'")" = "dead 3 lease of w1 expired: attempt lost" ]
+  # it ran on attempts 1, 2 and 3, and no more
+  [ "$(awk '{ printf "%s ", $4 }' "$out")" = "1 2 3 " ]
+}
+
+@test "--chain: a head whose handler kills the dispatcher ends dead; its followers are charged only while they may have run" {
+  need_pg
+  local out=$BATS_TEST_TMPDIR/hc.out
+  seq 1 4 | awk '{ printf "{\"id\":\"h%d\",\"name\":\"t\",\"key\":\"hk\",\"payload\":{\"i\":%d},\"handlers\":[\"headcrash\"]}\n", $1, $1 }' \
+    | rb-publish -q
+  # a new owner name each time (the default): each restart takes the lane over when the lease ends
+  restart_while_pending headcrash h1 --chain 8 --max-attempts 5 --exec "rb-test-exec $out crash-on:h1 || kill -9 \$PPID"
+  run -0 rb-dispatch -q -H headcrash --exec "rb-test-exec $out ok" --drain
+  [ "$(q "SELECT status || ' ' || attempts FROM relaybus_deliveries WHERE handler = 'headcrash'")" = "dead 5" ]
+  # every claim took h1 with h2-h4 behind it.  The first crash was h1's first
+  # attempt, after which h2 starts at once: h2-h4 may have run, and were
+  # charged.  From then on h1 was past its first attempt, so h2 would start
+  # only once h1's completion committed: not charged again.  They ran on
+  # their second attempt once h1 was buried.
+  [ "$(awk '{ printf "%s:%s ", $1, $4 }' "$out")" = "h1:1 h1:2 h1:3 h1:4 h1:5 h2:2 h3:2 h4:2 " ]
+}
+
+@test "--chain: a follower of a retried delivery starts only once that one's completion committed" {
+  need_pg
+  local out=$BATS_TEST_TMPDIR/fc.out h=$BATS_TEST_TMPDIR/fc.sh
+  seq 1 3 | awk '{ printf "{\"id\":\"f%d\",\"name\":\"t\",\"key\":\"fk\",\"payload\":{\"i\":%d},\"handlers\":[\"follow\"]}\n", $1, $1 }' \
+    | rb-publish -q
+  # the handler records its attempt and how many deliveries of its key before it are still
+  # there; f1 fails on its first attempt
+  cat >"$h" <<'EOF'
+#!/bin/sh
+line=$(cat)
+ev=$(printf '%s\n' "$line" | jq -r .event_id)
+seq=$(printf '%s\n' "$line" | jq -r .sequence)
+att=$(printf '%s\n' "$line" | jq -r .attempt)
+n=$(psql "$RELAYBUS_URL" -X -A -t -q -c "SELECT count(*) FROM \"$RELAYBUS_SCHEMA\".relaybus_deliveries WHERE handler = 'follow' AND key = 'fk' AND sequence < $seq")
+echo "$ev $att $n" >>"$1"
+[ "$ev $att" != "f1 1" ]
+EOF
+  chmod +x "$h"
+  # (completions wait for a --window of 1 s: a follower started before sees its predecessor;
+  # the handler connects with the test's URL, which handlers do not inherit unless named)
+  RELAYBUS_PASS_ENV=RELAYBUS_URL run -0 rb-dispatch -q -H follow --exec "$h $out" --chain 8 --window 1s \
+    --backoff 0 --drain
+  # f2 came behind f1's second attempt: it started once f1 was deleted.  (f3 came
+  # behind f2's first attempt: it may start as soon as f2 succeeded.)
+  [ "$(awk '{ printf "%s:%s:%s ", $1, $2, $3 }' "$out" | cut -d' ' -f1-3)" = "f1:1:0 f1:2:0 f2:1:0" ]
+  [ "$(awk '$1 == "f3" { print $2 }' "$out")" = 1 ]
+}
+
+@test "requeue of a dead head while the next of its key runs: it goes behind its key, never beside" {
+  need_pg
+  local log=$BATS_TEST_TMPDIR/rq.log h=$BATS_TEST_TMPDIR/rq.sh
+  seq 1 3 | awk '{ printf "{\"id\":\"r%d\",\"name\":\"t\",\"key\":\"rk\",\"payload\":{\"i\":%d},\"handlers\":[\"rq\"]}\n", $1, $1 }' \
+    | rb-publish -q
+  # with nothing of its key in flight, a requeued delivery keeps its place
+  rb-admin bury r1 >/dev/null
+  rb-admin requeue r1 >/dev/null
+  [ "$(q "SELECT string_agg(event_id || ':' || sequence, ' ' ORDER BY sequence) FROM relaybus_deliveries WHERE status = 'pending'")" = "r1:1 r2:2 r3:3" ]
+  rb-admin bury r1 >/dev/null
+  # (r2 runs until told: until r1 was requeued)
+  printf '#!/bin/sh\nev=$(jq -r .event_id)\necho "start $ev" >>%s\n[ $ev != r2 ] || until [ -e %s.go ]; do sleep 0.05; done\nsleep 0.2\necho "end $ev" >>%s\n' \
+    "$log" "$log" "$log" >"$h"
+  chmod +x "$h"
+  rb-dispatch -q -H rq --exec "$h" --poll 50ms --drain 2>"$BATS_TEST_TMPDIR/rq.err" 3>&- & PIDS=$!
+  wait_for 10 'grep -q "start r2" "$log" 2>/dev/null'
+  # r2 runs (r3 waits behind it): r1 comes back behind both
+  run -0 rb-admin requeue r1
+  [ "$(q "SELECT string_agg(event_id || ':' || sequence, ' ' ORDER BY sequence) FROM relaybus_deliveries WHERE status = 'pending'")" = "r2:2 r3:3 r1:4" ]
+  # (time for the dispatcher's next claims, every --poll, to not take it)
+  sleep 0.5
+  : >"$log.go"
+  wait "$PIDS"
+  [ "$(tr '\n' ',' <"$log")" = "start r2,end r2,start r3,end r3,start r1,end r1," ]
+  [ "$(pending rq)" = 0 ]
+}
+
+@test "a dispatcher under the name of a dead rb-claim does not renew its lanes: they expire and are taken over" {
+  need_pg
+  local out=$BATS_TEST_TMPDIR/ex.out x
+  # two deliveries in two lanes
+  q "SELECT 'x' || g FROM generate_series(1, 50) g WHERE relaybus_lane('x' || g) <> relaybus_lane('x1') LIMIT 1" |
+    { read -r other; printf '{"id":"%s","name":"t","payload":{},"handlers":["ext"]}\n' x1 "$other"; } | rb-publish -q
+  x=$(rb-claim -H ext --owner W --batch 1 --lease 1s | jq -r .event_id)
+  # the rb-claim process is gone; a dispatcher of the same name takes the other one and
+  # renews its own lanes while that runs (3 s), not the lane of the first
+  rb-dispatch -q -H ext --owner W --exec "rb-test-exec $out sleep:3" --lease 1s --poll 100ms 2>/dev/null 3>&- & PIDS=$!
+  wait_for 10 "grep -q '^$x ' '$out.start' 2>/dev/null"
+  [ "$(grep "^$x " "$out.start")" = "$x - - 2" ]
+  # taken over while the other one still ran
+  [ "$(lines "$out")" = 0 ]
+  kill -TERM "$PIDS"
+  wait "$PIDS"
+}
+
 @test "a restart of PostgreSQL during a drain: the dispatchers reconnect and finish, nothing lost" {
   need_pg
   # a server of its own, so that the restart does not break test files running in parallel

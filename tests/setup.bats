@@ -105,6 +105,17 @@ mailer order.created" ]
   [ "$(q "SELECT count(*) FROM relaybus_events")" = 1 ]
 }
 
+@test "lanes of a schema from before the holder column get it in place; a lease held then is nobody's holder" {
+  setup_schema -s h1:a.b
+  q "ALTER TABLE relaybus_lanes DROP COLUMN holder;
+     UPDATE relaybus_lanes SET lease_owner = 'old', lease_expires_at = now() + interval '1 hour' WHERE handler = 'h1' AND lane = 3"
+  run -0 rb-setup -s h1:a.b
+  [ "$(q "SELECT lease_owner || ' ' || coalesce(holder::text, 'none') FROM relaybus_lanes WHERE handler = 'h1' AND lane = 3")" = "old none" ]
+  [ "$(q "SELECT count(*) FROM relaybus_lanes WHERE handler = 'h1'")" = 256 ]
+  # no index on it: lane updates stay HOT
+  [ "$(q "SELECT string_agg(indexname, ',') FROM pg_indexes WHERE schemaname = '$RB_SCHEMA' AND tablename = 'relaybus_lanes'")" = relaybus_lanes_pkey ]
+}
+
 @test "four rb-setup at the same moment all succeed and agree" {
   need_pg
   export RELAYBUS_SCHEMA=${RB_SCHEMA}_c

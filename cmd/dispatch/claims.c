@@ -53,8 +53,9 @@ start_delivery(struct dispatcher *dp, struct rb_dl *d, unsigned gen, struct chai
  * Start what a claim brought.  The deliveries of one key come in sequence
  * order, each lane's together (--chain): the first is started, the rest
  * wait in a chain behind it.  The next one starts once the one before
- * succeeded (finish_slot), with --sql once its completion committed
- * (queue_applied); when one fails, the rest are handed back unrun.
+ * succeeded on its first attempt (finish_slot), else, and always with
+ * --sql, once its completion committed (queue_applied); when one fails,
+ * the rest are handed back unrun.
  */
 static void
 start_chains(struct dispatcher *dp, struct claimed got, unsigned gen)
@@ -350,6 +351,9 @@ maybe_claim(struct dispatcher *dp, int64_t now)
 	    .max_attempts = dp->opt.complete.max_attempts };
 	claim.n_live = live_ids(dp);
 	claim.chain = dp->opt.chain;
+	/* followers start early (finish_slot) unless the handler is the
+	 * completion (--sql): the claim's takeover rule must be the same */
+	claim.chain_early = dp->opt.complete.sql == NULL;
 	claim.line_text = dp->opt.kind->line_text;
 	/* (never NULL: NULL would mean "unknown", and the claim would take
 	 * whatever a lane lists as in flight for running) */

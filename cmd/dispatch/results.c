@@ -99,10 +99,13 @@ finish_slot(struct dispatcher *dp, struct slot *s, json_t *r)
 		    json_string_value(json_object_get(r, "error")));
 	struct chain *followers = s->followers;
 	unsigned gen = s->gen;
-	/* the rest of its chain goes on once it succeeded; with --sql only
-	 * once that committed (the handler is the completion), see flush_results */
-	bool go = followers != NULL && dp->opt.complete.sql == NULL && (r == NULL || rb_result_completes(r)) &&
-	    dp->stop_level == 0;
+	/* the rest of its chain goes on once it succeeded, when this was its
+	 * first attempt; else (and with --sql, where the handler is the
+	 * completion) only once its completion committed, see queue_applied:
+	 * a takeover then knows the followers behind it never ran
+	 * (rb_claim_opts.chain_early, set by maybe_claim from the same test) */
+	bool go = followers != NULL && dp->opt.complete.sql == NULL && d->attempt == 1 &&
+	    (r == NULL || rb_result_completes(r)) && dp->stop_level == 0;
 
 	queue_result(dp, d, r, gen, go ? NULL : followers);
 	dp->opt.kind->release(dp, s);
