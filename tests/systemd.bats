@@ -147,6 +147,8 @@ stderr_id() { stat -L -c '%d:%i' /dev/stderr; }
   [ "$(stat -c %a "$unit")" = 644 ]
   grep -qx 'Type=notify' "$unit"
   grep -qx 'Restart=always' "$unit"
+  # one owner per host and handler: %H-%i
+  grep -q '^ExecStart=/.*/rb-dispatch --handler %i --owner %H-%i ' "$unit"
   grep -q '^EnvironmentFile=/.*/relaybus/%i.env$' "$unit"
   # no password on a command line: the URL comes from the environment file
   ! grep -q -- '--db' "$unit" || false
