@@ -36,6 +36,7 @@
 #include "rb_log.h"
 #include "rb_store.h"
 #include "rb_util.h"
+#include "admin/prom.h"
 
 static const char usage_str[] =
 "usage: rb-admin [--db URL] [--schema NAME] [--json | --table] COMMAND [options] [args]\n"
@@ -43,7 +44,7 @@ static const char usage_str[] =
 "See and operate the relaybus bus.\n"
 "\n"
 "Commands:\n"
-"  stats [--handler NAME] [--prometheus]\n"
+"  stats [--handler NAME] [--prometheus] [--output FILE]\n"
 "        counts per handler and in total: pending (due, delayed), processing,\n"
 "        dead, completed (with history), oldest pending age, events without deliveries\n"
 "  list [--status STATUS[,STATUS]] [--handler NAME] [--key KEY] [--event ID] [--limit N]\n"
@@ -80,7 +81,10 @@ static const char usage_str[] =
 "  -n, --limit N                at most N deliveries, oldest first\n"
 "  -a, --all                    requeue/bury/cancel: every matching delivery; lanes: every lane\n"
 "      --reason TEXT            bury: the last_error to record (default: buried by rb-admin)\n"
-"      --prometheus             stats: Prometheus text exposition format\n"
+"      --prometheus             stats: Prometheus text exposition format (relaybus_up 0\n"
+"                               when the bus cannot be read, with the exit status)\n"
+"      --output FILE            stats: write FILE atomically (a temporary file beside\n"
+"                               it, renamed), mode 0644: node_exporter's textfile collector\n"
 "      --dead-older-than DUR    purge dead deliveries last changed before DUR ago (7d, 12h)\n"
 "      --completed-older-than DUR  purge events older than DUR with no delivery left\n"
 "                               (and deliveries relaybus 0.1.0 completed before DUR ago)\n"
@@ -105,19 +109,20 @@ static const char usage_str[] =
 enum {
 	OPT_JSON = RB_OPT_FIRST_PROGRAM, OPT_TABLE, OPT_STATUS, OPT_HANDLER, OPT_KEY, OPT_EVENT,
 	OPT_REASON, OPT_PROMETHEUS, OPT_DEAD_OLDER, OPT_COMPLETED_OLDER, OPT_HISTORY_OLDER,
-	OPT_BATCH, OPT_KEYS
+	OPT_BATCH, OPT_KEYS, OPT_OUTPUT
 };
 
 /* which options a command takes */
 enum {
 	F_STATUS = 1 << 0, F_HANDLER = 1 << 1, F_KEY = 1 << 2, F_EVENT = 1 << 3, F_LIMIT = 1 << 4,
 	F_ALL = 1 << 5, F_REASON = 1 << 6, F_PROMETHEUS = 1 << 7, F_PURGE = 1 << 8,
+	F_OUTPUT = 1 << 9,
 };
 
 static struct options {
 	struct rb_common	 common;
 	int			 table;		/* -1 by terminal, 0 JSON, 1 table */
-	const char		*status, *handler, *key, *event, *reason;
+	const char		*status, *handler, *key, *event, *reason, *output;
 	int64_t			 limit;
 	bool			 all, prometheus, keys;
 	int64_t			 dead_older, completed_older, history_older;	/* ms; -1 unset */
@@ -144,7 +149,8 @@ static const struct admin_cmd {
 	int		 min_args, max_args;
 	int		(*run)(struct rb_store *, int, char **);
 } admin_cmds[] = {
-	{ "stats", "stats [--handler NAME] [--prometheus]", F_HANDLER | F_PROMETHEUS, 0, 0, cmd_stats },
+	{ "stats", "stats [--handler NAME] [--prometheus] [--output FILE]", F_HANDLER | F_PROMETHEUS |
+	    F_OUTPUT, 0, 0, cmd_stats },
 	{ "list", "list [--status STATUS] [--handler NAME] [--key KEY] [--event ID] [--limit N]",
 	    F_STATUS | F_HANDLER | F_KEY | F_EVENT | F_LIMIT, 0, 0, cmd_list },
 	{ "show", "show EVENT_ID...", 0, 1, INT_MAX, cmd_show },
@@ -195,6 +201,7 @@ parse_opts(int argc, char **argv, const char *shortopts)
 		{ "history-older-than", required_argument, NULL, OPT_HISTORY_OLDER },
 		{ "batch", required_argument, NULL, OPT_BATCH },
 		{ "keys", no_argument, NULL, OPT_KEYS },
+		{ "output", required_argument, NULL, OPT_OUTPUT },
 		{ NULL, 0, NULL, 0 }
 	};
 	const char *u = cmd_usage != NULL ? cmd_usage : usage_str;
@@ -256,6 +263,12 @@ parse_opts(int argc, char **argv, const char *shortopts)
 		case OPT_HISTORY_OLDER:
 			opt.history_older = rb_cli_duration(u, "--history-older-than", optarg);
 			seen(F_PURGE, "--history-older-than");
+			break;
+		case OPT_OUTPUT:
+			if (*optarg == '\0')
+				rb_cli_usage_error(u, "--output: give a file name");
+			opt.output = optarg;
+			seen(F_OUTPUT, "--output");
 			break;
 		case OPT_BATCH:
 			opt.batch = rb_cli_int(u, "--batch", optarg, 1, 1000000);
@@ -547,93 +560,24 @@ static const struct column stats_cols[] = {
 	{ "COMPLETED", "completed", 0 }, { "OLDEST_MS", "oldest_pending_age_ms", 0 }, { NULL, NULL, 0 }
 };
 
-/* A Prometheus label value: \ " and newline escaped. */
+/*
+ * The bus cannot be read: with --prometheus, relaybus_up 0 (and --output
+ * still renames the file into place), then the error and its exit status.
+ */
 static void
-prom_label(const char *v)
+stats_failed(const struct rb_error *err)
 {
-	for (; *v != '\0'; v++) {
-		if (*v == '\\' || *v == '"')
-			printf("\\%c", *v);
-		else if (*v == '\n')
-			fputs("\\n", stdout);
-		else
-			putchar(*v);
+	if (opt.prometheus) {
+		const char *schema = opt.common.schema;
+
+		if (schema == NULL || *schema == '\0')
+			schema = getenv("RELAYBUS_SCHEMA");
+		prom_write_down(stdout, schema != NULL && *schema != '\0' ? schema : RB_DEFAULT_SCHEMA);
+		if (fflush(stdout) != 0 || ferror(stdout))
+			out_failed();
+		out_commit();
 	}
-}
-
-static void
-prom_family(const char *name, const char *help)
-{
-	printf("# HELP %s %s\n# TYPE %s gauge\n", name, help, name);
-}
-
-/* v: an integer, or with ms an integer of milliseconds printed as seconds (null: 0) */
-static void
-prom_sample(const char *name, const char *handler, const char *state, const json_t *v, bool ms)
-{
-	printf("%s{schema=\"", name);
-	prom_label(schema_name);
-	putchar('"');
-	if (handler != NULL) {
-		fputs(",handler=\"", stdout);
-		prom_label(handler);
-		putchar('"');
-	}
-	if (state != NULL)
-		printf(",state=\"%s\"", state);
-	if (ms)
-		printf("} %.3f\n", json_is_integer(v) ? (double)json_integer_value(v) / 1000.0 : 0.0);
-	else
-		printf("} %" JSON_INTEGER_FORMAT "\n", json_is_integer(v) ? json_integer_value(v) : 0);
-}
-
-static const char *const prom_states[] = { "due", "delayed", "processing", "dead" };
-
-static void
-stats_prometheus(const json_t *st)
-{
-	const json_t *hs = json_object_get(st, "handlers"), *total = json_object_get(st, "total");
-	/* (completed counts: with a completion history, or the deliveries
-	 * relaybus 0.1.0 completed) */
-	bool hist = json_is_integer(json_object_get(total, "completed"));
-	size_t i;
-	json_t *h;
-
-	prom_family("relaybus_handler_deliveries", "Deliveries of one handler by state "
-	    "(due and delayed are pending; processing is in flight).");
-	json_array_foreach(hs, i, h)
-		for (size_t k = 0; k < 4; k++)
-			prom_sample("relaybus_handler_deliveries", json_string_value(json_object_get(h,
-			    "handler")), prom_states[k], json_object_get(h, prom_states[k]), false);
-	if (hist) {
-		prom_family("relaybus_handler_completions", "Completions of one handler kept in the "
-		    "completion history (and those relaybus 0.1.0 left).");
-		json_array_foreach(hs, i, h)
-			prom_sample("relaybus_handler_completions", json_string_value(json_object_get(h,
-			    "handler")), NULL, json_object_get(h, "completed"), false);
-	}
-	prom_family("relaybus_handler_oldest_pending_age_seconds", "Age of the oldest pending "
-	    "delivery of one handler (0 when none).");
-	json_array_foreach(hs, i, h)
-		prom_sample("relaybus_handler_oldest_pending_age_seconds", json_string_value(
-		    json_object_get(h, "handler")), NULL, json_object_get(h, "oldest_pending_age_ms"), true);
-	prom_family("relaybus_deliveries", "Deliveries of every handler by state.");
-	for (size_t k = 0; k < 4; k++)
-		prom_sample("relaybus_deliveries", NULL, prom_states[k], json_object_get(total,
-		    prom_states[k]), false);
-	if (hist) {
-		prom_family("relaybus_completions", "Completions kept in the completion history "
-		    "(and those relaybus 0.1.0 left).");
-		prom_sample("relaybus_completions", NULL, NULL, json_object_get(total, "completed"), false);
-	}
-	prom_family("relaybus_oldest_pending_age_seconds", "Age of the oldest pending delivery "
-	    "(0 when none).");
-	prom_sample("relaybus_oldest_pending_age_seconds", NULL, NULL,
-	    json_object_get(total, "oldest_pending_age_ms"), true);
-	prom_family("relaybus_events_without_deliveries", "Events with no delivery left "
-	    "(removed by rb-admin purge --completed-older-than).");
-	prom_sample("relaybus_events_without_deliveries", NULL, NULL,
-	    json_object_get(st, "events_without_deliveries"), false);
+	rb_cli_die(err);
 }
 
 static int
@@ -644,7 +588,7 @@ cmd_stats(struct rb_store *s, int argc, char **argv)
 	size_t i;
 
 	if (rb_admin_stats(s, &st, &err) < 0)
-		rb_cli_die(&err);
+		stats_failed(&err);
 	/* --handler: only that handler's line; the total stays the bus's */
 	rows = json_array();
 	json_array_foreach(json_object_get(st, "handlers"), i, h)
@@ -653,7 +597,7 @@ cmd_stats(struct rb_store *s, int argc, char **argv)
 			json_array_append(rows, h);
 	json_object_set(st, "handlers", rows);
 	if (opt.prometheus) {
-		stats_prometheus(st);
+		prom_write(stdout, st, schema_name);
 	} else {
 		total = json_deep_copy(json_object_get(st, "total"));
 		json_object_set(total, "events_without_deliveries",
@@ -1111,9 +1055,20 @@ main(int argc, char **argv)
 
 	rb_cli_init("rb-admin", &opt.common);
 	parse_args(argc, argv);
-	store = rb_cli_open(&opt.common);
+	if (opt.output != NULL)
+		out_begin(opt.output);
+	if (the_cmd->run == cmd_stats) {
+		struct rb_error err = { 0 };
+
+		if ((store = rb_store_open(opt.common.db, opt.common.schema, rb_log_prog(), &err)) == NULL)
+			stats_failed(&err);
+		rb_debug("connected to %s, schema %s", rb_store_url_redacted(store), rb_store_schema(store));
+	} else
+		store = rb_cli_open(&opt.common);
 	schema_name = rb_store_schema(store);
 	rc = the_cmd->run(store, cmd_argc, cmd_argv);
+	if (opt.output != NULL)
+		out_commit();
 	rb_store_close(store);
 	free(cmd_usage);
 	return rc;

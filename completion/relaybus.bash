@@ -20,7 +20,7 @@ _rb_opts_rb_pageinspect="--baseline --side-by-side --json --interval= --count= $
 _rb_opts_rb_admin="--json --table $_rb_common"
 _rb_admin_commands='stats list show requeue bury cancel purge lanes subscriptions'
 _rb_admin_select='--handler= --all --key= --event= --limit='
-_rb_opts_rb_admin_stats='--handler= --prometheus'
+_rb_opts_rb_admin_stats='--handler= --prometheus --output='
 _rb_opts_rb_admin_list='--status= --handler= --key= --event= --limit='
 _rb_opts_rb_admin_show=''
 _rb_opts_rb_admin_requeue=$_rb_admin_select
@@ -81,6 +81,9 @@ _relaybus() {
     --rejects) COMPREPLY=($(compgen -f -- "$cur")); return 0 ;;
     --exec | --pipe) COMPREPLY=($(compgen -c -- "$cur")); return 0 ;;
   esac
+  if [[ $prev == --output && " $(_rb_options "$prog" "$cmd") " == *" --output= "* ]]; then
+    COMPREPLY=($(compgen -f -- "$cur")); return 0  # rb-admin stats --output FILE
+  fi
   if [[ $prev == --* && $prev != *=* && " $(_rb_options "$prog" "$cmd") " == *" $prev= "* ]]; then
     return 0 # a value of the user's own: a URL, a name, a duration, a number
   fi

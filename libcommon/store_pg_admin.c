@@ -76,7 +76,8 @@ has_old_completed(struct rb_store *s, struct rb_error *err)
 	"  count(*) FILTER (WHERE d.status = 'pending' AND f.id IS NOT NULL) AS processing, " \
 	"  count(*) FILTER (WHERE d.status = 'dead') AS dead, "		\
 	"  min(d.created_at) FILTER (WHERE d.status = 'pending' AND f.id IS NULL) AS oldest, " \
-	"  count(*) FILTER (WHERE d.status = 'completed') AS completed " \
+	"  count(*) FILTER (WHERE d.status = 'completed') AS completed, " \
+	"  min(d.available_at) FILTER (WHERE d.status = 'pending' AND f.id IS NULL AND d.available_at <= now()) AS oldest_due " \
 	"  FROM @S@.relaybus_deliveries d "				\
 	"  LEFT JOIN f ON f.id = d.id AND f.handler = d.handler AND f.lane = d.lane " \
 	"  GROUP BY d.handler), "					\
@@ -86,7 +87,8 @@ has_old_completed(struct rb_store *s, struct rb_error *err)
 	"  UNION SELECT DISTINCT handler FROM @S@.relaybus_lanes) "	\
 	"SELECT h.handler, coalesce(d.due, 0), coalesce(d.delayed, 0), coalesce(d.processing, 0), " \
 	"  coalesce(d.dead, 0), c.n, floor(extract(epoch FROM now() - d.oldest) * 1000)::bigint, " \
-	"  coalesce(d.completed, 0) " \
+	"  coalesce(d.completed, 0), " \
+	"  floor(extract(epoch FROM now() - d.oldest_due) * 1000)::bigint " \
 	"FROM h LEFT JOIN d USING (handler) LEFT JOIN c USING (handler) ORDER BY h.handler"
 
 static const char stats_sql_hist[] = STATS_SQL(
@@ -97,6 +99,39 @@ static const char stats_sql_nohist[] = STATS_SQL(
 static const char orphans_sql[] =
     "SELECT count(*) FROM @S@.relaybus_events e "
     "WHERE NOT EXISTS (SELECT 1 FROM @S@.relaybus_deliveries d WHERE d.event_id = e.id)";
+
+/*
+ * The deliveries table in PostgreSQL's cumulative statistics: counters
+ * that cost the delivery path nothing (the server keeps them anyway).  A
+ * completion deletes its row, so n_tup_del counts completions (and
+ * rb-admin cancel, and purges of dead letters); n_tup_upd counts failures,
+ * burials and releases (a claim updates the lane row, not the delivery);
+ * n_tup_ins counts deliveries published.  They start from 0 again after
+ * pg_stat_reset() or a crash (a fast-shutdown restart keeps them).
+ */
+static const char table_sql[] =
+    "SELECT t.n_tup_ins, t.n_tup_upd, t.n_tup_del, t.n_live_tup, t.n_dead_tup, "
+    "  floor(extract(epoch FROM now() - greatest(t.last_autovacuum, t.last_vacuum)) * 1000)::bigint, "
+    "  t.autovacuum_count + t.vacuum_count "
+    "FROM pg_stat_user_tables t WHERE t.schemaname = $1 AND t.relname = 'relaybus_deliveries'";
+
+static json_t *
+table_stats(struct rb_store *s, struct rb_error *err)
+{
+	static const char *const f[] = { "inserted", "updated", "deleted", "live_tuples",
+	    "dead_tuples", "vacuum_age_ms", "vacuums" };
+	const char *params[1] = { s->schema };
+	PGresult *res = q(s, table_sql, 1, params, PGRES_TUPLES_OK, "stats", NULL, err);
+	json_t *o;
+
+	if (res == NULL)
+		return NULL;
+	o = json_object();
+	for (int k = 0; k < 7; k++)
+		json_object_set_new(o, f[k], PQntuples(res) == 1 ? pg_jint(res, 0, k) : json_null());
+	PQclear(res);
+	return o;
+}
 
 static void
 add_count(json_t *total, const char *field, const json_t *v)
@@ -114,8 +149,8 @@ pg_admin_stats(struct rb_store *s, json_t **out, struct rb_error *err)
 	static const char *const counts[] = { "pending", "due", "delayed", "processing", "dead",
 	    "completed" };
 	PGresult *res = NULL, *orph = NULL;
-	json_t *handlers = NULL, *total = NULL;
-	int64_t oldest = -1;
+	json_t *handlers = NULL, *total = NULL, *table = NULL;
+	int64_t oldest = -1, oldest_due = -1;
 	int hist, old, rc = -1;
 
 	*out = NULL;
@@ -130,6 +165,8 @@ pg_admin_stats(struct rb_store *s, json_t **out, struct rb_error *err)
 		goto out;
 	orph = q(s, orphans_sql, 0, NULL, PGRES_TUPLES_OK, "stats", NULL, err);
 	if (orph == NULL)
+		goto out;
+	if ((table = table_stats(s, err)) == NULL)
 		goto out;
 	handlers = json_array();
 	total = json_pack("{s:n, s:i, s:i, s:i, s:i, s:i}", "handler", "pending", 0, "due", 0,
@@ -152,21 +189,26 @@ pg_admin_stats(struct rb_store *s, json_t **out, struct rb_error *err)
 		json_object_set_new(h, "oldest_pending_age_ms", pg_jint(res, i, 6));
 		if (!PQgetisnull(res, i, 6) && strtoll(PQgetvalue(res, i, 6), NULL, 10) > oldest)
 			oldest = strtoll(PQgetvalue(res, i, 6), NULL, 10);
+		json_object_set_new(h, "oldest_due_age_ms", pg_jint(res, i, 8));
+		if (!PQgetisnull(res, i, 8) && strtoll(PQgetvalue(res, i, 8), NULL, 10) > oldest_due)
+			oldest_due = strtoll(PQgetvalue(res, i, 8), NULL, 10);
 		for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++)
 			add_count(total, counts[k], json_object_get(h, counts[k]));
 		json_array_append_new(handlers, h);
 	}
 	json_object_set_new(total, "oldest_pending_age_ms", oldest >= 0 ? json_integer(oldest) : json_null());
-	*out = json_pack("{s:b, s:I, s:o, s:o}", "history", hist,
+	json_object_set_new(total, "oldest_due_age_ms", oldest_due >= 0 ? json_integer(oldest_due) : json_null());
+	*out = json_pack("{s:b, s:I, s:o, s:o, s:o}", "history", hist,
 	    "events_without_deliveries", (json_int_t)strtoll(PQgetvalue(orph, 0, 0), NULL, 10),
-	    "handlers", handlers, "total", total);
-	handlers = total = NULL;
+	    "handlers", handlers, "total", total, "deliveries_table", table);
+	handlers = total = table = NULL;
 	rc = 0;
 out:
 	PQclear(res);
 	PQclear(orph);
 	json_decref(handlers);
 	json_decref(total);
+	json_decref(table);
 	if (rc == 0)
 		rc = pg_run_cmd(s, "COMMIT", "stats", err);
 	else
