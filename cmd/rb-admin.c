@@ -1062,6 +1062,11 @@ main(int argc, char **argv)
 
 		if ((store = rb_store_open(opt.common.db, opt.common.schema, rb_log_prog(), &err)) == NULL)
 			stats_failed(&err);
+		/* (the schema check of rb_cli_open, with relaybus_up 0 on failure) */
+		if (rb_store_require_schema(store, &err) < 0) {
+			rb_store_close(store);
+			stats_failed(&err);
+		}
 		rb_debug("connected to %s, schema %s", rb_store_url_redacted(store), rb_store_schema(store));
 	} else
 		store = rb_cli_open(&opt.common);
