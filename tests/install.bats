@@ -87,6 +87,7 @@ EOF
   [ "$status" -eq 0 ] || { echo "$output"; false; }
   run ./app
   [ "$status" -eq 64 ]
+  pg_only "rb_pg_publish runs on the application's own PGconn"
   need_pg
   run ./app "$RELAYBUS_URL" "$RB_SCHEMA"
   [ "$status" -eq 0 ] || { echo "$output"; false; }
