@@ -410,7 +410,7 @@ mg_admin_show(struct rb_store *s, const char *event_id, json_t **out, struct rb_
 	if (mg_ready(s, "show", err) < 0)
 		return -1;
 	ev = json_object();
-	json_object_set_new(ev, "id", json_string(event_id));
+	json_object_set_new(ev, "event_id", json_string(event_id));
 	c = mg_coll(s, "events");
 	q = BCON_NEW("_id", BCON_UTF8(event_id));
 	cur = mongoc_collection_find_with_opts(c, q, NULL, NULL);

@@ -47,7 +47,7 @@ c 2" ]
   [ "$(rbq find events '{"_id":"a"}' handlers)" = '["h1"]' ]
   # a redelivery with a new handler adds only that one
   run -0 --separate-stderr rb-publish --output <<<'{"id":"a","name":"job.x","payload":1,"handlers":["h1","h2"]}'
-  [ "$output" = '{"id":"a","deliveries":1,"duplicate":true,"handlers":["h2"],"line":1}' ]
+  [ "$output" = '{"event_id":"a","deliveries":1,"duplicate":true,"handlers":["h2"],"line":1}' ]
   [ "$(rbq find events '{"_id":"a"}' handlers)" = '["h1","h2"]' ]
   [ "$(rbq count deliveries '{"eventId":"a"}')" = 2 ]
   # the lane of PostgreSQL's relaybus_lane (publish.bats: event id foobar 104, key a 44)
@@ -68,7 +68,7 @@ z 44" ]
   epoch=$(rbq find lanes "{\"_id\":\"h1/$lane\"}" epoch)
   [ "$lease" = "$lane:$epoch:0" ]
   [ "$(rbq find lanes "{\"_id\":\"h1/$lane\"}" owner)" = w1 ]
-  ok_all <"$BATS_TEST_TMPDIR/c" | rb-complete >"$BATS_TEST_TMPDIR/o"
+  ok_all <"$BATS_TEST_TMPDIR/c" | rb-complete -o >"$BATS_TEST_TMPDIR/o"
   [ "$(grep -c '"outcome":"completed"' "$BATS_TEST_TMPDIR/o")" = 20 ]
   [ "$(rbq count deliveries)" = 0 ]
 }
@@ -105,10 +105,10 @@ z 44" ]
   rb-claim -H h1 --owner w2 >"$BATS_TEST_TMPDIR/new"
   [ "$(field attempt <"$BATS_TEST_TMPDIR/new")" = 2 ]
   [ "$(rbq find deliveries '{}' attempts lastError)" = "1 lease of w1 expired: attempt lost" ]
-  run -0 rb-complete < <(ok_all <"$BATS_TEST_TMPDIR/old")
+  run -0 rb-complete -o < <(ok_all <"$BATS_TEST_TMPDIR/old")
   [[ "$output" == *'"outcome":"lost"'* ]]
   [ "$(rbq count deliveries)" = 1 ]
-  run -0 rb-complete < <(ok_all <"$BATS_TEST_TMPDIR/new")
+  run -0 rb-complete -o < <(ok_all <"$BATS_TEST_TMPDIR/new")
   [[ "$output" == *'"outcome":"completed"'* ]]
   [ "$(rbq count deliveries)" = 0 ]
 }
@@ -130,7 +130,7 @@ z 44" ]
   rb-claim -H h1 --owner w1 --batch 3 >"$BATS_TEST_TMPDIR/c"
   jq -c 'if .event_id == "e1" then . + {ok: false, error: "boom", retry_ms: 60000}
          elif .event_id == "e2" then . + {ok: false, dead: true, error: "bad"}
-         else . + {ok: false, release: true} end' <"$BATS_TEST_TMPDIR/c" | rb-complete >"$BATS_TEST_TMPDIR/o"
+         else . + {ok: false, release: true} end' <"$BATS_TEST_TMPDIR/c" | rb-complete -o >"$BATS_TEST_TMPDIR/o"
   [ "$(jq -r 'select(.event_id == "e1") | .outcome + " " + (.attempts | tostring)' "$BATS_TEST_TMPDIR/o")" = "rescheduled 1" ]
   [ "$(jq -r 'select(.event_id == "e2") | .outcome' "$BATS_TEST_TMPDIR/o")" = buried ]
   [ "$(jq -r 'select(.event_id == "e3") | .outcome + " " + (.attempts | tostring)' "$BATS_TEST_TMPDIR/o")" = "released 0" ]
@@ -143,7 +143,7 @@ e3 pending 0 null" ]
   [ "$(field event_id <<<"$output")" = e3 ]
   [ "$(field attempt <<<"$output")" = 1 ]
   # max attempts: a failure reaching it buries
-  ok_all <<<"$output" | jq -c '. + {ok: false}' | rb-complete --max-attempts 1 >"$BATS_TEST_TMPDIR/o2"
+  ok_all <<<"$output" | jq -c '. + {ok: false}' | rb-complete -o --max-attempts 1 >"$BATS_TEST_TMPDIR/o2"
   [[ "$(cat "$BATS_TEST_TMPDIR/o2")" == *'"outcome":"buried"'* ]]
 }
 
@@ -243,7 +243,7 @@ q2 Q 2 1" ]
   [[ "$output" == *'"outcome":"cancelled"'* ]]
   [ "$(rbq count deliveries "{\"eventId\":\"$idle\"}")" = 0 ]
   run -0 rb-admin --json show "$idle"
-  [ "$(jq -r '.id + " " + (.deliveries | length | tostring)' <<<"$output")" = "$idle 0" ]
+  [ "$(jq -r '.event_id + " " + (.deliveries | length | tostring)' <<<"$output")" = "$idle 0" ]
   run -0 rb-admin purge --completed-older-than 0s
   [ "$(rbq count events "{\"_id\":\"$idle\"}")" = 0 ]
   run -0 rb-admin --json lanes --handler h1
