@@ -324,7 +324,10 @@ proc_result(struct dispatcher *dp, int i, const char *text, size_t len)
 		    i, json_string_value(ev), json_string_value(lease));
 		goto out;
 	}
-	/* the result is our delivery (the slot's) and the handler's verdict */
+	/* the result is our delivery (the slot's) and the handler's verdict
+	 * (--settle: without its retry_ms, which is then not looked at) */
+	if (dp->opt.settle)
+		json_object_del(in, "retry_ms");
 	if (rb_result_verdict(in, &r, &err) < 0) {
 		rb_warn("co-process %d: line %ld: %s: counted as a failure", i,
 		    rb_jsonl_lineno(ps->procs[i].rd), err.msg);
