@@ -152,6 +152,7 @@ stderr_id() { stat -L -c '%d:%i' /dev/stderr; }
   # one owner per host and handler: %H-%i
   grep -q '^ExecStart=/.*/rb-dispatch --handler %i --owner %H-%i ' "$unit"
   grep -q '^EnvironmentFile=/.*/relaybus/%i.env$' "$unit"
+  grep -qx 'Environment=MONGOC_DISABLE_SHM=1' "$unit"
   # no password on a command line: the URL comes from the environment file
   ! grep -q -- '--db' "$unit" || false
   # verify looks for ExecStart's program: point it to where DESTDIR put it
@@ -165,4 +166,20 @@ stderr_id() { stat -L -c '%d:%i' /dev/stderr; }
   echo "$output"
   [ "$status" -eq 0 ]
   [ -z "$output" ]
+}
+
+@test "a /dev/shm/mongoc-PID left by a killed process: a program given that PID says nothing under MONGOC_DISABLE_SHM=1" {
+  [ -d /dev/shm ] && [ -w /dev/shm ] || skip "no writable /dev/shm"
+  local pidf=$BATS_TEST_TMPDIR/pid
+  # bash leaves the file for its own PID, then execs the program into that PID
+  run --separate-stderr env -u MONGOC_DISABLE_SHM bash -c 'echo $$ >"$0"; : >/dev/shm/mongoc-$$; exec rb-setup --version' "$pidf"
+  rm -f "/dev/shm/mongoc-$(cat "$pidf")"
+  [ "$status" -eq 0 ]
+  # libmongoc's own warning, printed when it loads (what the unit's setting is for)
+  [[ "$stderr" == *"Falling back to malloc for counters"* ]]
+  run --separate-stderr env MONGOC_DISABLE_SHM=1 bash -c 'echo $$ >"$0"; : >/dev/shm/mongoc-$$; exec rb-setup --version' "$pidf"
+  rm -f "/dev/shm/mongoc-$(cat "$pidf")"
+  [ "$status" -eq 0 ]
+  [ -z "$stderr" ]
+  [[ "$output" == rb-setup* ]]
 }

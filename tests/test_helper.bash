@@ -18,6 +18,12 @@
 bats_require_minimum_version 1.5.0
 
 export LC_ALL=C
+# libmongoc (linked for the MongoDB backend) initializes itself when a program
+# loads, in every program, and keeps counters in /dev/shm/mongoc-PID; a
+# process killed with -9 leaves its file, and a later process given the same
+# PID prints "Falling back to malloc for counters" on stderr.  Tests kill many
+# processes: no shared-memory counters (relaybus(7), ENVIRONMENT).
+export MONGOC_DISABLE_SHM=1
 
 # libpq's PG* variables as one URL: the user in it, the rest as parameters
 _pct() {  # percent-encode $1 for a URL
