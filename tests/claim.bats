@@ -164,12 +164,14 @@ claimers() {  # n: run n claimers until nothing is due; each records "owner lane
 
 @test "a worker that dies: after its lease another takes the lane and the attempt is charged" {
   echo '{"id":"d","name":"keyed.x","payload":1}' | rb-publish -q
-  run rb-claim -H k --owner dead --lease 500ms
+  # a lease long enough that the next claim starts inside it on a loaded machine
+  # (500 ms failed under ASan with the load of a parallel build)
+  run rb-claim -H k --owner dead --lease 3s
   [ "$(echo "$output" | jq -r .attempt)" = 1 ]
   stale=$output
   run rb-claim -H k --owner other
   [ "$status" -eq 1 ]
-  sleep 0.7
+  sleep 3.2
   run rb-claim -H k --owner other
   [ "$status" -eq 0 ]
   [ "$(echo "$output" | jq -r .attempt)" = 2 ]
