@@ -10,11 +10,15 @@
  * is committed when input pauses for --flush (a broker consumer trickling
  * events must not wait for a full batch).  A bad line stops the run (exit
  * 65) without committing its batch; --keep-going skips it instead.
+ * --reconnect DUR rides through a restart or failover of the server: the
+ * batch that was not acknowledged is sent again (event ids make that safe)
+ * once a server answers, and the run ends only when none has for DUR.
  */
 #include "config.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +33,7 @@
 
 static const char usage_str[] =
 "usage: rb-publish [--db URL] [--schema NAME] [--batch N] [--flush DUR] [--output]\n"
-"                  [--keep-going] [--rejects FILE] [--max-line BYTES]\n"
+"                  [--keep-going] [--rejects FILE] [--max-line BYTES] [--reconnect DUR]\n"
 "\n"
 "Publish events read as JSON lines on stdin, in transactions of --batch lines.\n"
 "An event: {\"name\": ..., \"payload\": ..., \"id\", \"key\", \"headers\", \"delay_ms\" or\n"
@@ -48,6 +52,9 @@ static const char usage_str[] =
 "      --rejects FILE    append bad lines, verbatim, to FILE (created 0600; not a\n"
 "                        symbolic link)\n"
 "      --max-line BYTES  longest accepted line (default 1048576)\n"
+"      --reconnect DUR   when the connection is lost, reconnect (with backoff) and send\n"
+"                        again what was not acknowledged; exit only when no server\n"
+"                        has answered for DUR (default 0: exit at once)\n"
 "  -v, --verbose         more messages (-vv: debug)\n"
 "  -q, --quiet           errors only (no summary)\n"
 "      --log-format FMT  text (default) or json diagnostics on stderr\n"
@@ -55,11 +62,12 @@ static const char usage_str[] =
 "  -V, --version         version and libraries\n"
 "\n"
 "Exit status: 0 ok, 64 usage, 65 a bad input line, 69 database unavailable,\n"
-"73 cannot open --rejects, 74 I/O error, 75 connection lost (rerun: ids make it safe),\n"
+"73 cannot open --rejects, 74 I/O error, 75 connection lost (rerun: ids make it safe;\n"
+"or --reconnect),\n"
 "76/79 schema newer than this relaybus / needs an upgrade (rb-setup),\n"
 "78 bad URL or schema not set up.\n";
 
-enum { OPT_FLUSH = RB_OPT_FIRST_PROGRAM, OPT_REJECTS, OPT_MAX_LINE };
+enum { OPT_FLUSH = RB_OPT_FIRST_PROGRAM, OPT_REJECTS, OPT_MAX_LINE, OPT_RECONNECT };
 
 static struct options {
 	struct rb_common common;
@@ -69,6 +77,8 @@ static struct options {
 	bool		 keep_going;
 	const char	*rejects;
 	size_t		 max_line;
+	int64_t		 reconnect_ms;
+	const char	*reconnect_arg;
 } opt = { .batch = 100, .flush_ms = 20 };
 
 static struct counters {
@@ -91,6 +101,7 @@ parse_args(int argc, char **argv)
 		{ "keep-going", no_argument, NULL, 'k' },
 		{ "rejects", required_argument, NULL, OPT_REJECTS },
 		{ "max-line", required_argument, NULL, OPT_MAX_LINE },
+		{ "reconnect", required_argument, NULL, OPT_RECONNECT },
 		{ NULL, 0, NULL, 0 }
 	};
 	int c;
@@ -117,6 +128,10 @@ parse_args(int argc, char **argv)
 			break;
 		case OPT_MAX_LINE:
 			opt.max_line = (size_t)rb_cli_int(usage_str, "--max-line", optarg, 16, 256 * 1024 * 1024);
+			break;
+		case OPT_RECONNECT:
+			opt.reconnect_ms = rb_cli_duration(usage_str, "--reconnect", optarg);
+			opt.reconnect_arg = optarg;
 			break;
 		default:
 			rb_cli_bad_option(usage_str);
@@ -298,6 +313,88 @@ publish_slice(struct rb_store *store, struct batch *b, size_t from, size_t n, st
 	return 0;
 }
 
+/* A failure that a reconnect may cure: the connection, or no server. */
+static bool
+lost(struct rb_store *store, const struct rb_error *err)
+{
+	return err->exit_code == RB_EXIT_TEMPFAIL || err->exit_code == RB_EXIT_UNAVAILABLE ||
+	    rb_store_broken(store);
+}
+
+/*
+ * --reconnect: after err (from the batch at line), reconnect with backoff
+ * (100 ms doubling to 5 s) until a server answers: 0; -1 with err set to
+ * the last failure when none has for --reconnect.  Failed attempts are
+ * shown with -v.
+ */
+static int
+ride_through(struct rb_store *store, long line, struct rb_error *err)
+{
+	int64_t since = rb_mono_ms(), backoff = 100;
+
+	rb_warn("stdin:%ld: %s; reconnecting (for up to %s)", line, err->msg, opt.reconnect_arg);
+	for (;;) {
+		int64_t left = since + opt.reconnect_ms - rb_mono_ms();
+		struct rb_error e = { 0 };
+		char server[300];
+
+		if (left <= 0) {
+			rb_error("no server answered for %s (--reconnect)", opt.reconnect_arg);
+			return -1;
+		}
+		poll(NULL, 0, (int)(backoff < left ? backoff : left));
+		backoff = backoff * 2 > 5000 ? 5000 : backoff * 2;
+		if (rb_store_reconnect(store, &e) < 0) {
+			rb_info("reconnect failed: %s", e.msg);
+			*err = e;
+			continue;
+		}
+		rb_store_server(store, server, sizeof server);
+		rb_warn("reconnected to %s; sending again from line %ld", server, line);
+		return 0;
+	}
+}
+
+/* rb_cli_open, with --reconnect through a server that is not there yet. */
+static struct rb_store *
+open_riding(void)
+{
+	int64_t since = rb_mono_ms(), backoff = 100;
+	struct rb_store *s;
+
+	if (opt.reconnect_ms == 0)
+		return rb_cli_open(&opt.common);
+	for (;;) {
+		struct rb_error err = { 0 };
+
+		s = rb_store_open(opt.common.db, opt.common.schema,
+		    opt.common.app != NULL ? opt.common.app : rb_log_prog(), &err);
+		if (s != NULL && rb_store_require_schema(s, &err) == 0)
+			return s;
+		if (s != NULL)
+			rb_store_close(s);
+		if ((err.exit_code != RB_EXIT_TEMPFAIL && err.exit_code != RB_EXIT_UNAVAILABLE) ||
+		    rb_mono_ms() - since + backoff > opt.reconnect_ms)
+			rb_cli_die(&err);
+		rb_info("%s; trying again", err.msg);
+		poll(NULL, 0, (int)backoff);
+		backoff = backoff * 2 > 5000 ? 5000 : backoff * 2;
+	}
+}
+
+/* publish_slice, through reconnects with --reconnect. */
+static int
+publish_riding(struct rb_store *store, struct batch *b, size_t from, size_t n, struct rb_error *err)
+{
+	for (;;) {
+		memset(err, 0, sizeof *err);
+		if (publish_slice(store, b, from, n, err) == 0)
+			return 0;
+		if (opt.reconnect_ms == 0 || !lost(store, err) || ride_through(store, b->lines[from], err) < 0)
+			return -1;
+	}
+}
+
 /*
  * Commit the batch.  A data error the database finds (say an impossible
  * date) fails the whole transaction: fail fast reports the batch's lines;
@@ -311,7 +408,7 @@ flush_batch(struct rb_store *store, struct batch *b)
 
 	if (b->n == 0)
 		return 0;
-	if (publish_slice(store, b, 0, b->n, &err) == 0) {
+	if (publish_riding(store, b, 0, b->n, &err) == 0) {
 		batch_clear(b);
 		return 0;
 	}
@@ -327,7 +424,7 @@ flush_batch(struct rb_store *store, struct batch *b)
 	for (size_t i = 0; i < b->n; i++) {
 		struct rb_error e1 = { 0 };
 
-		if (publish_slice(store, b, i, 1, &e1) == 0)
+		if (publish_riding(store, b, i, 1, &e1) == 0)
 			continue;
 		if (e1.exit_code != RB_EXIT_DATAERR) {
 			rb_error("stdin:%ld: %s; committed through line %ld", b->lines[i], e1.msg,
@@ -356,7 +453,7 @@ main(int argc, char **argv)
 	if (opt.rejects != NULL)
 		rejects_f = open_rejects(opt.rejects);
 	progress = isatty(STDERR_FILENO);
-	store = rb_cli_open(&opt.common);
+	store = open_riding();
 	in = rb_jsonl_reader_new(STDIN_FILENO, opt.max_line);
 	b.off = xcalloc((size_t)opt.batch, sizeof *b.off);
 	b.len = xcalloc((size_t)opt.batch, sizeof *b.len);

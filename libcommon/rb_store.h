@@ -58,8 +58,17 @@ const char	*rb_store_url_redacted(const struct rb_store *);
  * (libpq's own parser for PostgreSQL URLs and conninfo strings).  New string.
  */
 char		*rb_store_redact(const char *url);
-/** Drop and re-establish the connection (after a restart of the server). */
+/**
+ * Drop and re-establish the connection (after a restart of the server, a
+ * failover).  On PostgreSQL the server reached is compared with the one the
+ * store had (relaybus(7), HA AND FAILOVER): another cluster, an older
+ * timeline or, after a primary, a standby is refused (RB_EXIT_UNAVAILABLE,
+ * after the URL's other hosts were tried); a newer timeline is logged.
+ */
 int		 rb_store_reconnect(struct rb_store *, struct rb_error *);
+/** The server the store's connection reached ("host:port"), for messages;
+ * the redacted URL when the backend does not say. */
+void		 rb_store_server(const struct rb_store *, char *buf, size_t size);
 /** True when the connection is known to be broken. */
 bool		 rb_store_broken(const struct rb_store *);
 

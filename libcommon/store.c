@@ -242,6 +242,15 @@ rb_store_reconnect(struct rb_store *s, struct rb_error *err)
 	return s->ops->reconnect(s, err);
 }
 
+void
+rb_store_server(const struct rb_store *s, char *buf, size_t size)
+{
+	if (s->ops->server != NULL && !rb_store_broken(s))
+		s->ops->server(s, buf, size);
+	else
+		snprintf(buf, size, "%s", s->url_redacted);
+}
+
 bool
 rb_store_broken(const struct rb_store *s)
 {

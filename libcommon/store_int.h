@@ -69,6 +69,8 @@ struct rb_store_ops {
 	int	(*reconnect)(struct rb_store *s, struct rb_error *err);
 	/* True when the connection is known to be broken (cheap: no I/O). */
 	bool	(*broken)(const struct rb_store *s);
+	/* The server the connection reached, for messages (NULL: the URL). */
+	void	(*server)(const struct rb_store *s, char *buf, size_t size);
 
 	/* ---- set-up ------------------------------------------------------- */
 

@@ -156,6 +156,12 @@ pg_broken(const struct rb_store *s)
 	return be == NULL || be->conn == NULL || PQstatus(be->conn) != CONNECTION_OK;
 }
 
+static void
+pg_server(const struct rb_store *s, char *buf, size_t size)
+{
+	pg_server_name(pg_be(s)->conn, buf, size);
+}
+
 static int pg_listen(struct rb_store *, const char *, struct rb_error *);
 
 static int
@@ -279,8 +285,7 @@ pg_service(struct rb_store *s)
 		struct rb_error err = { 0 };
 		char msg[300];
 
-		snprintf(msg, sizeof msg, "%s", PQerrorMessage(be->conn));
-		msg[strcspn(msg, "\n")] = '\0';
+		rb_pg_error_lines(PQerrorMessage(be->conn), msg, sizeof msg);
 		rb_seterr(&err, RB_EXIT_TEMPFAIL, "connection lost: %s", msg);
 		rb_evq_failed(&s->evq, RB_STORE_WOKEN, 0, &err);
 		return;
@@ -319,6 +324,7 @@ const struct rb_store_ops rb_store_pg_ops = {
 	.close = pg_close,
 	.reconnect = pg_reconnect,
 	.broken = pg_broken,
+	.server = pg_server,
 	.setup = pg_setup,
 	.setup_script = pg_setup_script,
 	.schema_info = pg_schema_info,

@@ -129,13 +129,13 @@ pg_fail_on(struct rb_store *s, PGconn *c, const PGresult *res, const char *what,
 {
 	const char *state = res != NULL ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
 	const char *primary = res != NULL ? PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY) : NULL;
-	char msg[400];
+	char msg[sizeof err->msg];
 	int code = RB_EXIT_SOFTWARE;
 
 	if (primary == NULL)
 		primary = c != NULL ? PQerrorMessage(c) : "not connected";
-	snprintf(msg, sizeof msg, "%s", primary);
-	msg[strcspn(msg, "\n")] = '\0';
+	/* (libpq's own messages: one line per host of a multi-host URL) */
+	rb_pg_error_lines(primary, msg, sizeof msg);
 	if (c == NULL || PQstatus(c) == CONNECTION_BAD)
 		code = RB_EXIT_TEMPFAIL;
 	else if (state == NULL)
@@ -402,7 +402,7 @@ pg_connect_to(struct rb_store *s, PGconn **conn, struct rb_error *err)
 		return rb_seterr(err, RB_EXIT_OSERR, "out of memory");
 	PQsetNoticeProcessor(*conn, notice_to_log, NULL);
 	if (PQstatus(*conn) != CONNECTION_OK) {
-		char msg[400];
+		char msg[sizeof err->msg];
 		/* (a string libpq cannot parse is a bad URL, and its error quotes it) */
 		bool bad = rb_pg_conn_error(s->url, PQerrorMessage(*conn), msg, sizeof msg);
 
@@ -410,6 +410,9 @@ pg_connect_to(struct rb_store *s, PGconn **conn, struct rb_error *err)
 		    : refused_role(*conn, msg) ? RB_EXIT_NOPERM : RB_EXIT_UNAVAILABLE,
 		    "cannot connect to %s: %s", s->url_redacted, msg);
 	}
+	if (pg_server_check(s, conn, err) < 0)
+		return -1;
+	PQsetNoticeProcessor(*conn, notice_to_log, NULL);
 	return 0;
 }
 

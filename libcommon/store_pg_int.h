@@ -95,6 +95,13 @@ struct pg_be {
 	bool	 complete_hist;
 	int	 complete_tries;
 	struct pg_fence *complete_fa;	/* its parameters, kept for a retry */
+	/* the server the store had (store_pg_ha.c): its system identifier
+	 * ("": not known yet, or not readable) and the newest timeline seen
+	 * on a primary (0: none yet) */
+	char	 sysid[24];
+	unsigned long timeline;
+	bool	 sysid_denied;		/* pg_control_system() gave 42501 */
+	char	 refused[400];		/* the last refusal said */
 };
 
 /* store_pg.c: the backend's slots */
@@ -216,6 +223,19 @@ int	pg_open_side(struct rb_store *, PGconn **c, void (*close_fn)(struct pg_be *)
  */
 int	pg_side_failed(struct rb_store *, PGconn *c, void (*close_fn)(struct pg_be *), const PGresult *res,
 	    const char *what, struct rb_error *err);
+
+/* ---- store_pg_ha.c: which server ------------------------------------- */
+
+/**
+ * The server *conn reached against the one the store had: 0 when it is
+ * accepted (the first is recorded; a newer timeline is logged as a
+ * failover); else the URL's other hosts are tried one by one, and *conn is
+ * the first accepted, or NULL and -1 + err (RB_EXIT_UNAVAILABLE: another
+ * cluster, an older timeline, or a standby once the store was on a primary).
+ */
+int	pg_server_check(struct rb_store *, PGconn **conn, struct rb_error *err);
+/** "host:port" of c. */
+void	pg_server_name(PGconn *c, char *buf, size_t size);
 
 /* ---- store_pg_exec.c: columns ------------------------------------------ */
 

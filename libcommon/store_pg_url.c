@@ -371,13 +371,37 @@ rb_pg_conn_error(const char *url, const char *pqmsg, char *out, size_t size)
 			PQfreemem(errmsg);
 			return true;
 		}
-		snprintf(out, size, "%.*s", (int)strcspn(pqmsg, "\n"), pqmsg);
+		rb_pg_error_lines(pqmsg, out, size);
 		for (const PQconninfoOption *p = o; p->keyword != NULL; p++)
 			if (is_secret(p->keyword) && p->val != NULL)
 				scrub(out, size, p->val);
 		PQconninfoFree(o);
 		return false;
 	}
-	snprintf(out, size, "%.*s", (int)strcspn(pqmsg, "\n"), pqmsg);
+	rb_pg_error_lines(pqmsg, out, size);
 	return false;
+}
+
+void
+rb_pg_error_lines(const char *pqmsg, char *out, size_t size)
+{
+	size_t n = 0;
+
+	if (size == 0)
+		return;
+	out[0] = '\0';
+	for (const char *p = pqmsg; p != NULL && *p != '\0';) {
+		size_t len = strcspn(p, "\n");
+
+		if (len > 0 && p[0] != '\t' && p[0] != ' ') {
+			int w = snprintf(out + n, size - n, "%s%.*s", n > 0 ? "; " : "", (int)len, p);
+
+			if (w < 0 || (size_t)w >= size - n)
+				break;
+			n += (size_t)w;
+		}
+		p += len;
+		if (*p == '\n')
+			p++;
+	}
 }

@@ -20,7 +20,13 @@
  */
 char	*rb_pg_url_redact(const char *url);
 /**
- * The first line of libpq's connection error pqmsg for url, fit for
+ * libpq's message pqmsg on one line, into out: its lines that are not
+ * indented hints, joined with "; " (a multi-host URL's error has one line
+ * per host tried), the final newline dropped.
+ */
+void	rb_pg_error_lines(const char *pqmsg, char *out, size_t size);
+/**
+ * libpq's connection error pqmsg for url (every host's line), fit for
  * messages, into out: when libpq cannot parse url, its reason without the
  * quoted input (which may be the password), and true; otherwise the line
  * with any password of url (3 bytes or more) masked, and false.

@@ -9,7 +9,9 @@
  */
 #include "config.h"
 
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "rb_exit.h"
 #include "rb_log.h"
@@ -54,14 +56,25 @@ owner_done(struct dispatcher *dp, unsigned gen)
 		o->count--;
 }
 
+/* The store's message names what failed already ("claim: ..."): what
+ * prefixes only a message that does not start with it. */
+static const char *
+prefix(const char *what, const char *msg)
+{
+	size_t n = what != NULL ? strlen(what) : 0;
+
+	return n == 0 || (strncmp(msg, what, n) == 0 && msg[n] == ':') ? "" : what;
+}
+
 void
 db_error(struct dispatcher *dp, const struct rb_error *err, const char *what)
 {
 	int code = err->exit_code != 0 ? err->exit_code : RB_EXIT_SOFTWARE;
+	const char *pre = prefix(what, err->msg);
 
 	if (code == RB_EXIT_TEMPFAIL || code == RB_EXIT_UNAVAILABLE || rb_store_broken(dp->store)) {
 		if (!dp->db_down)
-			rb_warn("%s: %s: reconnecting", what, err->msg);
+			rb_warn("%s%s%s: reconnecting", pre, *pre != '\0' ? ": " : "", err->msg);
 		dp->db_down = true;
 		/* what was asked for is forgotten with the connection: the
 		 * claim's answer, if any; the completion (its results stay queued
@@ -74,7 +87,7 @@ db_error(struct dispatcher *dp, const struct rb_error *err, const char *what)
 		dp->reconnect_at = rb_mono_ms() + (dp->reconnect_backoff > 200 ? 200 : dp->reconnect_backoff);
 		return;
 	}
-	rb_error("%s: %s", what, err->msg);
+	rb_error("%s%s%s", pre, *pre != '\0' ? ": " : "", err->msg);
 	if (dp->fatal_code == 0)
 		dp->fatal_code = code;
 }
@@ -83,9 +96,11 @@ void
 try_reconnect(struct dispatcher *dp, int64_t now)
 {
 	struct rb_error err = { 0 };
+	char server[300];
 
 	if (rb_store_reconnect(dp->store, &err) < 0 || rb_store_listen(dp->store, dp->opt.handler, &err) < 0) {
-		rb_debug("reconnect: %s", err.msg);
+		/* (shown with -v; a refused server is said by the store itself) */
+		rb_info("reconnect failed: %s", err.msg);
 		dp->reconnect_at = now + dp->reconnect_backoff;
 		dp->reconnect_backoff = dp->reconnect_backoff * 2 > 5000 ? 5000 : dp->reconnect_backoff * 2;
 		return;
@@ -93,8 +108,8 @@ try_reconnect(struct dispatcher *dp, int64_t now)
 	dp->db_down = false;
 	dp->reconnect_backoff = 100;
 	new_owner(dp);
-	rb_warn("reconnected to %s; now leasing as %s", rb_store_url_redacted(dp->store),
-	    dp->owners[dp->cur_gen % NOWNERS].name);
+	rb_store_server(dp->store, server, sizeof server);
+	rb_warn("reconnected to %s; now leasing as %s", server, dp->owners[dp->cur_gen % NOWNERS].name);
 	dp->wake = true;
 	dp->next_extend = now;
 }

@@ -86,9 +86,18 @@ test_conn_error(void)
 	    "invalid percent-encoded token: \"Se%zzcret\"", out, sizeof out) && strstr(out, "zz") == NULL,
 	    "query percent-escape error without the token");
 	ok(!rb_pg_conn_error("postgresql://u:TopSecret@h/d",
-	    "connection to server at \"h\" failed: FATAL:  role TopSecret\nsecond line", out, sizeof out),
+	    "connection to server at \"h\" failed: FATAL:  role TopSecret\n\tan indented hint\n", out, sizeof out),
 	    "a connection error is not a parse error");
 	is_str(out, "connection to server at \"h\" failed: FATAL:  role xxxxx", "the password is scrubbed, one line");
+	/* a multi-host URL: one line per host, every one shown (not the hints) */
+	ok(!rb_pg_conn_error("postgresql://u:TopSecret@h1,h2/d",
+	    "connection to server at \"h1\", port 5432 failed: Connection refused\n"
+	    "\tIs the server running on that host and accepting TCP/IP connections?\n"
+	    "connection to server at \"h2\", port 5432 failed: FATAL:  role TopSecret\n", out, sizeof out),
+	    "multi-host: not a parse error");
+	is_str(out, "connection to server at \"h1\", port 5432 failed: Connection refused; "
+	    "connection to server at \"h2\", port 5432 failed: FATAL:  role xxxxx",
+	    "multi-host: every host's line, scrubbed, without the hints");
 	ok(!rb_pg_conn_error(NULL, "connection to server on socket failed\n", out, sizeof out), "environment");
 	is_str(out, "connection to server on socket failed", "environment: first line");
 }
