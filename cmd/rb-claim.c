@@ -27,6 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "rb_admin.h"
 #include "rb_cli.h"
 #include "rb_exit.h"
 #include "rb_jsonl.h"
@@ -247,7 +248,7 @@ main(int argc, char **argv)
 	char *owner;
 	int n, exit_code = RB_EXIT_OK;
 	int64_t deadline;
-	bool listening = false;
+	bool listening = false, checked = false;
 
 	rb_cli_init("rb-claim", &opt.common);
 	parse_args(argc, argv);
@@ -261,6 +262,25 @@ main(int argc, char **argv)
 	for (;;) {
 		if ((n = rb_store_claim(store, &co, &deliveries, &err)) < 0)
 			goto fail;
+		/* nothing due: a misspelled -H would be silent (exit 1).  An
+		 * error, or with --wait a warning (a publish naming the handler
+		 * may come while we wait) */
+		if (n == 0 && !checked) {
+			checked = true;
+			if (rb_admin_handler_check(store, opt.handler, &err) < 0) {
+				if (err.exit_code != RB_EXIT_CONFIG)
+					goto fail;
+				if (opt.wait_ms > 0) {
+					rb_warn("-H: %s; waiting for one (rb-setup --subscribe %s:PATTERN)",
+					    err.msg, opt.handler);
+				} else {
+					rb_error("-H: %s; rb-setup --subscribe %s:PATTERN adds one", err.msg,
+					    opt.handler);
+					exit_code = RB_EXIT_CONFIG;
+					goto out;
+				}
+			}
+		}
 		if (n > 0 || stop || rb_mono_ms() >= deadline)
 			break;
 		free_claimed(deliveries, n);

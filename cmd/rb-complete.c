@@ -165,7 +165,7 @@ remember_lane(const struct rb_result *r)
 }
 
 static void
-group_add(json_t *obj, const struct rb_result *r, long line)
+group_add(json_t *obj, const struct rb_result *r, long line, const char *text, size_t len)
 {
 	if (group.n == group.cap) {
 		group.cap = group.cap == 0 ? 64 : group.cap * 2;
@@ -176,8 +176,13 @@ group_add(json_t *obj, const struct rb_result *r, long line)
 	json_array_append_new(group.objs, obj);
 	group.v[group.n] = *r;
 	group.line[group.n] = line;
-	/* (--sql: the result line as JSON is the statement's $1) */
-	group.json[group.n] = opt.co.sql != NULL ? json_dumps(obj, JSON_COMPACT) : NULL;
+	/* (--sql: the result line, as it came, is the statement's $1) */
+	group.json[group.n] = NULL;
+	if (opt.co.sql != NULL) {
+		group.json[group.n] = xmalloc(len + 1);
+		memcpy(group.json[group.n], text, len);
+		group.json[group.n][len] = '\0';
+	}
 	group.v[group.n].json = group.json[group.n];
 	group.n++;
 }
@@ -192,6 +197,11 @@ group_clear(void)
 	json_array_clear(group.objs);
 	group.n = 0;
 }
+
+/* What a result line is read for (rb_result_parse): the rest, a payload
+ * echoed back, is only checked to be JSON, never interpreted. */
+static const char *const result_members[] = { "event_id", "handler", "lease", "delivery_id", "ok",
+	"error", "retry_ms", "dead", "release", NULL };
 
 static long counts[RB_NOUTCOMES + 1];	/* by outcome, then bad lines */
 #define BAD_LINES	counts[RB_NOUTCOMES]
@@ -318,7 +328,7 @@ main(int argc, char **argv)
 			char why[256];
 			struct rb_error err = { 0 };
 
-			if (rb_jsonl_parse(line, len, &obj, why, sizeof why) < 0 ||
+			if (rb_json_members(line, len, result_members, &obj, why, sizeof why) < 0 ||
 			    (rb_result_parse(obj, &r, &err) < 0 && snprintf(why, sizeof why, "%s", err.msg) >= 0)) {
 				json_decref(obj);
 				rb_error("stdin:%ld: %s: not applied", rb_jsonl_lineno(in), why);
@@ -329,7 +339,7 @@ main(int argc, char **argv)
 			remember_lane(&r);
 			if (group.n == 0)
 				group_deadline = rb_mono_ms() + opt.window_ms;
-			group_add(obj, &r, rb_jsonl_lineno(in));
+			group_add(obj, &r, rb_jsonl_lineno(in), line, len);
 		}
 		if (group.n >= (size_t)opt.batch && (exit_code = apply(store)) != 0)
 			break;

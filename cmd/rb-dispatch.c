@@ -27,6 +27,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "rb_admin.h"
 #include "rb_cli.h"
 #include "rb_exit.h"
 #include "rb_log.h"
@@ -278,6 +279,19 @@ main(int argc, char **argv)
 		rb_cli_usage_error(usage_str, "--sql: not supported by the %s backend", rb_store_backend(store));
 	if (opt.connections > 0)
 		rb_store_set_connections(store, opt.connections);
+	{
+		/* a misspelled -H idles silently: say so (a warning, as a
+		 * subscription or a publish naming it may come later) */
+		struct rb_error err = { 0 };
+
+		if (rb_admin_handler_check(store, opt.dispatch.handler, &err) < 0) {
+			if (err.exit_code == RB_EXIT_CONFIG)
+				rb_warn("-H: %s; rb-setup --subscribe %s:PATTERN adds one", err.msg,
+				    opt.dispatch.handler);
+			else
+				rb_debug("-H: cannot check the handler: %s", err.msg);
+		}
+	}
 	exit_code = dispatcher_run(dp, store);
 	rb_store_close(store);
 	dispatcher_free(dp);

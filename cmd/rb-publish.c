@@ -24,6 +24,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "rb_admin.h"
 #include "rb_cli.h"
 #include "rb_exit.h"
 #include "rb_jsonl.h"
@@ -437,6 +438,38 @@ flush_batch(struct rb_store *store, struct batch *b)
 	return 0;
 }
 
+/*
+ * A handler named in "handlers" that has no subscription and no
+ * deliveries is most likely misspelled: a warning, once per name and run
+ * (its dispatcher may legitimately come later, so the event is stored).
+ */
+static json_t *seen;
+
+static void
+check_handlers(struct rb_store *store, const json_t *ev, long line)
+{
+	const json_t *h;
+	size_t i;
+
+	if (seen == NULL)
+		seen = json_object();
+	json_array_foreach(json_object_get(ev, "handlers"), i, h) {
+		const char *name = json_string_value(h);
+		struct rb_error err = { 0 };
+
+		if (name == NULL || json_object_get(seen, name) != NULL)
+			continue;
+		json_object_set_new(seen, name, json_true());
+		if (rb_admin_handler_check(store, name, &err) < 0) {
+			if (err.exit_code == RB_EXIT_CONFIG)
+				rb_warn("stdin:%ld: %s: stored anyway (its deliveries wait for rb-dispatch -H %s)",
+				    line, err.msg, name);
+			else
+				rb_debug("stdin:%ld: cannot check handler '%s': %s", line, name, err.msg);
+		}
+	}
+}
+
 int
 main(int argc, char **argv)
 {
@@ -503,6 +536,7 @@ main(int argc, char **argv)
 				}
 				continue;
 			}
+			check_handlers(store, ev, rb_jsonl_lineno(in));
 			if (json_object_get(ev, "event_id") != NULL && json_object_get(ev, "id") == NULL) {
 				/* the alias: the store reads "id", so the line gets one in
 				 * front, the rest sent as written (numbers keep their spelling) */
@@ -531,6 +565,7 @@ main(int argc, char **argv)
 	free(b.off);
 	free(b.len);
 	free(b.lines);
+	json_decref(seen);
 	rb_jsonl_reader_free(in);
 	rb_store_close(store);
 	if (rejects_f != NULL && fclose(rejects_f) != 0)

@@ -129,4 +129,13 @@ int	rb_admin_lanes(struct rb_store *, const char *handler, bool all, json_t **ro
 int	rb_admin_subscriptions(struct rb_store *, const char *handler, json_t **rows,
 	    struct rb_error *err);
 
+/**
+ * Whether anything is there for handler: 0 when it has a subscription or
+ * a pending, processing or dead delivery; -1 with err RB_EXIT_CONFIG
+ * ("handler 'X' has no subscription and no deliveries (subscribed: a, b)")
+ * when neither, or err from the store.  How a misspelled -H or "handlers"
+ * name is caught (rb-claim, rb-dispatch, rb-publish).
+ */
+int	rb_admin_handler_check(struct rb_store *, const char *handler, struct rb_error *err);
+
 #endif

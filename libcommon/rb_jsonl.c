@@ -367,6 +367,7 @@ rb_json_sb_dump(struct rb_sbuf *b, const json_t *v)
 struct scan {
 	const char	*p, *end;
 	bool		 doubt;		/* valid for all we know, but let jansson decide */
+	bool		 lax;		/* syntax only below the top level, any number (rb_json_members) */
 };
 
 static void
@@ -496,7 +497,8 @@ scan_number(struct scan *sc)
 			p++;
 	}
 	if (p < sc->end && (*p == 'e' || *p == 'E')) {
-		sc->doubt = true;	/* overflow is jansson's to judge */
+		if (!sc->lax)
+			sc->doubt = true;	/* overflow is jansson's to judge */
 		if (++p < sc->end && (*p == '+' || *p == '-'))
 			p++;
 		if (p >= sc->end || !(*p >= '0' && *p <= '9'))
@@ -504,7 +506,7 @@ scan_number(struct scan *sc)
 		while (p < sc->end && *p >= '0' && *p <= '9')
 			p++;
 	}
-	if (p - start > 300 || (!real && p - start - (*start == '-') > 18))
+	if (!sc->lax && (p - start > 300 || (!real && p - start - (*start == '-') > 18)))
 		sc->doubt = true;	/* could be too big for jansson */
 	sc->p = p;
 	return true;
@@ -520,7 +522,7 @@ scan_compound(struct scan *sc, int depth, struct rb_json_member *m, int max, int
 	int n = 0;
 	struct { const char *k; size_t n; } seen[32];	/* duplicates are refused at every level */
 
-	if (depth > 64) {
+	if (depth > (sc->lax ? 2048 : 64)) {	/* (2048: jansson's limit) */
 		sc->doubt = true;
 		return false;
 	}
@@ -553,7 +555,7 @@ scan_compound(struct scan *sc, int depth, struct rb_json_member *m, int max, int
 		val = sc->p;
 		if (!scan_value(sc, depth + 1, &type, &vesc))
 			return false;
-		if (close == '}') {
+		if (close == '}' && !(sc->lax && depth > 1)) {
 			if (kesc || n >= 32)
 				sc->doubt = true;	/* keys spelled with escapes, or many */
 			for (int i = 0; i < n && i < 32; i++)
@@ -617,17 +619,90 @@ scan_value(struct scan *sc, int depth, char *type, bool *esc)
 	}
 }
 
+/* The top-level object of sc: its member count, or -1 (see rb_json_scan). */
+static int
+scan_top(struct scan *sc, struct rb_json_member *m, int max)
+{
+	int count = 0;
+
+	scan_ws(sc);
+	if (sc->p >= sc->end || *sc->p != '{' || !scan_compound(sc, 1, m, max, &count))
+		return -1;
+	scan_ws(sc);
+	if (sc->p != sc->end || sc->doubt)
+		return -1;
+	return count;
+}
+
 int
 rb_json_scan(const char *s, size_t len, struct rb_json_member *m, int max)
 {
-	struct scan sc = { s, s + len, false };
-	int count = 0;
+	struct scan sc = { s, s + len, false, false };
 
-	scan_ws(&sc);
-	if (sc.p >= sc.end || *sc.p != '{' || !scan_compound(&sc, 1, m, max, &count))
-		return -1;
-	scan_ws(&sc);
-	if (sc.p != sc.end || sc.doubt)
-		return -1;
-	return count;
+	return scan_top(&sc, m, max);
+}
+
+/* The members of m[0..n) named in want, as a new object in *obj. */
+static int
+members_of(const struct rb_json_member *m, int n, const char *const *want, json_t **obj,
+    char *err, size_t errlen)
+{
+	json_t *o = json_object();
+
+	for (int i = 0; i < n; i++)
+		for (size_t w = 0; want[w] != NULL; w++) {
+			json_error_t jerr = { .line = 0 };
+			json_t *v;
+
+			if (m[i].klen != strlen(want[w]) || memcmp(m[i].key, want[w], m[i].klen) != 0)
+				continue;
+			if (m[i].type == 't' || m[i].type == 'f' || m[i].type == '0')
+				v = m[i].type == 't' ? json_true() : m[i].type == 'f' ? json_false() : json_null();
+			else if (m[i].type == '"' && !m[i].escaped)
+				v = json_stringn_nocheck(m[i].val + 1, m[i].vlen - 2);	/* (UTF-8 checked) */
+			else
+				v = json_loadb(m[i].val, m[i].vlen, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &jerr);
+			if (v == NULL) {
+				snprintf(err, errlen, "invalid JSON: %s (field '%s')", jerr.text, want[w]);
+				json_decref(o);
+				return -1;
+			}
+			json_object_set_new(o, want[w], v);
+			break;
+		}
+	*obj = o;
+	return 0;
+}
+
+int
+rb_json_members(const char *line, size_t len, const char *const *want, json_t **obj, char *err,
+    size_t errlen)
+{
+	struct rb_json_member m[32];
+	json_error_t jerr;
+	json_t *v;
+	int n;
+
+	*obj = NULL;
+	if ((n = rb_json_scan(line, len, m, 32)) >= 0 && n <= 32)
+		return members_of(m, n, want, obj, err, errlen);
+	v = json_loadb(line, len, JSON_REJECT_DUPLICATES, &jerr);
+	if (v != NULL) {
+		if (!json_is_object(v)) {
+			json_decref(v);
+			snprintf(err, errlen, "not a JSON object");
+			return -1;
+		}
+		*obj = v;
+		return 0;
+	}
+	if (json_error_code(&jerr) == json_error_numeric_overflow) {
+		/* a number jansson cannot hold: no matter where we do not read */
+		struct scan sc = { line, line + len, false, true };
+
+		if ((n = scan_top(&sc, m, 32)) >= 0 && n <= 32)
+			return members_of(m, n, want, obj, err, errlen);
+	}
+	snprintf(err, errlen, "invalid JSON: %s", jerr.text);
+	return -1;
 }

@@ -91,5 +91,16 @@ struct rb_json_member {
  * allocated.
  */
 int	rb_json_scan(const char *s, size_t len, struct rb_json_member *m, int max);
+/**
+ * The members named in want (a NULL-ended list) of a line that should be
+ * one JSON object, as a new object in *obj (with them, perhaps others): how
+ * a reader takes a line of which it needs a few members, such as a result
+ * line that echoes a delivery's payload.  The rest of the line is only
+ * checked to be valid JSON, so a number jansson cannot hold (an integer
+ * beyond 64 bits, 1e400) is no error there.  -1 with a reason in err as
+ * rb_jsonl_parse.
+ */
+int	rb_json_members(const char *line, size_t len, const char *const *want, json_t **obj, char *err,
+	    size_t errlen);
 
 #endif

@@ -76,6 +76,16 @@ CREATE TABLE IF NOT EXISTS @S@.relaybus_lanes (
 -- index on either: lane updates stay HOT.
 ALTER TABLE @S@.relaybus_lanes ADD COLUMN IF NOT EXISTS holder bigint;
 ALTER TABLE @S@.relaybus_lanes ADD COLUMN IF NOT EXISTS chain_early boolean;
+-- Cumulative counters for rb-admin stats (the _total metrics), kept in the
+-- lane rows that the paths they count write anyway, so that they cost no
+-- row of their own: failed, attempts that failed (a handler's failure or
+-- dead letter, a timeout, an attempt lost with an expired lease); buried,
+-- deliveries that became dead letters (by any path, rb-admin bury
+-- included); completed_purged (on lane 0), completions removed from the
+-- completion history by rb-admin purge.  A completion does not touch them.
+ALTER TABLE @S@.relaybus_lanes ADD COLUMN IF NOT EXISTS failed bigint NOT NULL DEFAULT 0;
+ALTER TABLE @S@.relaybus_lanes ADD COLUMN IF NOT EXISTS buried bigint NOT NULL DEFAULT 0;
+ALTER TABLE @S@.relaybus_lanes ADD COLUMN IF NOT EXISTS completed_purged bigint NOT NULL DEFAULT 0;
 -- (relaybus 0.1 made it 50: a lane row grows from 60 bytes to 600 with
 -- its in-flight ids, and at 40 rows to a page its updates stopped being HOT)
 ALTER TABLE @S@.relaybus_lanes SET (fillfactor = 10);
@@ -408,6 +418,10 @@ DECLARE
     v_take     integer := 4;
     v_start    integer := abs(hashtext(p_owner)) % 256;
     v_charged  smallint[] := '{}';
+    v_cf       bigint[];                -- attempts a takeover charged, by lane (NULL: none)
+    v_cb       bigint[];                -- ... and deliveries it buried
+    v_nf       bigint;
+    v_nb       bigint;
     v_used     smallint[];
     v_scanned  smallint[] := '{}';   -- held lanes read to the end in step 1
     v_last     bigint;
@@ -549,6 +563,7 @@ BEGIN
                 -- never ran: it is not written at all (the new epoch fences
                 -- its old lease).  (Attempts as the claim read them: nothing
                 -- else changes them while a delivery is in flight.)
+                WITH c AS (
                 UPDATE @S@.relaybus_deliveries d
                    SET attempts = d.attempts + 1, claims = d.claims + 1,
                        status = CASE WHEN d.attempts + 1 >= p_max_attempts THEN 'dead' ELSE 'pending' END,
@@ -559,7 +574,18 @@ BEGIN
                         SELECT 1 FROM @S@.relaybus_deliveries e
                          WHERE e.handler = d.handler AND e.lane = d.lane AND e.key = d.key
                            AND e.status = 'pending' AND e.sequence < d.sequence
-                           AND (NOT l.chain_early OR e.attempts > 0 OR NOT (e.id = ANY (l.in_flight)))));
+                           AND (NOT l.chain_early OR e.attempts > 0 OR NOT (e.id = ANY (l.in_flight)))))
+                RETURNING d.status)
+                SELECT count(*), count(*) FILTER (WHERE c.status = 'dead') INTO v_nf, v_nb FROM c;
+                IF v_nf > 0 THEN
+                    -- (counted in the lane row's update below: no write of its own)
+                    IF v_cf IS NULL THEN
+                        v_cf := array_fill(0::bigint, ARRAY[256], ARRAY[0]);
+                        v_cb := v_cf;
+                    END IF;
+                    v_cf[l.lane] := v_cf[l.lane] + v_nf;
+                    v_cb[l.lane] := v_cb[l.lane] + v_nb;
+                END IF;
                 v_charged := v_charged || l.lane;
             END IF;
             v_new := v_new || l.lane;
@@ -632,6 +658,8 @@ BEGIN
                holder = p_holder,
                chain_early = p_chain_early,
                lease_expires_at = v_expires,
+               failed = x.failed + coalesce(v_cf[x.lane], 0),
+               buried = x.buried + coalesce(v_cb[x.lane], 0),
                in_flight = CASE WHEN x.lane = ANY (v_acquired) THEN '{}'::bigint[]
                                 WHEN v_lc IS NULL THEN
                                     ARRAY(SELECT f FROM unnest(x.in_flight) f WHERE f = ANY (v_live))
@@ -649,7 +677,8 @@ BEGIN
     END LOOP;
     IF cardinality(v_charged) > 0 THEN
         UPDATE @S@.relaybus_lanes x
-           SET epoch = x.epoch + 1, lease_owner = NULL, holder = NULL, lease_expires_at = NULL, in_flight = '{}'
+           SET epoch = x.epoch + 1, lease_owner = NULL, holder = NULL, lease_expires_at = NULL, in_flight = '{}',
+               failed = x.failed + coalesce(v_cf[x.lane], 0), buried = x.buried + coalesce(v_cb[x.lane], 0)
          WHERE x.handler = p_handler AND x.lane = ANY (v_charged) AND NOT (x.lane = ANY (v_used));
     END IF;
     v_back := ARRAY(SELECT u FROM unnest(v_scanned) u WHERE NOT (u = ANY (v_used)));
@@ -762,7 +791,9 @@ BEGIN
             IF NOT FOUND THEN
                 outcome := 'lost';
             ELSE
-                UPDATE @S@.relaybus_lanes x SET in_flight = array_remove(x.in_flight, v_id)
+                UPDATE @S@.relaybus_lanes x SET in_flight = array_remove(x.in_flight, v_id),
+                       failed = x.failed + CASE WHEN p_kinds[i] = 'release' THEN 0 ELSE 1 END,
+                       buried = x.buried + CASE WHEN p_kinds[i] <> 'release' AND v_st = 'dead' THEN 1 ELSE 0 END
                  WHERE x.handler = p_handlers[i] AND x.lane = p_lanes[i];
                 attempts := v_att;
                 outcome := CASE WHEN p_kinds[i] = 'release' THEN 'released'

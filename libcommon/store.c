@@ -634,6 +634,43 @@ rb_admin_subscriptions(struct rb_store *s, const char *handler, json_t **rows, s
 	return s->ops->admin_subscriptions(s, handler, rows, err);
 }
 
+int
+rb_admin_handler_check(struct rb_store *s, const char *handler, struct rb_error *err)
+{
+	struct rb_admin_filter f = { .handler = handler, .limit = 1 };
+	struct rb_sbuf names = { 0 };
+	json_t *subs = NULL, *rows = NULL, *r;
+	const char *prev = NULL;
+	size_t i;
+	int rc = 0;
+
+	if (rb_admin_subscriptions(s, NULL, &subs, err) < 0)
+		return -1;
+	json_array_foreach(subs, i, r) {
+		const char *h = json_string_value(json_object_get(r, "handler"));
+
+		if (h == NULL)
+			continue;
+		if (strcmp(h, handler) == 0)
+			goto out;
+		if (prev == NULL || strcmp(prev, h) != 0) {	/* (rows come by handler) */
+			if (names.len > 0)
+				rb_sb_puts(&names, ", ");
+			rb_sb_puts(&names, h);
+		}
+		prev = h;
+	}
+	if ((rc = rb_admin_list(s, &f, &rows, err)) < 0 || json_array_size(rows) > 0)
+		goto out;
+	rc = rb_seterr(err, RB_EXIT_CONFIG, "handler '%s' has no subscription and no deliveries "
+	    "(subscribed: %s)", handler, names.len > 0 ? names.s : "none");
+out:
+	json_decref(subs);
+	json_decref(rows);
+	free(names.s);
+	return rc;
+}
+
 /* ---- rb_inspect.h -------------------------------------------------------- */
 
 int

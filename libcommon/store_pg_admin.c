@@ -82,14 +82,18 @@ has_old_completed(struct rb_store *s, struct rb_error *err)
 	"  LEFT JOIN f ON f.id = d.id AND f.handler = d.handler AND f.lane = d.lane " \
 	"  GROUP BY d.handler), "					\
 	"c AS (" COMPLETIONS "), "					\
+	"k AS (SELECT handler, sum(failed) AS failed, sum(buried) AS buried, " \
+	"  sum(completed_purged) AS purged FROM @S@.relaybus_lanes GROUP BY handler), " \
 	"h AS (SELECT handler FROM d UNION SELECT handler FROM c "	\
 	"  UNION SELECT handler FROM @S@.relaybus_subscriptions "	\
 	"  UNION SELECT DISTINCT handler FROM @S@.relaybus_lanes) "	\
 	"SELECT h.handler, coalesce(d.due, 0), coalesce(d.delayed, 0), coalesce(d.processing, 0), " \
 	"  coalesce(d.dead, 0), c.n, floor(extract(epoch FROM now() - d.oldest) * 1000)::bigint, " \
 	"  coalesce(d.completed, 0), " \
-	"  floor(extract(epoch FROM now() - d.oldest_due) * 1000)::bigint " \
-	"FROM h LEFT JOIN d USING (handler) LEFT JOIN c USING (handler) ORDER BY h.handler"
+	"  floor(extract(epoch FROM now() - d.oldest_due) * 1000)::bigint, " \
+	"  coalesce(k.failed, 0), coalesce(k.buried, 0), coalesce(k.purged, 0) " \
+	"FROM h LEFT JOIN d USING (handler) LEFT JOIN c USING (handler) LEFT JOIN k USING (handler) " \
+	"ORDER BY h.handler"
 
 static const char stats_sql_hist[] = STATS_SQL(
     "SELECT handler, count(*) AS n FROM @S@.relaybus_completions GROUP BY handler");
@@ -147,7 +151,7 @@ int
 pg_admin_stats(struct rb_store *s, json_t **out, struct rb_error *err)
 {
 	static const char *const counts[] = { "pending", "due", "delayed", "processing", "dead",
-	    "completed" };
+	    "completed", "completed_total", "failed_total", "buried_total" };
 	PGresult *res = NULL, *orph = NULL;
 	json_t *handlers = NULL, *total = NULL, *table = NULL;
 	int64_t oldest = -1, oldest_due = -1;
@@ -172,6 +176,9 @@ pg_admin_stats(struct rb_store *s, json_t **out, struct rb_error *err)
 	total = json_pack("{s:n, s:i, s:i, s:i, s:i, s:i}", "handler", "pending", 0, "due", 0,
 	    "delayed", 0, "processing", 0, "dead", 0);
 	json_object_set_new(total, "completed", hist || old ? json_integer(0) : json_null());
+	json_object_set_new(total, "completed_total", hist || old ? json_integer(0) : json_null());
+	json_object_set_new(total, "failed_total", json_integer(0));
+	json_object_set_new(total, "buried_total", json_integer(0));
 	for (int i = 0; i < PQntuples(res); i++) {
 		int64_t due = strtoll(PQgetvalue(res, i, 1), NULL, 10);
 		int64_t delayed = strtoll(PQgetvalue(res, i, 2), NULL, 10);
@@ -186,6 +193,12 @@ pg_admin_stats(struct rb_store *s, json_t **out, struct rb_error *err)
 		/* the completion history, and what relaybus 0.1.0 left */
 		json_object_set_new(h, "completed", !hist && !old ? json_null() :
 		    json_integer(pg_num(res, i, 5) + pg_num(res, i, 7)));
+		/* the cumulative counters: completions (in the history, and
+		 * purged from it; none without it), failed attempts, burials */
+		json_object_set_new(h, "completed_total", !hist && !old ? json_null() :
+		    json_integer(pg_num(res, i, 5) + pg_num(res, i, 7) + pg_num(res, i, 11)));
+		json_object_set_new(h, "failed_total", pg_jint(res, i, 9));
+		json_object_set_new(h, "buried_total", pg_jint(res, i, 10));
 		json_object_set_new(h, "oldest_pending_age_ms", pg_jint(res, i, 6));
 		if (!PQgetisnull(res, i, 6) && strtoll(PQgetvalue(res, i, 6), NULL, 10) > oldest)
 			oldest = strtoll(PQgetvalue(res, i, 6), NULL, 10);
@@ -444,14 +457,14 @@ static const char requeue_reorder_sql[] =
     "UPDATE @S@.relaybus_deliveries d SET sequence = k.sequence - o.cnt + o.n "
     "  FROM o JOIN k ON k.key = o.key WHERE d.id = o.id";
 
-#define APPLY_SQL(ACTION, DONE, NEW_STATUS)				\
+#define APPLY_SQL(ACTION, DONE, NEW_STATUS, COUNT)			\
 	"WITH t AS (SELECT * FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS t(event_id, handler, ord)), " \
 	"m AS (SELECT t.ord, t.event_id AS t_event, t.handler AS t_handler, d.id, d.handler, d.status, " \
 	"  (d.status = 'pending' AND EXISTS (SELECT 1 FROM @S@.relaybus_lanes x "	\
 	"     WHERE x.handler = d.handler AND x.lane = d.lane AND d.id = ANY (x.in_flight))) AS in_flight " \
 	"  FROM t LEFT JOIN @S@.relaybus_deliveries d "			\
 	"    ON d.event_id = t.event_id AND (t.handler IS NULL OR d.handler = t.handler)), " \
-	"ch AS (" ACTION " RETURNING d.id) "				\
+	"ch AS (" ACTION " RETURNING d.id, d.handler, d.lane) " COUNT	\
 	"SELECT m.t_event, coalesce(m.handler, m.t_handler), m.id::text, "	\
 	"  CASE WHEN m.id IS NULL THEN 'missing' WHEN c.id IS NOT NULL THEN '" DONE "' ELSE 'skipped' END, " \
 	"  CASE WHEN m.id IS NULL THEN NULL WHEN c.id IS NOT NULL THEN " NEW_STATUS " "	\
@@ -461,15 +474,19 @@ static const char requeue_reorder_sql[] =
 static const char requeue_sql[] = APPLY_SQL(
     "UPDATE @S@.relaybus_deliveries d SET status = 'pending', attempts = 0, claims = d.claims + 1, "
     "  available_at = now(), updated_at = now() FROM m WHERE d.id = m.id AND m.status = 'dead'",
-    "requeued", "'pending'");
+    "requeued", "'pending'", "");
 static const char bury_sql[] = APPLY_SQL(
     "UPDATE @S@.relaybus_deliveries d SET status = 'dead', last_error = $3, updated_at = now() "
     "  FROM m WHERE d.id = m.id AND m.status = 'pending' AND NOT m.in_flight",
-    "buried", "'dead'");
+    "buried", "'dead'",
+    /* the cumulative count, in the lane rows (locked already: lock_lanes_sql) */
+    ", nb AS (UPDATE @S@.relaybus_lanes x SET buried = x.buried + c.n "
+    "  FROM (SELECT handler, lane, count(*) AS n FROM ch GROUP BY handler, lane) c "
+    "  WHERE x.handler = c.handler AND x.lane = c.lane) ");
 static const char cancel_sql[] = APPLY_SQL(
     "DELETE FROM @S@.relaybus_deliveries d USING m "
     "  WHERE d.id = m.id AND m.status = 'pending' AND NOT m.in_flight",
-    "cancelled", "NULL");
+    "cancelled", "NULL", "");
 
 /* text[] literal of one field of every target (NULL elements for a missing one); new string. */
 static char *
@@ -569,17 +586,25 @@ static const char purge_events_sql[] =
     "  SELECT e.id FROM @S@.relaybus_events e WHERE e.created_at < " CUTOFF
     "    AND NOT EXISTS (SELECT 1 FROM @S@.relaybus_deliveries d WHERE d.event_id = e.id) "
     "  LIMIT $2::integer FOR UPDATE OF e SKIP LOCKED))";
-static const char purge_history_sql[] =
+/* (completions purged are added to completed_purged of the handler's lane
+ * 0, so that the completed counter of rb-admin stats never goes back) */
+#define COUNT_PURGED(DELETE)						\
+    "WITH p AS (" DELETE " RETURNING handler), "			\
+    "c AS (UPDATE @S@.relaybus_lanes x SET completed_purged = x.completed_purged + c.n " \
+    "  FROM (SELECT handler, count(*) AS n FROM p GROUP BY handler) c "	\
+    "  WHERE x.handler = c.handler AND x.lane = 0) "			\
+    "SELECT count(*) FROM p"
+static const char purge_history_sql[] = COUNT_PURGED(
     "DELETE FROM @S@.relaybus_completions WHERE ctid = ANY (ARRAY("
     "  SELECT ctid FROM @S@.relaybus_completions WHERE completed_at < " CUTOFF
-    "  ORDER BY completed_at LIMIT $2::integer FOR UPDATE SKIP LOCKED))";
+    "  ORDER BY completed_at LIMIT $2::integer FOR UPDATE SKIP LOCKED))");
 
 /* the completed deliveries relaybus 0.1.0 left (upgrade_010_pg.sql), by
  * their completion time */
-static const char purge_completed_sql[] =
+static const char purge_completed_sql[] = COUNT_PURGED(
     "DELETE FROM @S@.relaybus_deliveries WHERE id = ANY (ARRAY("
     "  SELECT id FROM @S@.relaybus_deliveries WHERE status = 'completed' AND updated_at < " CUTOFF
-    "  ORDER BY updated_at, id LIMIT $2::integer FOR UPDATE SKIP LOCKED)) AND status = 'completed'";
+    "  ORDER BY updated_at, id LIMIT $2::integer FOR UPDATE SKIP LOCKED)) AND status = 'completed'");
 
 int
 pg_admin_purge(struct rb_store *s, enum rb_admin_purge kind, int64_t older_than_ms, int batch,
@@ -602,9 +627,17 @@ pg_admin_purge(struct rb_store *s, enum rb_admin_purge kind, int64_t older_than_
 	}
 	snprintf(age, sizeof age, "%" PRId64, older_than_ms);
 	snprintf(lim, sizeof lim, "%d", batch);
-	res = q(s, kind == RB_PURGE_DEAD ? purge_dead_sql : kind == RB_PURGE_EVENTS ?
-	    purge_events_sql : kind == RB_PURGE_HISTORY ? purge_history_sql : purge_completed_sql,
-	    2, params, PGRES_COMMAND_OK, "purge", NULL, err);
+	if (kind == RB_PURGE_HISTORY || kind == RB_PURGE_COMPLETED) {
+		res = q(s, kind == RB_PURGE_HISTORY ? purge_history_sql : purge_completed_sql, 2, params,
+		    PGRES_TUPLES_OK, "purge", NULL, err);
+		if (res == NULL)
+			return -1;
+		n = atoi(PQgetvalue(res, 0, 0));
+		PQclear(res);
+		return n;
+	}
+	res = q(s, kind == RB_PURGE_DEAD ? purge_dead_sql : purge_events_sql, 2, params,
+	    PGRES_COMMAND_OK, "purge", NULL, err);
 	if (res == NULL)
 		return -1;
 	n = atoi(PQcmdTuples(res));

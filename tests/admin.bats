@@ -75,8 +75,8 @@ fields() { jq -r "[$1] | map(tostring) | join(\" \")"; }
   printf '%s\n' "$output" >"$BATS_TEST_TMPDIR/metrics.prom"
   run python3 "$RB_SRCDIR/tests/prom_lint.py" <"$BATS_TEST_TMPDIR/metrics.prom"
   [ "$status" -eq 0 ]
-  # 17 families; 29 samples, 30 once autovacuum has run (relaybus_deliveries_vacuum_age_seconds)
-  [[ "$output" =~ ^ok\ 17\ (29|30)$ ]]
+  # 20 families; 35 samples, 36 once autovacuum has run (relaybus_deliveries_vacuum_age_seconds)
+  [[ "$output" =~ ^ok\ 20\ (35|36)$ ]] || { echo "$output"; false; }
   if command -v promtool >/dev/null; then promtool check metrics <"$BATS_TEST_TMPDIR/metrics.prom"; fi
   m="$BATS_TEST_TMPDIR/metrics.prom"
   grep -qx "relaybus_handler_deliveries{schema=\"$RB_SCHEMA\",handler=\"mailer\",state=\"processing\"} 1" "$m"

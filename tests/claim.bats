@@ -531,3 +531,42 @@ claim8() {  # owner batch live search chain
   [ "$(q "SELECT count(*) FROM relaybus_completions WHERE event_id = 'h2'")" = 1 ]
   q "DROP TABLE relaybus_completions"
 }
+
+@test "misspelled handler: rb-claim -H with no subscription and no deliveries exits 78 naming the subscribed ones" {
+  run -78 --separate-stderr rb-claim -H hh1
+  [ "$stderr" = "rb-claim: -H: handler 'hh1' has no subscription and no deliveries (subscribed: h1, h2, k); rb-setup --subscribe hh1:PATTERN adds one" ]
+  [ -z "$output" ]
+  # with --wait: a warning, the wait, then the documented 1
+  run -1 --separate-stderr rb-claim -H hh1 --wait 200ms
+  [[ "$stderr" == "rb-claim: -H: handler 'hh1' has no subscription and no deliveries (subscribed: h1, h2, k); waiting for one"* ]] ||
+    { echo "$stderr"; false; }
+  # subscribed, nothing due: still the documented 1
+  run -1 --separate-stderr rb-claim -H h1
+  [ -z "$stderr" ]
+  # no subscription but deliveries published to it by name: claimed as before
+  echo '{"id":"x-1","name":"other","payload":{},"handlers":["byname"]}' | rb-publish -q
+  run -0 --separate-stderr rb-claim -H byname
+  [[ "$output" == *'"event_id":"x-1"'* ]]
+}
+
+@test "misspelled handler: rb-dispatch -H warns at start and still runs (a subscription may come later)" {
+  run -0 --separate-stderr rb-dispatch -H mailr --exec true --drain
+  [[ "$stderr" == *"rb-dispatch: mailr: -H: handler 'mailr' has no subscription and no deliveries (subscribed: h1, h2, k); rb-setup --subscribe mailr:PATTERN adds one"* ]] ||
+    { echo "$stderr"; false; }
+  run -0 --separate-stderr rb-dispatch -H h1 --exec true --drain
+  [[ "$stderr" != *"no subscription"* ]] || { echo "$stderr"; false; }
+}
+
+@test "misspelled handler: rb-publish warns once per unknown name in \"handlers\" and stores the event" {
+  run -0 --separate-stderr rb-publish -o <<'EOF2'
+{"id":"m-1","name":"other","payload":{},"handlers":["nosuch","h1"]}
+{"id":"m-2","name":"other","payload":{},"handlers":["nosuch"]}
+EOF2
+  [ "$(grep -c "no subscription" <<<"$stderr")" = 1 ] || { echo "$stderr"; false; }
+  [[ "$stderr" == *"rb-publish: stdin:1: handler 'nosuch' has no subscription and no deliveries (subscribed: h1, h2, k): stored anyway"* ]] ||
+    { echo "$stderr"; false; }
+  [[ "$output" == *'"event_id":"m-2","deliveries":1'* ]] || { echo "$output"; false; }
+  # the next run: 'nosuch' has deliveries now, no warning
+  run -0 --separate-stderr rb-publish <<<'{"id":"m-3","name":"other","payload":{},"handlers":["nosuch"]}'
+  [[ "$stderr" != *"no subscription"* ]] || { echo "$stderr"; false; }
+}

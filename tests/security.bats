@@ -252,3 +252,78 @@ wait_for() {  # secs cond...
   [ "$(cat new.jsonl)" = 'not json' ]
   [ "$(stat -c %a new.jsonl)" = 600 ]
 }
+
+# A payload PostgreSQL holds and jansson cannot (an integer beyond 64 bits,
+# 1e400), published with SQL as other languages do, plus 0.1 (which a
+# parse-and-print turns into 0.10000000000000001).  Prints its event id.
+fid_publish() {
+  rb-setup --subscribe fid:fid.big >/dev/null
+  q "SELECT event_id FROM relaybus_publish('fid.big',
+     '{\"n\":123456789012345678901234567890,\"x\":1e400,\"p\":0.1}'::jsonb)"
+}
+# the payload as PostgreSQL prints it, compacted: what the line must carry
+fid_stored() { q "SELECT replace(payload::text, ' ', '') FROM relaybus_events WHERE id = '$1'"; }
+# the payload member of a delivery line
+fid_payload() { sed -n 's/.*"payload":\({[^}]*}\),"headers".*/\1/p' "$@"; }
+fid_left() { q "SELECT count(*) FROM relaybus_deliveries WHERE handler = 'fid'"; }
+
+@test "payloads: --exec gets numbers jansson cannot hold byte for byte, and completes them" {
+  need_pg
+  local id want
+  id=$(fid_publish)
+  want=$(fid_stored "$id")
+  [[ "$want" == *'"n":123456789012345678901234567890'* && "$want" == *'"p":0.1'* ]] || { echo "$want"; false; }
+  run -0 rb-dispatch -H fid --exec "cat > '$BATS_TEST_TMPDIR/line'" --drain
+  [ "$(fid_payload "$BATS_TEST_TMPDIR/line")" = "$want" ]
+  [ "$(fid_left)" = 0 ]
+}
+
+@test "payloads: a --pipe co-process that echoes such a line completes it (no timeout)" {
+  need_pg
+  local id want
+  id=$(fid_publish)
+  want=$(fid_stored "$id")
+  run -0 --separate-stderr timeout 60 rb-dispatch -H fid --pipe "tee '$BATS_TEST_TMPDIR/line'" \
+    --timeout 20s --drain
+  [[ "$stderr" != *ignored* ]] || { echo "$stderr"; false; }
+  [ "$(fid_payload "$BATS_TEST_TMPDIR/line")" = "$want" ]
+  [ "$(fid_left)" = 0 ]
+  [ "$(q "SELECT count(*) FROM relaybus_deliveries WHERE event_id = '$id'")" = 0 ]
+}
+
+@test "payloads: --sql's \$1 carries such a payload as stored, never null or re-printed" {
+  need_pg
+  local id want
+  id=$(fid_publish)
+  want=$(fid_stored "$id")
+  q "CREATE TABLE IF NOT EXISTS fid_got (t text); TRUNCATE fid_got"
+  run -0 rb-dispatch -H fid --sql "INSERT INTO $RB_SCHEMA.fid_got VALUES (\$1)" --drain
+  [ "$(q "SELECT count(*) FROM fid_got")" = 1 ]
+  [ "$(q "SELECT t FROM fid_got" | fid_payload)" = "$want" ]
+  [ "$(q "SELECT (t::jsonb)->'payload' = (SELECT payload FROM relaybus_events WHERE id = '$id')
+           AND (t::jsonb)->>'ok' = 'true' FROM fid_got")" = t ]
+  [ "$(fid_left)" = 0 ]
+}
+
+@test "payloads: rb-claim | cat | rb-complete completes such a delivery, and --sql gets the line as it came" {
+  need_pg
+  local id want
+  id=$(fid_publish)
+  want=$(fid_stored "$id")
+  run -0 --separate-stderr bash -c "rb-claim -H fid | tee '$BATS_TEST_TMPDIR/line' | cat | rb-complete -o"
+  [ "$(fid_payload "$BATS_TEST_TMPDIR/line")" = "$want" ]
+  [[ "$output" == *'"outcome":"completed"'* ]] || { echo "$output $stderr"; false; }
+  [ "$(fid_left)" = 0 ]
+  # rb-complete --sql: $1 is the result line byte for byte
+  id=$(fid_publish)
+  q "CREATE TABLE IF NOT EXISTS fid_got (t text); TRUNCATE fid_got"
+  run -0 --separate-stderr bash -c "rb-claim -H fid | tee '$BATS_TEST_TMPDIR/line' |
+    rb-complete --sql \"INSERT INTO $RB_SCHEMA.fid_got VALUES (\\\$1)\""
+  [ "$(q "SELECT t FROM fid_got")" = "$(tr -d '\n' < "$BATS_TEST_TMPDIR/line")" ]
+  [ "$(fid_left)" = 0 ]
+  # a member rb-complete reads must still be valid: retry_ms 1e400 is refused, naming it
+  id=$(fid_publish)
+  run -65 --separate-stderr bash -c "rb-claim -H fid | sed 's/}\$/,\"ok\":false,\"retry_ms\":1e400}/' | rb-complete"
+  [[ "$stderr" == *"stdin:1: invalid JSON: real number overflow"*"(field 'retry_ms'): not applied"* ]] ||
+    { echo "$stderr"; false; }
+}

@@ -198,6 +198,19 @@ e3 pending 0 null" ]
 q2 Q 2 1" ]
 }
 
+@test "rb-dispatch --drain of a handler with nothing to do ends (exit 0), subscribed or not" {
+  # (it claimed 0 forever here before the store's face that does not wait)
+  run -0 --separate-stderr timeout 30 rb-dispatch -H h1 --exec true --drain
+  [[ "$stderr" != *"no subscription"* ]] || { echo "$stderr"; false; }
+  run -0 --separate-stderr timeout 30 rb-dispatch -H js --exec true --drain -v
+  [[ "$stderr" == *"drained: nothing due, nothing in flight"* ]] || { echo "$stderr"; false; }
+  # and with work done before: it ends once that is completed
+  echo '{"id":"dr-1","name":"job.x","payload":{}}' | rb-publish -q
+  run -0 --separate-stderr timeout 30 rb-dispatch -H h1 --exec true --drain
+  [ "$(rbq count deliveries '{}')" = 0 ]
+  run -0 --separate-stderr timeout 30 rb-dispatch -H h1 --pipe cat --drain
+}
+
 @test "--sql on MongoDB is a usage error (64); rb-pageinspect is not supported (69)" {
   gen_events 1 job.x | rb-publish -q
   rb-claim -H h1 --owner w1 >"$BATS_TEST_TMPDIR/c"

@@ -104,8 +104,6 @@ stderr_id() { stat -L -c '%d:%i' /dev/stderr; }
   [ "$status" -eq 69 ]
   grep -q '^<3>rb-admin: cannot connect' "$f"
   ! grep -v '^<[0-7]>' "$f" || false
-  # (on MongoDB, rb-dispatch --drain of a handler that has nothing never ends: a known bug)
-  pg_only "rb-dispatch --drain of a handler with no deliveries hangs on MongoDB (known bug)"
   need_pg
   # an event no handler subscribes to: a warning (4), then the summary, a notice (5)
   bash -c 'exec 2>"$1"; echo "{\"id\":\"js-1\",\"name\":\"nomatch\",\"payload\":{}}" |

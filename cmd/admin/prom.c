@@ -3,9 +3,12 @@
  * prom.c: rb-admin's Prometheus text format and its atomic --output.
  * Families: gauges of the deliveries by handler and state, the oldest
  * pending and due ages, dead letters (state "dead"), the deliveries
- * table's dead tuples and vacuum age; counters (_total) from PostgreSQL's
- * cumulative statistics of the deliveries table, which cost the delivery
- * path nothing and start again from 0 after pg_stat_reset().
+ * table's dead tuples and vacuum age; exact counters (_total) by handler
+ * that the store keeps (failed attempts, burials, and completions with the
+ * history); counters from PostgreSQL's cumulative statistics of the
+ * deliveries table, which cost the delivery path nothing and start again
+ * from 0 after pg_stat_reset() (and count attempted changes: a deletion
+ * rolled back counts too).
  */
 #include "config.h"
 
@@ -74,18 +77,25 @@ sample(FILE *f, const char *name, const char *schema, const char *handler, const
 
 static const char *const states[] = { "due", "delayed", "processing", "dead" };
 
-/* one family with a sample per handler */
+/* one family (type: "gauge", "counter") with a sample per handler */
 static void
-per_handler(FILE *f, const json_t *hs, const char *schema, const char *name, const char *help,
-    const char *field, enum unit u)
+per_handler_typed(FILE *f, const json_t *hs, const char *schema, const char *name, const char *type,
+    const char *help, const char *field, enum unit u)
 {
 	size_t i;
 	json_t *h;
 
-	family(f, name, "gauge", help);
+	family(f, name, type, help);
 	json_array_foreach(hs, i, h)
 		sample(f, name, schema, json_string_value(json_object_get(h, "handler")), NULL,
 		    json_object_get(h, field), u, false);
+}
+
+static void
+per_handler(FILE *f, const json_t *hs, const char *schema, const char *name, const char *help,
+    const char *field, enum unit u)
+{
+	per_handler_typed(f, hs, schema, name, "gauge", help, field, u);
 }
 
 /* relaybus_up: v 1 or 0 */
@@ -128,6 +138,20 @@ prom_write(FILE *f, const json_t *st, const char *schema)
 	if (hist)
 		per_handler(f, hs, schema, "relaybus_handler_completions", "Completions of one "
 		    "handler kept in the completion history (and those relaybus 0.1.0 left).", "completed", INT);
+	/* the exact cumulative counters (the store keeps them; a backend
+	 * without them has no such member) */
+	if (hist && json_object_get(json_object_get(st, "total"), "completed_total") != NULL)
+		per_handler_typed(f, hs, schema, "relaybus_handler_completed_total", "counter",
+		    "Deliveries of one handler completed (the completion history, and what was purged "
+		    "from it; only with rb-setup --completion-history).", "completed_total", INT);
+	if (json_is_integer(json_object_get(json_object_get(st, "total"), "failed_total"))) {
+		per_handler_typed(f, hs, schema, "relaybus_handler_failed_total", "counter",
+		    "Attempts of one handler that failed (a failure or dead letter, a timeout, an attempt "
+		    "lost with an expired lease; a release is none).", "failed_total", INT);
+		per_handler_typed(f, hs, schema, "relaybus_handler_buried_total", "counter",
+		    "Deliveries of one handler that became dead letters (rb-admin bury included).",
+		    "buried_total", INT);
+	}
 	per_handler(f, hs, schema, "relaybus_handler_oldest_pending_age_seconds", "Age of the "
 	    "oldest pending delivery of one handler, since it was published (0 when none).",
 	    "oldest_pending_age_ms", MS);

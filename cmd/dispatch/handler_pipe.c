@@ -51,7 +51,7 @@ struct pipe_state {
 };
 
 /* The members of a result line that the dispatcher reads. */
-static const char *const result_want[] = { "event_id", "lease", "ok", "error", "retry_ms", "dead" };
+static const char *const result_want[] = { "event_id", "lease", "ok", "error", "retry_ms", "dead", NULL };
 enum { RW_EVENT_ID, RW_LEASE, RW_OK, RW_ERROR, RW_RETRY_MS, RW_DEAD, RW_N };
 
 static void
@@ -221,36 +221,16 @@ find_slot(struct dispatcher *dp, const char *ev, size_t evlen, const char *token
 }
 
 /*
- * The members of a result line that matter, as an object: picked from the
- * text when rb_json_scan vouches for it, else parsed in full.  NULL (why
- * says why) when the line is not a JSON object.
+ * The members of a result line that matter, as an object (the rest, the
+ * payload echoed back, only checked to be JSON: rb_json_members).  NULL
+ * (why says why) when the line is not a JSON object.
  */
 static json_t *
 result_fields(const char *text, size_t len, char *why, size_t whylen)
 {
-	struct rb_json_member m[32];
-	int n = rb_json_scan(text, len, m, 32);
 	json_t *in;
 
-	if (n < 0 || n > 32)
-		return rb_jsonl_parse(text, len, &in, why, whylen) < 0 ? NULL : in;
-	in = json_object();
-	for (int i = 0; i < n; i++)
-		for (size_t w = 0; w < RW_N; w++) {
-			json_t *v;
-
-			if (m[i].klen != strlen(result_want[w]) || memcmp(m[i].key, result_want[w], m[i].klen) != 0)
-				continue;
-			if (m[i].type == 't' || m[i].type == 'f' || m[i].type == '0')
-				v = m[i].type == 't' ? json_true() : m[i].type == 'f' ? json_false() : json_null();
-			else if (m[i].type == '"' && !m[i].escaped)
-				v = json_stringn_nocheck(m[i].val + 1, m[i].vlen - 2);
-			else
-				v = json_loadb(m[i].val, m[i].vlen, JSON_DECODE_ANY, NULL);
-			if (v != NULL)
-				json_object_set_new(in, result_want[w], v);
-		}
-	return in;
+	return rb_json_members(text, len, result_want, &in, why, whylen) < 0 ? NULL : in;
 }
 
 /*

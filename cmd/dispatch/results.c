@@ -178,31 +178,21 @@ apply_results(struct dispatcher *dp, size_t n, struct rb_result *v)
 }
 
 /*
- * d as the JSON --sql hands its statement ($1): the delivery object (its
- * line parsed) with "ok": true, compact.  A line jansson cannot take (a
- * number beyond 64 bits in the payload) is spliced as text instead.
+ * d as the JSON --sql hands its statement ($1): the delivery line as it
+ * was written, payload and headers as the store holds them (never parsed
+ * and printed again: a number would change, 0.1 into 0.10000000000000001,
+ * or not parse at all), with "ok": true spliced in before its last brace.
  */
 static char *
 sql_json(const struct rb_dl *d)
 {
-	json_t *o = json_loadb(d->text, d->tlen, 0, NULL);
-	char *text;
+	size_t n = d->tlen;
 
-	if (o == NULL) {
-		size_t n = d->tlen;
-
-		if (n > 0 && d->text[n - 1] == '\n')
-			n--;
-		if (n > 0 && d->text[n - 1] == '}')
-			n--;
-		return xasprintf("%.*s,\"ok\":true}", (int)n, d->text);
-	}
-	json_object_set_new(o, "ok", json_true());
-	text = json_dumps(o, JSON_COMPACT);
-	json_decref(o);
-	if (text == NULL)
-		rb_die(RB_EXIT_OSERR, "out of memory");
-	return text;
+	if (n > 0 && d->text[n - 1] == '\n')
+		n--;
+	if (n > 0 && d->text[n - 1] == '}')
+		n--;
+	return xasprintf("%.*s,\"ok\":true}", (int)n, d->text);
 }
 
 /* The first n queued results as a completion's input (their strings

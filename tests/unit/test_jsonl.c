@@ -180,6 +180,37 @@ test_string_places(void)
 	ok(bad_compact == 0, "%ld texts compacted as jansson prints them (%ld differ)", n, bad_compact);
 }
 
+/* rb_json_members: the wanted members; numbers elsewhere are syntax only */
+static void
+test_members(void)
+{
+	static const char *const want[] = { "event_id", "retry_ms", "ok", NULL };
+	static const char big[] = "{\"event_id\":\"e-1\",\"payload\":{\"n\":123456789012345678901234567890,"
+	    "\"x\":1e400,\"a\":[1e-400,{\"k\\u00e9\":-99999999999999999999}]},\"ok\":true}";
+	static const char *const bad[] = {
+		"{\"event_id\":\"e\",\"p\":1e400,\"retry_ms\":1e400}",	/* a wanted member overflows */
+		"{\"event_id\":\"e\",\"p\":1e400,\"event_id\":\"f\"}",	/* duplicate top-level key */
+		"{\"event_id\":\"e\",\"p\":1e400,\"q\":[1,]}",		/* invalid after the big number */
+		"{\"event_id\":\"e\",\"p\":1e400",				/* truncated */
+		"[1e400]",
+	};
+	json_t *o;
+	char err[256];
+
+	ok(rb_json_members(big, strlen(big), want, &o, err, sizeof err) == 0 &&
+	    strcmp(json_string_value(json_object_get(o, "event_id")), "e-1") == 0 &&
+	    json_is_true(json_object_get(o, "ok")) && json_object_get(o, "retry_ms") == NULL,
+	    "members of a line with numbers jansson cannot hold");
+	json_decref(o);
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		ok(rb_json_members(bad[i], strlen(bad[i]), want, &o, err, sizeof err) < 0 && o == NULL &&
+		    strncmp(err, "invalid JSON:", 13) == 0, "members refuses %s (%s)", bad[i], err);
+	}
+	ok(rb_json_members("{\"ok\":true,\"retry_ms\":5}", 24, want, &o, err, sizeof err) == 0 &&
+	    json_integer_value(json_object_get(o, "retry_ms")) == 5, "members of a plain line");
+	json_decref(o);
+}
+
 int
 main(void)
 {
@@ -280,5 +311,6 @@ main(void)
 	test_dump();
 	test_string_places();
 	test_scan();
+	test_members();
 	return done_testing();
 }
