@@ -335,17 +335,18 @@ run(struct rb_store *s, const char *sql, int n, const char *const *params, ExecS
 	return run_on(s, be_of(s)->conn, sql, n, params, want, what, retry, err);
 }
 
-/* Run a command; returns the number of rows it affected, or -1. */
+/* Run a statement that returns the number of rows it changed (the lane
+ * functions of schema_pg.sql); returns that number, or -1. */
 static int
 run_affected(struct rb_store *s, const char *sql, int n, const char *const *params, const char *what,
     struct rb_error *err)
 {
-	PGresult *res = run(s, sql, n, params, PGRES_COMMAND_OK, what, true, err);
+	PGresult *res = run(s, sql, n, params, PGRES_TUPLES_OK, what, true, err);
 	int rows;
 
 	if (res == NULL)
 		return -1;
-	rows = atoi(PQcmdTuples(res));
+	rows = PQntuples(res) == 1 ? atoi(PQgetvalue(res, 0, 0)) : 0;
 	PQclear(res);
 	return rows;
 }
@@ -481,67 +482,28 @@ pg_open(struct rb_store *s, struct rb_error *err)
 	be->q_fetch = render(
 	    "SELECT p.o, e.name, e.key, e.payload::text, e.headers::text "
 	    "FROM unnest($1::text[]) WITH ORDINALITY p(eid, o) "
-	    "CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_events ee WHERE ee.id = p.eid OFFSET 0) e", sc);
-	be->q_extend = render(
-	    "UPDATE @S@.relaybus_lanes SET lease_expires_at = clock_timestamp() + $3::bigint * interval '1 millisecond' "
-	    "WHERE handler = $1 AND lease_owner = $2", sc);
-/*
- * Completion: a result with its delivery_id finds its row through the
- * primary key (event_id and handler only checked: compared under "C" so
- * that the planner cannot take the (event_id, handler) index instead,
- * equality being the same under every deterministic collation); one without
- * through (event_id, handler).  in_flight is tested with @> so that it
- * cannot become an index condition (d.id = ANY (l.in_flight) made the
- * planner read every in-flight row of the lane for each result: 5.4 ms ->
- * 1.6 ms per 200).  Each row deleted returns the position of its result.
- */
-#define COMPLETE_FENCE \
-	    "    AND d.lane = r.lane AND d.claims = r.claims AND d.status = 'pending' " \
-	    "    AND l.handler = r.handler AND l.lane = r.lane AND l.epoch = r.epoch " \
-	    "    AND l.in_flight @> ARRAY[d.id] " \
-	    "  RETURNING r.ord, d.event_id, d.handler, d.attempts) "
-/* (l: each lane of the results read once, through its key, not once a
- * result: a group of 200 has some 20 lanes; 7% less time a result) */
-#define COMPLETE_CTE \
-	    "WITH r AS (SELECT * FROM unnest($1::text[], $2::text[], $3::smallint[], $4::bigint[], $5::integer[], " \
-	    "  $6::bigint[]) WITH ORDINALITY AS r(event_id, handler, lane, epoch, claims, id, ord)), " \
-	    "l AS (SELECT x.handler, x.lane, x.epoch, x.in_flight FROM (SELECT DISTINCT handler, lane FROM r) u " \
-	    "  CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_lanes y " \
-	    "    WHERE y.handler = u.handler AND y.lane = u.lane OFFSET 0) x), " \
-	    "by_id AS (DELETE FROM @S@.relaybus_deliveries d USING r, l " \
-	    "  WHERE d.id = r.id AND d.event_id = r.event_id COLLATE \"C\" AND d.handler = r.handler COLLATE \"C\" " \
-	    COMPLETE_FENCE ", " \
-	    "by_key AS (DELETE FROM @S@.relaybus_deliveries d USING r, l " \
-	    "  WHERE r.id IS NULL AND d.event_id = r.event_id AND d.handler = r.handler " \
-	    COMPLETE_FENCE ", " \
-	    "del AS (SELECT * FROM by_id UNION ALL SELECT * FROM by_key) "
-	be->q_complete = render(COMPLETE_CTE "SELECT ord FROM del", sc);
-	be->q_complete_hist = render(COMPLETE_CTE
-	    ", hist AS (INSERT INTO @S@.relaybus_completions (event_id, handler, attempts) "
-	    "  SELECT event_id, handler, attempts + 1 FROM del) "
-	    "SELECT ord FROM del", sc);
+	    "CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_worker_events ee WHERE ee.id = p.eid OFFSET 0) e", sc);
+	/* (a worker role has no table privilege: what the delivery path
+	 * writes goes through the functions of schema_pg.sql, "Roles") */
+	be->q_extend = render("SELECT @S@.relaybus_extend($1, $2, $3::bigint)", sc);
+/* Completion: relaybus_complete_batch (schema_pg.sql), one statement
+ * fenced by lane epoch, in_flight membership and claims; each row deleted
+ * returns the position of its result. */
+#define COMPLETE_CALL \
+	"SELECT ord FROM @S@.relaybus_complete_batch($1::text[], $2::text[], $3::smallint[], $4::bigint[], " \
+	"$5::integer[], $6::bigint[], "
+	be->q_complete = render(COMPLETE_CALL "false)", sc);
+	be->q_complete_hist = render(COMPLETE_CALL "true)", sc);
 	be->q_fail = render(
 	    "SELECT ord, outcome, attempts, missing FROM @S@.relaybus_fail($1::text[], $2::text[], "
 	    "$3::smallint[], $4::bigint[], $5::integer[], $6::text[], $7::bigint[], $8::text[], "
 	    "$9::integer, $10::bigint, $11::bigint, $12::double precision) ORDER BY ord", sc);
-	be->q_relinquish = render(
-	    "UPDATE @S@.relaybus_lanes x SET lease_owner = NULL, lease_expires_at = NULL, in_flight = '{}' "
-	    "WHERE x.handler = $1 AND x.lease_owner = $2 AND NOT EXISTS ("
-	    "  SELECT 1 FROM @S@.relaybus_deliveries d WHERE d.id = ANY (x.in_flight) AND d.status = 'pending')",
-	    sc);
-	be->q_relinquish_owner = render(
-	    "UPDATE @S@.relaybus_lanes x SET epoch = x.epoch + 1, lease_owner = NULL, lease_expires_at = NULL, "
-	    "in_flight = '{}' WHERE x.handler = $1 AND x.lease_owner = $2", sc);
+	be->q_relinquish = render("SELECT @S@.relaybus_relinquish($1, $2)", sc);
+	be->q_relinquish_owner = render("SELECT @S@.relaybus_relinquish_owner($1, $2)", sc);
 	be->q_relinquish_leases = render(
-	    "UPDATE @S@.relaybus_lanes x SET lease_owner = NULL, lease_expires_at = NULL, in_flight = '{}' "
-	    "FROM unnest($1::text[], $2::smallint[], $3::bigint[]) AS r(handler, lane, epoch) "
-	    "WHERE x.handler = r.handler AND x.lane = r.lane AND x.epoch = r.epoch "
-	    "  AND x.lease_owner IS NOT NULL AND NOT EXISTS ("
-	    "  SELECT 1 FROM @S@.relaybus_deliveries d WHERE d.id = ANY (x.in_flight) AND d.status = 'pending')",
-	    sc);
-	be->q_lock_lane = render(
-	    "SELECT 1 FROM @S@.relaybus_lanes WHERE handler = $1 AND lane = $2::smallint AND epoch = $3::bigint "
-	    "FOR KEY SHARE", sc);
+	    "SELECT @S@.relaybus_relinquish_leases($1::text[], $2::smallint[], $3::bigint[])", sc);
+	/* (a row when the lane row is locked KEY SHARE at that epoch) */
+	be->q_lock_lane = render("SELECT 1 WHERE @S@.relaybus_lock_lane($1, $2::smallint, $3::bigint)", sc);
 	return pg_connect(s, err);
 }
 
@@ -664,6 +626,7 @@ setup_script(struct rb_sbuf *b, const char *schema, const struct rb_setup_opts *
 		rb_sb_puts(b, ";\n");
 		free(buf);
 	}
+	rb_pg_grants_script(b, schema, o);	/* last: it covers every function made above */
 }
 
 static int
@@ -675,6 +638,15 @@ check_subscriptions(const struct rb_setup_opts *o, struct rb_error *err)
 		const char *h, *p;
 
 		if (rb_subscription_parse(spec, &buf, &h, &p, err) < 0)
+			return -1;
+		free(buf);
+	}
+	for (size_t i = 0; i < o->n_grant + o->n_revoke; i++) {
+		char *buf;
+		const char *k, *r, *h;
+
+		if (rb_grant_parse(i < o->n_grant ? o->grant[i] : o->revoke[i - o->n_grant], &buf, &k, &r, &h,
+		    err) < 0)
 			return -1;
 		free(buf);
 	}
@@ -753,6 +725,9 @@ pg_setup(struct rb_store *s, const struct rb_setup_opts *o, struct rb_error *err
 		if (!ok)
 			goto fail;
 	}
+	/* last: the privileges of every function made above */
+	if (rb_pg_grants_setup(s, o, err) < 0)
+		goto fail;
 	if (run_cmd(s, "COMMIT", "set-up", err) < 0)
 		goto out;
 	rc = 0;
@@ -1517,7 +1492,7 @@ static int
 delivery_exists(struct rb_store *s, PGconn *c, const char *event_id, const char *handler,
     struct rb_error *err)
 {
-	char *q = render("SELECT 1 FROM @S@.relaybus_deliveries WHERE event_id = $1 AND handler = $2", s->schema);
+	char *q = render("SELECT 1 WHERE @S@.relaybus_delivery_exists($1, $2)", s->schema);
 	const char *params[2] = { event_id, handler };
 	PGresult *res = run_on(s, c, q, 2, params, PGRES_TUPLES_OK, "complete", false, err);
 	int n;

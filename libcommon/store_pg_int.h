@@ -23,4 +23,15 @@ char	*rb_pg_render(const struct rb_store *, const char *tmpl);
  */
 int	rb_pg_fail(struct rb_store *, PGresult *res, const char *what, struct rb_error *err);
 
+struct rb_sbuf;
+
+/**
+ * rb-setup --grant/--revoke (store_pg_grants.c): record o's grants and
+ * revokes and apply every recorded grant (relaybus_apply_grants), in the
+ * set-up's transaction.  A granted role that does not exist: RB_EXIT_USAGE.
+ */
+int	rb_pg_grants_setup(struct rb_store *, const struct rb_setup_opts *o, struct rb_error *err);
+/** The same as SQL statements for --print-sql, appended to b (o checked already). */
+void	rb_pg_grants_script(struct rb_sbuf *b, const char *schema, const struct rb_setup_opts *o);
+
 #endif
