@@ -20,6 +20,8 @@ setup() {
   if [ "$(q "SELECT to_regclass('relaybus_completions') IS NOT NULL")" = t ]; then q "TRUNCATE relaybus_completions"; fi
 }
 
+# (claims beside an open session run under a timeout: one that waits for a
+# lock it must not wait for fails the test instead of hanging it)
 publish() { for id in "$@"; do printf '{"id":"%s","name":"ev","payload":{"n":1}}\n' "$id"; done | rb-publish -q; }
 
 # The handler's transaction, in one psql: the business write, then
@@ -182,13 +184,13 @@ SQL
   sleep 0.6
   [ "$(q "SELECT count(*) FROM relaybus_lanes WHERE lease_owner = 'A' AND lease_expires_at < now()")" = 1 ]
   # expired, but locked by the handler's transaction: B gets nothing
-  run rb-claim -H h --owner B
+  run timeout -s KILL 20 rb-claim -H h --owner B
   [ "$status" -eq 1 ]
   [ "$(q "SELECT count(*) FROM relaybus_lanes WHERE lease_owner = 'B'")" = 0 ]
   say s1 "COMMIT;"
   bye s1
   grep -qx completed "$BATS_TEST_TMPDIR/s1.out"
-  run rb-claim -H h --owner B
+  run timeout -s KILL 20 rb-claim -H h --owner B
   [ "$status" -eq 1 ]
   [ "$(q "SELECT count(*) FROM relaybus_deliveries")" = 0 ]
   [ "$(q "SELECT count(*) FROM business WHERE event_id = 'c1'")" = 1 ]
@@ -204,11 +206,11 @@ SQL
           SELECT relaybus_complete(l->>'lease', l->>'event_id', l->>'handler') FROM (SELECT :'line'::jsonb AS l) x;"
   await s1 'idle in transaction'
   sleep 0.6
-  run rb-claim -H h --owner B
+  run timeout -s KILL 20 rb-claim -H h --owner B
   [ "$status" -eq 1 ]
   say s1 "ROLLBACK;"
   bye s1
-  run rb-claim -H h --owner B
+  run timeout -s KILL 20 rb-claim -H h --owner B
   [ "$status" -eq 0 ]
   [ "$(jq -r '.event_id + " " + (.attempt|tostring)' <<<"$output")" = "c2 2" ]
   b=$output
@@ -284,21 +286,21 @@ SQL
   await s1 'idle in transaction'
   publish kk
   # the owner claims more on that lane, and renews, without waiting
-  run timeout 10 rb-claim -H h --owner A --lease 1s
+  run timeout -s KILL 20 rb-claim -H h --owner A --lease 1s
   [ "$status" -eq 0 ]
   [ "$(jq -r '.event_id + " " + (.lane|tostring)' <<<"$output")" = "kk $lane" ]
-  run timeout 10 psql "$RELAYBUS_URL" -X -A -t -q -c "SELECT \"$RB_SCHEMA\".relaybus_extend('h', 'A', 1000)"
+  run timeout -s KILL 20 psql "$RELAYBUS_URL" -X -A -t -q -c "SELECT \"$RB_SCHEMA\".relaybus_extend('h', 'A', 1000)"
   [ "$status" -eq 0 ]
   [ "$output" -ge 1 ]
   sleep 1.2
   # expired, but the lane is locked: the takeover passes it over
-  run rb-claim -H h --owner B
+  run timeout -s KILL 20 rb-claim -H h --owner B
   [ "$status" -eq 1 ]
   say s1 "COMMIT;"
   bye s1
   grep -qx completed "$BATS_TEST_TMPDIR/s1.out"
   # now B takes the lane over: kk (A's, never completed) runs again, o1 does not
-  run rb-claim -H h --owner B
+  run timeout -s KILL 20 rb-claim -H h --owner B
   [ "$status" -eq 0 ]
   [ "$(jq -r '.event_id + " " + (.attempt|tostring)' <<<"$output")" = "kk 2" ]
   [ "$(q "SELECT string_agg(event_id, ',') FROM business")" = o1 ]
