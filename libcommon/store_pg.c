@@ -2,12 +2,13 @@
 /*
  * store_pg.c: the PostgreSQL backend, the only file of the delivery path
  * that includes libpq-fe.h.  The set-up script and the server-side
- * functions (publish, claim, fail) are in schema_pg.sql; this file renders
- * them for a schema, runs them with parameters only, and turns rows into
- * JSON.  The hot path is one round trip per operation:
+ * functions (publish, claim, complete, fail, extend, relinquish) are in
+ * schema_pg.sql; this file renders them for a schema, runs them with
+ * parameters only, and turns rows into JSON.  The hot path is one round
+ * trip per operation:
  *   publish  = SELECT relaybus_publish_batch($1)           (one transaction)
  *   claim    = SELECT relaybus_claim(...)                  (one transaction)
- *   complete = DELETE ... USING unnest($arrays), lanes     (one statement)
+ *   complete = SELECT relaybus_complete_batch($arrays)     (one statement)
  */
 #include "config.h"
 
