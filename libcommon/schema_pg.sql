@@ -844,7 +844,8 @@ CREATE OR REPLACE VIEW @S@.relaybus_worker_events WITH (security_barrier) AS
 -- privilege).  Each is the statement store_pg.c ran before, unchanged.
 -- Complete (rb-dispatch, rb-complete): one statement, fenced by lane epoch,
 -- in_flight membership and the claims counter; returns the positions of
--- the deliveries deleted; p_history: also write the history rows.  A result
+-- the deliveries deleted, and writes their history rows when the schema
+-- keeps a completion history (decided here, not by the caller).  A result
 -- with its delivery id finds its row through the primary key (event_id and
 -- handler only checked: compared under "C" so that the planner cannot take
 -- the (event_id, handler) index instead, equality being the same under
@@ -856,13 +857,13 @@ CREATE OR REPLACE VIEW @S@.relaybus_worker_events WITH (security_barrier) AS
 -- a result (a group of 200 has some 20 lanes; 7% less time a result).
 CREATE OR REPLACE FUNCTION @S@.relaybus_complete_batch(
     p_event_ids text[], p_handlers text[], p_lanes smallint[], p_epochs bigint[],
-    p_claims integer[], p_ids bigint[], p_history boolean)
+    p_claims integer[], p_ids bigint[])
 RETURNS TABLE (ord bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = @S@, pg_temp AS $$
 #variable_conflict use_column
 BEGIN
     PERFORM @S@.relaybus_check('{worker}', p_handlers);
-    IF p_history THEN
+    IF to_regclass('@S@.relaybus_completions') IS NOT NULL THEN
         RETURN QUERY
         WITH r AS (SELECT * FROM unnest(p_event_ids, p_handlers, p_lanes, p_epochs, p_claims, p_ids)
                    WITH ORDINALITY AS r(event_id, handler, lane, epoch, claims, id, ord)),

@@ -489,12 +489,14 @@ pg_open(struct rb_store *s, struct rb_error *err)
 	be->q_extend = render("SELECT @S@.relaybus_extend($1, $2, $3::bigint)", sc);
 /* Completion: relaybus_complete_batch (schema_pg.sql), one statement
  * fenced by lane epoch, in_flight membership and claims; each row deleted
- * returns the position of its result. */
+ * returns the position of its result.  It writes the history rows itself
+ * when the schema keeps them (a worker role cannot leave them out), so
+ * both statements are the same call. */
 #define COMPLETE_CALL \
 	"SELECT ord FROM @S@.relaybus_complete_batch($1::text[], $2::text[], $3::smallint[], $4::bigint[], " \
-	"$5::integer[], $6::bigint[], "
-	be->q_complete = render(COMPLETE_CALL "false)", sc);
-	be->q_complete_hist = render(COMPLETE_CALL "true)", sc);
+	"$5::integer[], $6::bigint[])"
+	be->q_complete = render(COMPLETE_CALL, sc);
+	be->q_complete_hist = render(COMPLETE_CALL, sc);
 	be->q_fail = render(
 	    "SELECT ord, outcome, attempts, missing FROM @S@.relaybus_fail($1::text[], $2::text[], "
 	    "$3::smallint[], $4::bigint[], $5::integer[], $6::text[], $7::bigint[], $8::text[], "
