@@ -9,7 +9,7 @@
 # The options of each program (and of each rb-admin command); those that
 # take an argument end in "=" here (the "=" is not completed).
 _rb_common='--db= --schema= --verbose --quiet --log-format= --help --version'
-_rb_opts_rb_setup="--subscribe= --unsubscribe= --completion-history --print-sql $_rb_common"
+_rb_opts_rb_setup="--subscribe= --unsubscribe= --completion-history --grant= --revoke= --print-sql $_rb_common"
 _rb_opts_rb_publish="--batch= --flush= --output --keep-going --rejects= --max-line= $_rb_common"
 _rb_opts_rb_claim="--handler= --batch= --lease= --owner= --wait= --poll= --max-attempts= $_rb_common"
 _rb_opts_rb_complete="--max-attempts= --backoff= --sql= --window= --batch= --no-relinquish $_rb_common"

@@ -11,7 +11,7 @@
  *   rb_admin_status_flags         the status words of rb_admin.h
  *
  * The public record functions (rb_event_validate, rb_result_validate,
- * rb_subscription_parse, rb_publish_acks_*, rb_dl_free, rb_dl_result,
+ * rb_subscription_parse, rb_grant_parse, rb_publish_acks_*, rb_dl_free, rb_dl_result,
  * rb_result_completes, rb_admin_status_valid) are declared in rb_store.h
  * and rb_admin.h and defined in records.c and delivery.c.  Nothing here
  * knows a store or a backend.  Allocation dies on out-of-memory

@@ -4,7 +4,8 @@
  * connection: open, close, reconnect, LISTEN/NOTIFY, libpq's version.  The work is in the
  * files by job (store_pg_int.h lists them) over one exec/error layer
  * (store_pg_exec.c); the set-up script and the server-side functions
- * (publish, claim, fail) are in schema_pg.sql.  The hot path is one round
+ * (publish, claim, complete, fail, extend, relinquish, and the roles' grants)
+ * are in schema_pg.sql.  The hot path is one round
  * trip per operation:
  *   publish  = SELECT relaybus_publish_batch($1)           (one transaction)
  *   claim    = SELECT relaybus_claim(...)                  (one transaction)

@@ -38,24 +38,16 @@ const char pg_tmpl_claim_ids[] = "SELECT id, event_id, handler, lane, epoch, cla
 const char pg_tmpl_fetch[] =
     "SELECT p.o, e.name, e.key, e.payload::text, e.headers::text "
     "FROM unnest($1::text[]) WITH ORDINALITY p(eid, o) "
-    "CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_events ee WHERE ee.id = p.eid OFFSET 0) e";
-const char pg_tmpl_extend[] =
-    "UPDATE @S@.relaybus_lanes SET lease_expires_at = clock_timestamp() + $3::bigint * interval '1 millisecond' "
-    "WHERE handler = $1 AND lease_owner = $2 AND holder = $4::bigint";
-const char pg_tmpl_relinquish[] =
-    "UPDATE @S@.relaybus_lanes x SET lease_owner = NULL, holder = NULL, lease_expires_at = NULL, in_flight = '{}' "
-    "WHERE x.handler = $1 AND x.lease_owner = $2 AND x.holder = $3::bigint AND NOT EXISTS ("
-    "  SELECT 1 FROM @S@.relaybus_deliveries d WHERE d.id = ANY (x.in_flight) AND d.status = 'pending')";
-const char pg_tmpl_relinquish_owner[] =
-    "UPDATE @S@.relaybus_lanes x SET epoch = x.epoch + 1, lease_owner = NULL, holder = NULL, "
-    "lease_expires_at = NULL, in_flight = '{}' WHERE x.handler = $1 AND x.lease_owner = $2 "
-    "AND x.holder = $3::bigint";
+    "CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_worker_events ee WHERE ee.id = p.eid OFFSET 0) e";
+/* (a worker role has no table privilege: what the delivery path writes
+ * goes through the functions of schema_pg.sql, "Roles"; each returns the
+ * number of lanes it changed) */
+const char pg_tmpl_extend[] = "SELECT @S@.relaybus_extend($1, $2, $3::bigint, $4::bigint)";
+const char pg_tmpl_relinquish[] = "SELECT @S@.relaybus_relinquish($1, $2, $3::bigint)";
+const char pg_tmpl_relinquish_owner[] = "SELECT @S@.relaybus_relinquish_owner($1, $2, $3::bigint)";
 const char pg_tmpl_relinquish_leases[] =
-    "UPDATE @S@.relaybus_lanes x SET lease_owner = NULL, holder = NULL, lease_expires_at = NULL, in_flight = '{}' "
-    "FROM unnest($1::text[], $2::smallint[], $3::bigint[]) AS r(handler, lane, epoch) "
-    "WHERE x.handler = r.handler AND x.lane = r.lane AND x.epoch = r.epoch "
-    "  AND x.lease_owner IS NOT NULL AND NOT EXISTS ("
-    "  SELECT 1 FROM @S@.relaybus_deliveries d WHERE d.id = ANY (x.in_flight) AND d.status = 'pending')";
+    "SELECT @S@.relaybus_relinquish_leases($1::text[], $2::smallint[], $3::bigint[])";
+
 
 /* ---- claim --------------------------------------------------------------- */
 

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * store_pg_complete.c: completion.  The ok results of a batch are one
- * statement (pg_tmpl_complete: a DELETE fenced by lane epoch, claim count
- * and the lane's in_flight list), run at once (rb_store_complete) or in two
+ * statement (pg_tmpl_complete: relaybus_complete_batch, a DELETE fenced by
+ * lane epoch, claim count and the lane's in_flight list), run at once (rb_store_complete) or in two
  * steps on the first or the third connection (rb_store_complete_send);
  * --sql runs the caller's statement and the deletion in one transaction
  * per delivery; failures, releases and burials go to relaybus_fail in one
@@ -25,48 +25,24 @@
 #include "store_pg_int.h"
 
 /*
- * The completion: a result with its delivery_id finds its row through the
- * primary key (event_id and handler only checked: compared under "C" so
- * that the planner cannot take the (event_id, handler) index instead,
- * equality being the same under every deterministic collation); one without
- * through (event_id, handler).  in_flight is tested with @> so that it
- * cannot become an index condition (d.id = ANY (l.in_flight) made the
- * planner read every in-flight row of the lane for each result: 5.4 ms ->
- * 1.6 ms per 200).  Each row deleted returns the position of its result.
+ * The completion: relaybus_complete_batch (schema_pg.sql), one statement
+ * fenced by lane epoch, in_flight membership and claims; each row deleted
+ * returns the position of its result.  It writes the history rows itself
+ * when the schema keeps them (a worker role cannot leave them out), so
+ * both statements are the same call.
  */
-#define COMPLETE_FENCE \
-    "    AND d.lane = r.lane AND d.claims = r.claims AND d.status = 'pending' " \
-    "    AND l.handler = r.handler AND l.lane = r.lane AND l.epoch = r.epoch " \
-    "    AND l.in_flight @> ARRAY[d.id] " \
-    "  RETURNING r.ord, d.event_id, d.handler, d.attempts) "
-/* (l: each lane of the results read once, through its key, not once a
- * result: a group of 200 has some 20 lanes; 7% less time a result) */
-#define COMPLETE_CTE \
-    "WITH r AS (SELECT * FROM unnest($1::text[], $2::text[], $3::smallint[], $4::bigint[], $5::integer[], " \
-    "  $6::bigint[]) WITH ORDINALITY AS r(event_id, handler, lane, epoch, claims, id, ord)), " \
-    "l AS (SELECT x.handler, x.lane, x.epoch, x.in_flight FROM (SELECT DISTINCT handler, lane FROM r) u " \
-    "  CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_lanes y " \
-    "    WHERE y.handler = u.handler AND y.lane = u.lane OFFSET 0) x), " \
-    "by_id AS (DELETE FROM @S@.relaybus_deliveries d USING r, l " \
-    "  WHERE d.id = r.id AND d.event_id = r.event_id COLLATE \"C\" AND d.handler = r.handler COLLATE \"C\" " \
-    COMPLETE_FENCE ", " \
-    "by_key AS (DELETE FROM @S@.relaybus_deliveries d USING r, l " \
-    "  WHERE r.id IS NULL AND d.event_id = r.event_id AND d.handler = r.handler " \
-    COMPLETE_FENCE ", " \
-    "del AS (SELECT * FROM by_id UNION ALL SELECT * FROM by_key) "
-const char pg_tmpl_complete[] = COMPLETE_CTE "SELECT ord FROM del";
-const char pg_tmpl_complete_hist[] = COMPLETE_CTE
-    ", hist AS (INSERT INTO @S@.relaybus_completions (event_id, handler, attempts) "
-    "  SELECT event_id, handler, attempts + 1 FROM del) "
-    "SELECT ord FROM del";
+#define COMPLETE_CALL \
+    "SELECT ord FROM @S@.relaybus_complete_batch($1::text[], $2::text[], $3::smallint[], $4::bigint[], " \
+    "$5::integer[], $6::bigint[])"
+const char pg_tmpl_complete[] = COMPLETE_CALL;
+const char pg_tmpl_complete_hist[] = COMPLETE_CALL;
 const char pg_tmpl_fail[] =
     "SELECT ord, outcome, attempts, missing FROM @S@.relaybus_fail($1::text[], $2::text[], "
     "$3::smallint[], $4::bigint[], $5::integer[], $6::text[], $7::bigint[], $8::text[], "
     "$9::integer, $10::bigint, $11::bigint, $12::double precision) ORDER BY ord";
 /* (--sql: the lane row locked for the caller's transaction) */
-const char pg_tmpl_lock_lane[] =
-    "SELECT 1 FROM @S@.relaybus_lanes WHERE handler = $1 AND lane = $2::smallint AND epoch = $3::bigint "
-    "FOR KEY SHARE";
+/* (a row when the lane row is locked KEY SHARE at that epoch) */
+const char pg_tmpl_lock_lane[] = "SELECT 1 WHERE @S@.relaybus_lock_lane($1, $2::smallint, $3::bigint)";
 
 /* ---- the fence arrays ------------------------------------------------------ */
 
@@ -160,7 +136,7 @@ static int
 delivery_exists(struct rb_store *s, PGconn *c, const char *event_id, const char *handler,
     struct rb_error *err)
 {
-	char *q = pg_render("SELECT 1 FROM @S@.relaybus_deliveries WHERE event_id = $1 AND handler = $2", s->schema);
+	char *q = pg_render("SELECT 1 WHERE @S@.relaybus_delivery_exists($1, $2)", s->schema);
 	const char *params[2] = { event_id, handler };
 	PGresult *res = pg_run_on(s, c, q, 2, params, PGRES_TUPLES_OK, "complete", false, err);
 	int n;

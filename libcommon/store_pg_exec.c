@@ -266,12 +266,12 @@ int
 pg_run_affected(struct rb_store *s, const char *sql, int n, const char *const *params, const char *what,
     struct rb_error *err)
 {
-	PGresult *res = pg_run(s, sql, n, params, PGRES_COMMAND_OK, what, true, err);
+	PGresult *res = pg_run(s, sql, n, params, PGRES_TUPLES_OK, what, true, err);
 	int rows;
 
 	if (res == NULL)
 		return -1;
-	rows = atoi(PQcmdTuples(res));
+	rows = PQntuples(res) == 1 ? atoi(PQgetvalue(res, 0, 0)) : 0;
 	PQclear(res);
 	return rows;
 }

@@ -143,7 +143,8 @@ PGresult *pg_run_on(struct rb_store *, PGconn *c, const char *sql, int n, const 
 /** pg_run_on the main connection. */
 PGresult *pg_run(struct rb_store *, const char *sql, int n, const char *const *params,
 	    ExecStatusType want, const char *what, bool retry, struct rb_error *err);
-/** pg_run of a command (retried); the number of rows it affected, or -1. */
+/** pg_run (retried) of a SELECT of one lane function of schema_pg.sql that returns the
+ * number of rows it changed; that number, or -1. */
 int	pg_run_affected(struct rb_store *, const char *sql, int n, const char *const *params,
 	    const char *what, struct rb_error *err);
 /**
@@ -266,5 +267,16 @@ int	pg_admin_subscriptions(struct rb_store *, const char *handler, json_t **, st
 int	pg_inspect_lifecycle(struct rb_store *, const struct rb_inspect_opts *, json_t **,
 	    struct rb_error *);
 int	pg_inspect_sample(struct rb_store *, json_t **, struct rb_error *);
+
+struct rb_sbuf;
+
+/**
+ * rb-setup --grant/--revoke (store_pg_grants.c): record o's grants and
+ * revokes and apply every recorded grant (relaybus_apply_grants), in the
+ * set-up's transaction.  A granted role that does not exist: RB_EXIT_USAGE.
+ */
+int	pg_grants_setup(struct rb_store *, const struct rb_setup_opts *o, struct rb_error *err);
+/** The same as SQL statements for --print-sql, appended to b (o checked already). */
+void	pg_grants_script(struct rb_sbuf *b, const char *schema, const struct rb_setup_opts *o);
 
 #endif

@@ -336,7 +336,7 @@ drain_cutting() {  # handler statement-prefix n [rb-dispatch args]
 @test "--connections 3: the connection that completes is cut, again and again: it reconnects, nothing lost or run twice" {
   need_pg
   # the third connection is the one whose statement deletes what completed
-  drain_cutting compcut 'WITH r AS (SELECT * FROM unnest(' 9000 --connections 3
+  drain_cutting compcut 'SELECT ord FROM %.relaybus_complete_batch(' 9000 --connections 3
 }
 
 @test "--connections 3 --drain: a completion that commits beside a claim finding nothing does not end the drain early" {
