@@ -36,6 +36,7 @@
 #include "rb_log.h"
 #include "rb_store.h"
 #include "rb_util.h"
+#include "admin/prom.h"
 
 static const char usage_str[] =
 "usage: rb-admin [--db URL] [--schema NAME] [--json | --table] COMMAND [options] [args]\n"
@@ -43,7 +44,7 @@ static const char usage_str[] =
 "See and operate the relaybus bus.\n"
 "\n"
 "Commands:\n"
-"  stats [--handler NAME] [--prometheus]\n"
+"  stats [--handler NAME] [--prometheus] [--output FILE]\n"
 "        counts per handler and in total: pending (due, delayed), processing,\n"
 "        dead, completed (with history), oldest pending age, events without deliveries\n"
 "  list [--status STATUS[,STATUS]] [--handler NAME] [--key KEY] [--event ID] [--limit N]\n"
@@ -56,8 +57,9 @@ static const char usage_str[] =
 "  cancel (same selection)                   delete pending deliveries\n"
 "        without ids or --all/--key/--event/--limit: event ids or `list` lines on stdin\n"
 "  purge [--dead-older-than DUR] [--completed-older-than DUR]\n"
-"        [--history-older-than DUR] [--batch N]\n"
-"        retention: dead deliveries, events without deliveries, completion history\n"
+"        [--history-older-than DUR] [--keys] [--batch N]\n"
+"        retention: dead deliveries, events without deliveries, completion history,\n"
+"        key counters no delivery needs\n"
 "  lanes [--handler NAME] [--all]\n"
 "        held lanes (or with ids in flight; --all: every lane): owner, epoch, lease\n"
 "  subscriptions [--handler NAME]\n"
@@ -65,6 +67,10 @@ static const char usage_str[] =
 "\n"
 "Options:\n"
 "  -u, --db URL                 postgresql:// URL or conninfo (default: $RELAYBUS_URL, PG*)\n"
+"  -h, --host HOST              server host or socket folder (PGHOST)\n"
+"  -p, --port PORT              server port (PGPORT)\n"
+"  -U, --username USER          database user (PGUSER)\n"
+"  -d, --dbname NAME            database name (PGDATABASE), or a URL as --db\n"
 "      --schema NAME            schema of the tables (default: $RELAYBUS_SCHEMA or public)\n"
 "      --json                   JSON lines (the default when stdout is not a terminal)\n"
 "      --table                  an aligned table (the default on a terminal)\n"
@@ -75,42 +81,50 @@ static const char usage_str[] =
 "  -n, --limit N                at most N deliveries, oldest first\n"
 "  -a, --all                    requeue/bury/cancel: every matching delivery; lanes: every lane\n"
 "      --reason TEXT            bury: the last_error to record (default: buried by rb-admin)\n"
-"      --prometheus             stats: Prometheus text exposition format\n"
+"      --prometheus             stats: Prometheus text exposition format (relaybus_up 0\n"
+"                               when the bus cannot be read, with the exit status)\n"
+"      --output FILE            stats: write FILE atomically (a temporary file beside\n"
+"                               it, renamed), mode 0644: node_exporter's textfile collector\n"
 "      --dead-older-than DUR    purge dead deliveries last changed before DUR ago (7d, 12h)\n"
 "      --completed-older-than DUR  purge events older than DUR with no delivery left\n"
+"                               (and deliveries relaybus 0.1.0 completed before DUR ago)\n"
 "      --history-older-than DUR    purge completion history older than DUR\n"
+"      --keys                   purge the counters of ordering keys that no pending,\n"
+"                               in-flight or dead delivery has (their sequences restart)\n"
 "      --batch N                rows per purge transaction (default 1000)\n"
 "  -v, --verbose                more messages (-vv: debug)\n"
 "  -q, --quiet                  errors only\n"
 "      --log-format FORMAT      text (default) or json diagnostics on stderr\n"
-"  -h, --help                   this help\n"
+"      --help                   this help\n"
 "  -V, --version                version and libraries\n"
 "\n"
 "Exit status: 0 ok, 64 usage, 65 an id or input line that matches nothing or\n"
 "does not parse (the rest is still processed), 69 database unavailable,\n"
 "70 internal error, 74 output error, 75 temporary failure or purge interrupted,\n"
-"77 permission denied, 78 bad URL or schema, or no completion history.\n";
+"76 schema newer than this relaybus, 77 permission denied, 78 bad URL or schema,\n"
+"or no completion history, 79 schema needs an upgrade (run rb-setup).\n";
 
 #define APPLY_CHUNK	1000
 
 enum {
 	OPT_JSON = RB_OPT_FIRST_PROGRAM, OPT_TABLE, OPT_STATUS, OPT_HANDLER, OPT_KEY, OPT_EVENT,
 	OPT_REASON, OPT_PROMETHEUS, OPT_DEAD_OLDER, OPT_COMPLETED_OLDER, OPT_HISTORY_OLDER,
-	OPT_BATCH
+	OPT_BATCH, OPT_KEYS, OPT_OUTPUT
 };
 
 /* which options a command takes */
 enum {
 	F_STATUS = 1 << 0, F_HANDLER = 1 << 1, F_KEY = 1 << 2, F_EVENT = 1 << 3, F_LIMIT = 1 << 4,
 	F_ALL = 1 << 5, F_REASON = 1 << 6, F_PROMETHEUS = 1 << 7, F_PURGE = 1 << 8,
+	F_OUTPUT = 1 << 9,
 };
 
 static struct options {
 	struct rb_common	 common;
 	int			 table;		/* -1 by terminal, 0 JSON, 1 table */
-	const char		*status, *handler, *key, *event, *reason;
+	const char		*status, *handler, *key, *event, *reason, *output;
 	int64_t			 limit;
-	bool			 all, prometheus;
+	bool			 all, prometheus, keys;
 	int64_t			 dead_older, completed_older, history_older;	/* ms; -1 unset */
 	int			 batch;
 	unsigned		 seen;		/* F_* given */
@@ -135,7 +149,8 @@ static const struct admin_cmd {
 	int		 min_args, max_args;
 	int		(*run)(struct rb_store *, int, char **);
 } admin_cmds[] = {
-	{ "stats", "stats [--handler NAME] [--prometheus]", F_HANDLER | F_PROMETHEUS, 0, 0, cmd_stats },
+	{ "stats", "stats [--handler NAME] [--prometheus] [--output FILE]", F_HANDLER | F_PROMETHEUS |
+	    F_OUTPUT, 0, 0, cmd_stats },
 	{ "list", "list [--status STATUS] [--handler NAME] [--key KEY] [--event ID] [--limit N]",
 	    F_STATUS | F_HANDLER | F_KEY | F_EVENT | F_LIMIT, 0, 0, cmd_list },
 	{ "show", "show EVENT_ID...", 0, 1, INT_MAX, cmd_show },
@@ -145,7 +160,7 @@ static const struct admin_cmd {
 	    F_SELECT | F_REASON, 0, INT_MAX, cmd_bury },
 	{ "cancel", "cancel [--all|--key KEY|--event ID|--limit N] [--handler NAME] [EVENT_ID...]",
 	    F_SELECT, 0, INT_MAX, cmd_cancel },
-	{ "purge", "purge [--dead-older-than DUR] [--completed-older-than DUR] [--history-older-than DUR] [--batch N]",
+	{ "purge", "purge [--dead-older-than DUR] [--completed-older-than DUR] [--history-older-than DUR] [--keys] [--batch N]",
 	    F_PURGE, 0, 0, cmd_purge },
 	{ "lanes", "lanes [--handler NAME] [--all]", F_HANDLER | F_ALL, 0, 0, cmd_lanes },
 	{ "subscriptions", "subscriptions [--handler NAME]", F_HANDLER, 0, 0, cmd_subscriptions },
@@ -185,6 +200,8 @@ parse_opts(int argc, char **argv, const char *shortopts)
 		{ "completed-older-than", required_argument, NULL, OPT_COMPLETED_OLDER },
 		{ "history-older-than", required_argument, NULL, OPT_HISTORY_OLDER },
 		{ "batch", required_argument, NULL, OPT_BATCH },
+		{ "keys", no_argument, NULL, OPT_KEYS },
+		{ "output", required_argument, NULL, OPT_OUTPUT },
 		{ NULL, 0, NULL, 0 }
 	};
 	const char *u = cmd_usage != NULL ? cmd_usage : usage_str;
@@ -247,9 +264,19 @@ parse_opts(int argc, char **argv, const char *shortopts)
 			opt.history_older = rb_cli_duration(u, "--history-older-than", optarg);
 			seen(F_PURGE, "--history-older-than");
 			break;
+		case OPT_OUTPUT:
+			if (*optarg == '\0')
+				rb_cli_usage_error(u, "--output: give a file name");
+			opt.output = optarg;
+			seen(F_OUTPUT, "--output");
+			break;
 		case OPT_BATCH:
 			opt.batch = rb_cli_int(u, "--batch", optarg, 1, 1000000);
 			seen(F_PURGE, "--batch");
+			break;
+		case OPT_KEYS:
+			opt.keys = true;
+			seen(F_PURGE, "--keys");
 			break;
 		default:
 			rb_cli_bad_option(u);
@@ -296,9 +323,9 @@ parse_args(int argc, char **argv)
 	if (argc - i > the_cmd->max_args)
 		rb_cli_usage_error(cmd_usage, "%s: unexpected argument '%s'", the_cmd->name, argv[i]);
 	if (the_cmd->run == cmd_purge && opt.dead_older < 0 && opt.completed_older < 0 &&
-	    opt.history_older < 0)
-		rb_cli_usage_error(cmd_usage, "purge: give --dead-older-than, --completed-older-than "
-		    "or --history-older-than");
+	    opt.history_older < 0 && !opt.keys)
+		rb_cli_usage_error(cmd_usage, "purge: give --dead-older-than, --completed-older-than, "
+		    "--history-older-than or --keys");
 	if (the_cmd->opts & F_ALL && the_cmd->run != cmd_lanes) {
 		bool select = (opt.seen & (F_ALL | F_KEY | F_EVENT | F_LIMIT)) != 0;
 
@@ -533,90 +560,24 @@ static const struct column stats_cols[] = {
 	{ "COMPLETED", "completed", 0 }, { "OLDEST_MS", "oldest_pending_age_ms", 0 }, { NULL, NULL, 0 }
 };
 
-/* A Prometheus label value: \ " and newline escaped. */
+/*
+ * The bus cannot be read: with --prometheus, relaybus_up 0 (and --output
+ * still renames the file into place), then the error and its exit status.
+ */
 static void
-prom_label(const char *v)
+stats_failed(const struct rb_error *err)
 {
-	for (; *v != '\0'; v++) {
-		if (*v == '\\' || *v == '"')
-			printf("\\%c", *v);
-		else if (*v == '\n')
-			fputs("\\n", stdout);
-		else
-			putchar(*v);
+	if (opt.prometheus) {
+		const char *schema = opt.common.schema;
+
+		if (schema == NULL || *schema == '\0')
+			schema = getenv("RELAYBUS_SCHEMA");
+		prom_write_down(stdout, schema != NULL && *schema != '\0' ? schema : RB_DEFAULT_SCHEMA);
+		if (fflush(stdout) != 0 || ferror(stdout))
+			out_failed();
+		out_commit();
 	}
-}
-
-static void
-prom_family(const char *name, const char *help)
-{
-	printf("# HELP %s %s\n# TYPE %s gauge\n", name, help, name);
-}
-
-/* v: an integer, or with ms an integer of milliseconds printed as seconds (null: 0) */
-static void
-prom_sample(const char *name, const char *handler, const char *state, const json_t *v, bool ms)
-{
-	printf("%s{schema=\"", name);
-	prom_label(schema_name);
-	putchar('"');
-	if (handler != NULL) {
-		fputs(",handler=\"", stdout);
-		prom_label(handler);
-		putchar('"');
-	}
-	if (state != NULL)
-		printf(",state=\"%s\"", state);
-	if (ms)
-		printf("} %.3f\n", json_is_integer(v) ? (double)json_integer_value(v) / 1000.0 : 0.0);
-	else
-		printf("} %" JSON_INTEGER_FORMAT "\n", json_is_integer(v) ? json_integer_value(v) : 0);
-}
-
-static const char *const prom_states[] = { "due", "delayed", "processing", "dead" };
-
-static void
-stats_prometheus(const json_t *st)
-{
-	const json_t *hs = json_object_get(st, "handlers"), *total = json_object_get(st, "total");
-	bool hist = json_is_true(json_object_get(st, "history"));
-	size_t i;
-	json_t *h;
-
-	prom_family("relaybus_handler_deliveries", "Deliveries of one handler by state "
-	    "(due and delayed are pending; processing is in flight).");
-	json_array_foreach(hs, i, h)
-		for (size_t k = 0; k < 4; k++)
-			prom_sample("relaybus_handler_deliveries", json_string_value(json_object_get(h,
-			    "handler")), prom_states[k], json_object_get(h, prom_states[k]), false);
-	if (hist) {
-		prom_family("relaybus_handler_completions", "Completions of one handler kept in the "
-		    "completion history.");
-		json_array_foreach(hs, i, h)
-			prom_sample("relaybus_handler_completions", json_string_value(json_object_get(h,
-			    "handler")), NULL, json_object_get(h, "completed"), false);
-	}
-	prom_family("relaybus_handler_oldest_pending_age_seconds", "Age of the oldest pending "
-	    "delivery of one handler (0 when none).");
-	json_array_foreach(hs, i, h)
-		prom_sample("relaybus_handler_oldest_pending_age_seconds", json_string_value(
-		    json_object_get(h, "handler")), NULL, json_object_get(h, "oldest_pending_age_ms"), true);
-	prom_family("relaybus_deliveries", "Deliveries of every handler by state.");
-	for (size_t k = 0; k < 4; k++)
-		prom_sample("relaybus_deliveries", NULL, prom_states[k], json_object_get(total,
-		    prom_states[k]), false);
-	if (hist) {
-		prom_family("relaybus_completions", "Completions kept in the completion history.");
-		prom_sample("relaybus_completions", NULL, NULL, json_object_get(total, "completed"), false);
-	}
-	prom_family("relaybus_oldest_pending_age_seconds", "Age of the oldest pending delivery "
-	    "(0 when none).");
-	prom_sample("relaybus_oldest_pending_age_seconds", NULL, NULL,
-	    json_object_get(total, "oldest_pending_age_ms"), true);
-	prom_family("relaybus_events_without_deliveries", "Events with no delivery left "
-	    "(removed by rb-admin purge --completed-older-than).");
-	prom_sample("relaybus_events_without_deliveries", NULL, NULL,
-	    json_object_get(st, "events_without_deliveries"), false);
+	rb_cli_die(err);
 }
 
 static int
@@ -627,7 +588,7 @@ cmd_stats(struct rb_store *s, int argc, char **argv)
 	size_t i;
 
 	if (rb_admin_stats(s, &st, &err) < 0)
-		rb_cli_die(&err);
+		stats_failed(&err);
 	/* --handler: only that handler's line; the total stays the bus's */
 	rows = json_array();
 	json_array_foreach(json_object_get(st, "handlers"), i, h)
@@ -636,7 +597,7 @@ cmd_stats(struct rb_store *s, int argc, char **argv)
 			json_array_append(rows, h);
 	json_object_set(st, "handlers", rows);
 	if (opt.prometheus) {
-		stats_prometheus(st);
+		prom_write(stdout, st, schema_name);
 	} else {
 		total = json_deep_copy(json_object_get(st, "total"));
 		json_object_set(total, "events_without_deliveries",
@@ -689,7 +650,7 @@ cmd_list(struct rb_store *s, int argc, char **argv)
 	return finish(RB_EXIT_OK);
 }
 
-static const char *const show_fields[] = { "id", "name", "key", "created_at", "handlers",
+static const char *const show_fields[] = { "event_id", "name", "key", "created_at", "handlers",
 	"headers", "payload", NULL };
 
 static int
@@ -951,11 +912,12 @@ cmd_purge(struct rb_store *s, int argc, char **argv)
 		const char		*field, *what;
 	} kinds[] = {
 		{ RB_PURGE_DEAD, "dead", "dead deliveries" },
+		{ RB_PURGE_COMPLETED, "completed", "completed deliveries" },
 		{ RB_PURGE_EVENTS, "events", "events" },
 		{ RB_PURGE_HISTORY, "history", "history rows" },
 	};
-	int64_t ages[3] = { opt.dead_older, opt.completed_older, opt.history_older };
-	long deleted[3] = { 0, 0, 0 }, batches = 0;
+	int64_t ages[4] = { opt.dead_older, opt.completed_older, opt.completed_older, opt.history_older };
+	long deleted[4] = { 0, 0, 0, 0 }, keys = 0, batches = 0;
 	bool progress = isatty(STDERR_FILENO) && rb_log_level() >= RB_LOG_WARN;
 	struct sigaction sa;
 	int64_t t0 = rb_mono_ms();
@@ -967,8 +929,9 @@ cmd_purge(struct rb_store *s, int argc, char **argv)
 	sigemptyset(&sa.sa_mask);
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
-	/* dead deliveries first: events whose last deliveries they were follow */
-	for (int k = 0; k < 3 && !stop_signal; k++) {
+	/* dead deliveries first: events whose last deliveries they were follow
+	 * (and so do completed ones relaybus 0.1.0 left); key counters last */
+	for (int k = 0; k < 4 && !stop_signal; k++) {
 		if (ages[k] < 0)
 			continue;
 		for (;;) {
@@ -994,15 +957,47 @@ cmd_purge(struct rb_store *s, int argc, char **argv)
 		if (progress)
 			fputc('\n', stderr);
 	}
-	sum = json_pack("{s:I, s:I, s:I, s:I, s:I, s:b}", "dead", (json_int_t)deleted[0],
-	    "events", (json_int_t)deleted[1], "history", (json_int_t)deleted[2],
+	if (opt.keys && !stop_signal) {
+		char *after = NULL;
+
+		/* every counter is looked at once: a batch ends where it began */
+		do {
+			struct rb_error err = { 0 };
+			int n = rb_admin_purge_keys(s, &after, opt.batch, &err);
+
+			if (n < 0) {
+				if (progress)
+					fputc('\n', stderr);
+				rb_error("purge stopped after %ld batches: %s", batches, err.msg);
+				free(after);
+				return finish(err.exit_code);
+			}
+			if (n > 0)
+				batches++;
+			keys += n;
+			rb_debug("purge: key counters: batch of %d", n);
+			if (progress)
+				fprintf(stderr, "\rrb-admin: purge: key counters: %ld deleted", keys);
+		} while (after != NULL && !stop_signal);
+		free(after);
+		if (progress)
+			fputc('\n', stderr);
+	}
+	sum = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:b}", "dead", (json_int_t)deleted[0],
+	    "completed", (json_int_t)deleted[1], "events", (json_int_t)deleted[2],
+	    "history", (json_int_t)deleted[3], "keys", (json_int_t)keys,
 	    "batches", (json_int_t)batches, "elapsed_ms", (json_int_t)(rb_mono_ms() - t0),
 	    "interrupted", stop_signal != 0);
-	if (opt.table)
-		printf("purged %ld dead deliveries, %ld events, %ld history rows in %ld batches "
-		    "(%.1fs)%s\n", deleted[0], deleted[1], deleted[2], batches,
-		    (double)(rb_mono_ms() - t0) / 1000.0, stop_signal ? ", interrupted" : "");
-	else if (rb_jsonl_write(stdout, sum) < 0)
+	if (opt.table) {
+		printf("purged %ld dead deliveries, ", deleted[0]);
+		if (deleted[1] > 0)
+			printf("%ld completed deliveries of relaybus 0.1.0, ", deleted[1]);
+		printf("%ld events, %ld history rows", deleted[2], deleted[3]);
+		if (opt.keys)
+			printf(", %ld key counters", keys);
+		printf(" in %ld batches (%.1fs)%s\n", batches, (double)(rb_mono_ms() - t0) / 1000.0,
+		    stop_signal ? ", interrupted" : "");
+	} else if (rb_jsonl_write(stdout, sum) < 0)
 		out_check();
 	json_decref(sum);
 	if (stop_signal) {
@@ -1060,9 +1055,20 @@ main(int argc, char **argv)
 
 	rb_cli_init("rb-admin", &opt.common);
 	parse_args(argc, argv);
-	store = rb_cli_open(&opt.common);
+	if (opt.output != NULL)
+		out_begin(opt.output);
+	if (the_cmd->run == cmd_stats) {
+		struct rb_error err = { 0 };
+
+		if ((store = rb_store_open(opt.common.db, opt.common.schema, rb_log_prog(), &err)) == NULL)
+			stats_failed(&err);
+		rb_debug("connected to %s, schema %s", rb_store_url_redacted(store), rb_store_schema(store));
+	} else
+		store = rb_cli_open(&opt.common);
 	schema_name = rb_store_schema(store);
 	rc = the_cmd->run(store, cmd_argc, cmd_argv);
+	if (opt.output != NULL)
+		out_commit();
 	rb_store_close(store);
 	free(cmd_usage);
 	return rc;

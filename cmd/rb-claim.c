@@ -48,16 +48,21 @@ static const char usage_str[] =
 "      --poll DUR         while waiting, also look every DUR (default 1s)\n"
 "      --max-attempts N   a takeover buries a delivery whose attempts reach N (default 10)\n"
 "  -u, --db URL           postgresql:// URL or conninfo (default: $RELAYBUS_URL, PG*)\n"
+"  -h, --host HOST        server host or socket folder (PGHOST)\n"
+"  -p, --port PORT        server port (PGPORT)\n"
+"  -U, --username USER    database user (PGUSER)\n"
+"  -d, --dbname NAME      database name (PGDATABASE), or a URL as --db\n"
 "      --schema NAME      relaybus schema (default: $RELAYBUS_SCHEMA or public)\n"
 "  -v, --verbose          more messages (-vv: debug)\n"
 "  -q, --quiet            errors only\n"
 "      --log-format FMT   text (default) or json diagnostics on stderr\n"
-"  -h, --help             this help\n"
+"      --help             this help\n"
 "  -V, --version          version and libraries\n"
 "\n"
 "Exit status: 0 deliveries printed, 1 nothing was due, 64 usage, 69 database\n"
 "unavailable, 74 stdout failed or its reader left before taking them all (the rest\n"
-"released), 75 temporary failure or interrupted, 78 bad URL or schema not set up.\n";
+"released), 75 temporary failure or interrupted, 76/79 schema newer than this\n"
+"relaybus / needs an upgrade (rb-setup), 78 bad URL or schema not set up.\n";
 
 enum { OPT_OWNER = RB_OPT_FIRST_PROGRAM, OPT_POLL, OPT_MAX_ATTEMPTS };
 

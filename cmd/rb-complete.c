@@ -4,8 +4,10 @@
  * rb-claim printed it, plus ok, error, retry_ms, dead, release) and apply
  * them: complete (delete, fenced by the lease), reschedule with backoff,
  * bury, or release.  Results that arrive within --window are grouped into
- * one statement.  One outcome line per input line on stdout: completed,
- * rescheduled, buried, released or lost (the lease was taken over).
+ * one statement.  With --output, one outcome line per input line on stdout:
+ * completed, rescheduled, buried, released or lost (the lease was taken
+ * over); without it stdout stays empty, so that a cron job mails nothing
+ * but errors (rb-publish's -o is opt-in the same way).
  *
  * A line that does not parse or lacks a valid lease is reported
  * (stdin:LINE: ...), never applied, and never costs the other results of
@@ -30,7 +32,8 @@
 
 static const char usage_str[] =
 "usage: rb-complete [--max-attempts N] [--backoff BASE[,MAX[,FACTOR]]] [--sql SQL]\n"
-"                   [--window DUR] [--batch N] [--no-relinquish] [--db URL] [--schema NAME]\n"
+"                   [--window DUR] [--batch N] [--no-relinquish] [--output] [--db URL]\n"
+"                   [--schema NAME]\n"
 "\n"
 "Apply delivery results read as JSON lines: complete, reschedule, bury or release.\n"
 "A result is a delivery line plus \"ok\" (default true), \"error\", \"retry_ms\",\n"
@@ -44,16 +47,22 @@ static const char usage_str[] =
 "      --window DUR       group results arriving within DUR (default 2ms)\n"
 "      --batch N          at most N results per statement (default 500)\n"
 "      --no-relinquish    keep the lanes at end of input\n"
+"  -o, --output           print one outcome line per result on stdout (default: none)\n"
 "  -u, --db URL           postgresql:// URL or conninfo (default: $RELAYBUS_URL, PG*)\n"
+"  -h, --host HOST        server host or socket folder (PGHOST)\n"
+"  -p, --port PORT        server port (PGPORT)\n"
+"  -U, --username USER    database user (PGUSER)\n"
+"  -d, --dbname NAME      database name (PGDATABASE), or a URL as --db\n"
 "      --schema NAME      relaybus schema (default: $RELAYBUS_SCHEMA or public)\n"
 "  -v, --verbose          more messages (-vv: debug)\n"
 "  -q, --quiet            errors only\n"
 "      --log-format FMT   text (default) or json diagnostics on stderr\n"
-"  -h, --help             this help\n"
+"      --help             this help\n"
 "  -V, --version          version and libraries\n"
 "\n"
 "Exit status: 0 ok (lost leases included), 64 usage, 65 a bad input line, 69\n"
-"database unavailable, 74 I/O error, 75 connection lost, 78 bad URL or schema not set up.\n";
+"database unavailable, 74 I/O error, 75 connection lost, 78 bad URL or schema not set up,\n"
+"76/79 schema newer than this relaybus / needs an upgrade (rb-setup).\n";
 
 enum { OPT_BACKOFF = RB_OPT_FIRST_PROGRAM, OPT_SQL, OPT_WINDOW, OPT_NO_RELINQUISH };
 
@@ -63,6 +72,7 @@ static struct options {
 	int64_t			window_ms;
 	int			batch;
 	bool			relinquish;
+	bool			output;	/* -o: outcome lines on stdout */
 } opt = { .co = { .max_attempts = RB_DEFAULT_MAX_ATTEMPTS,
 		  .backoff = { .base_ms = 1000, .max_ms = 300000, .factor = 2.0 } },
 	  .window_ms = 2, .batch = 500, .relinquish = true };
@@ -78,11 +88,12 @@ parse_args(int argc, char **argv)
 		{ "window", required_argument, NULL, OPT_WINDOW },
 		{ "batch", required_argument, NULL, 'b' },
 		{ "no-relinquish", no_argument, NULL, OPT_NO_RELINQUISH },
+		{ "output", no_argument, NULL, 'o' },
 		{ NULL, 0, NULL, 0 }
 	};
 	int c;
 
-	while ((c = getopt_long(argc, argv, RB_COMMON_SHORTOPTS "m:b:", longopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, RB_COMMON_SHORTOPTS "m:b:o", longopts, NULL)) != -1) {
 		if (rb_cli_common(c, optarg, &opt.common, usage_str))
 			continue;
 		switch (c) {
@@ -105,6 +116,9 @@ parse_args(int argc, char **argv)
 			break;
 		case OPT_NO_RELINQUISH:
 			opt.relinquish = false;
+			break;
+		case 'o':
+			opt.output = true;
 			break;
 		default:
 			rb_cli_bad_option(usage_str);
@@ -189,6 +203,8 @@ apply(struct rb_store *store, json_t *results, json_t *lines)
 			rb_info("stdin:%ld: lease lost for %s of %s: not applied", line,
 			    json_string_value(json_object_get(o, "event_id")),
 			    json_string_value(json_object_get(o, "handler")));
+		if (!opt.output)
+			continue;
 		json_object_set_new(o, "line", json_integer(line));
 		if (rb_jsonl_write(stdout, o) < 0) {
 			int e = errno;
@@ -199,7 +215,7 @@ apply(struct rb_store *store, json_t *results, json_t *lines)
 		}
 	}
 	json_decref(outcomes);
-	if (fflush(stdout) != 0)
+	if (opt.output && fflush(stdout) != 0)
 		out_failed((long)json_integer_value(json_array_get(lines, json_array_size(lines) - 1)));
 	json_array_clear(results);
 	json_array_clear(lines);

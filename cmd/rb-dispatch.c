@@ -24,12 +24,14 @@
 #include "config.h"
 
 #include <fcntl.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "rb_cli.h"
 #include "rb_exit.h"
 #include "rb_log.h"
 #include "rb_store.h"
+#include "rb_util.h"
 
 #include "dispatch/dispatch.h"
 
@@ -39,6 +41,7 @@ static const char usage_str[] =
 "                   [--timeout DUR] [--grace DUR] [--max-attempts N]\n"
 "                   [--backoff BASE[,MAX[,FACTOR]]]\n"
 "                   [--poll DUR] [--window DUR] [--stats-every DUR] [--owner NAME] [--drain]\n"
+"                   [--settle]\n"
 "                   [--db URL] [--schema NAME]\n"
 "\n"
 "Claim the due deliveries of handler H, run them, renew their leases and complete them.\n"
@@ -71,20 +74,28 @@ static const char usage_str[] =
 "      --stats-every DUR  a status line every DUR (default: off)\n"
 "      --owner NAME       lease owner (default host:pid:random)\n"
 "      --drain            exit once nothing is due and nothing is in flight\n"
+"      --settle           --drain with the retries due at once (no backoff, no retry_ms):\n"
+"                         exit once every delivery it ran is completed or dead (tests)\n"
 "  -u, --db URL           postgresql:// URL or conninfo (default: $RELAYBUS_URL, PG*)\n"
+"  -h, --host HOST        server host or socket folder (PGHOST)\n"
+"  -p, --port PORT        server port (PGPORT)\n"
+"  -U, --username USER    database user (PGUSER)\n"
+"  -d, --dbname NAME      database name (PGDATABASE), or a URL as --db\n"
 "      --schema NAME      relaybus schema (default: $RELAYBUS_SCHEMA or public)\n"
 "  -v, --verbose          more messages (-vv: debug)\n"
 "  -q, --quiet            errors only\n"
 "      --log-format FMT   text (default) or json diagnostics on stderr\n"
-"  -h, --help             this help\n"
+"      --help             this help\n"
 "  -V, --version          version and libraries\n"
 "\n"
 "Exit status: 0 stopped by a signal or drained, 64 usage, 69 database unavailable at\n"
 "start, 70 internal error, 71 cannot start the handler, 75 stopped with results not\n"
-"applied (database down), 77 permission denied, 78 bad URL or schema not set up.\n";
+"applied (database down), 76 schema newer than this relaybus, 77 permission denied,\n"
+"78 bad URL or schema not set up, 79 schema needs an upgrade (run rb-setup).\n";
 
 enum { OPT_EXEC = RB_OPT_FIRST_PROGRAM, OPT_PIPE, OPT_SQL, OPT_PROCS, OPT_GRACE, OPT_BACKOFF,
-	OPT_POLL, OPT_WINDOW, OPT_STATS, OPT_OWNER, OPT_DRAIN, OPT_CHAIN, OPT_CONNS };
+	OPT_POLL, OPT_WINDOW, OPT_STATS, OPT_OWNER, OPT_DRAIN, OPT_CHAIN, OPT_CONNS,
+	OPT_SETTLE };
 
 static struct options {
 	struct rb_common	common;
@@ -133,6 +144,7 @@ parse_args(int argc, char **argv)
 		{ "stats-every", required_argument, NULL, OPT_STATS },
 		{ "owner", required_argument, NULL, OPT_OWNER },
 		{ "drain", no_argument, NULL, OPT_DRAIN },
+		{ "settle", no_argument, NULL, OPT_SETTLE },
 		{ NULL, 0, NULL, 0 }
 	};
 	struct dispatch_opts *o = &opt.dispatch;
@@ -206,6 +218,9 @@ parse_args(int argc, char **argv)
 		case OPT_DRAIN:
 			o->drain = true;
 			break;
+		case OPT_SETTLE:
+			o->drain = o->settle = true;
+			break;
 		default:
 			rb_cli_bad_option(usage_str);
 		}
@@ -224,6 +239,10 @@ parse_args(int argc, char **argv)
 		o->chain = o->kind->chain;
 	if (o->procs > o->concurrency)
 		o->procs = o->concurrency;
+	/* --settle: a failure is due again at once, whatever --backoff says,
+	 * so that the drain goes on until it is completed or buried */
+	if (o->settle)
+		o->complete.backoff = (struct rb_backoff){ .base_ms = 0, .max_ms = 0, .factor = 1.0 };
 }
 
 /* Keep fds 0-2 open so that pipes never land on them. */
@@ -243,17 +262,24 @@ main(int argc, char **argv)
 {
 	struct dispatcher *dp;
 	struct rb_store *store;
+	char *app_name;
 	int exit_code;
 
 	guard_std_fds();
 	rb_cli_init("rb-dispatch", &opt.common);
 	parse_args(argc, argv);
 	rb_log_set_prefix(opt.dispatch.handler);
+	/* pg_stat_activity tells the dispatchers apart (PGAPPNAME still wins) */
+	opt.common.app = app_name = xasprintf("rb-dispatch/%s", opt.dispatch.handler);
 	dp = dispatcher_new(&opt.dispatch);
 	setup_signals();
 	store = rb_cli_open(&opt.common);
+	/* --sql runs in the completing PostgreSQL transaction: no such thing elsewhere */
+	if (opt.dispatch.kind == &handler_sql && strcmp(rb_store_backend(store), "postgresql") != 0)
+		rb_cli_usage_error(usage_str, "--sql: not supported by the %s backend", rb_store_backend(store));
 	exit_code = dispatcher_run(dp, store);
 	rb_store_close(store);
 	dispatcher_free(dp);
+	free(app_name);
 	return exit_code;
 }

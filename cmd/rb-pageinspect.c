@@ -49,16 +49,21 @@ static const char usage_str[] =
 "  -i, --interval DUR     watch: time between lines (default 5s)\n"
 "  -c, --count N          watch: stop after N lines (default: until interrupted)\n"
 "  -u, --db URL           postgresql:// URL or conninfo (default: $RELAYBUS_URL, PG*)\n"
+"  -h, --host HOST        server host or socket folder (PGHOST)\n"
+"  -p, --port PORT        server port (PGPORT)\n"
+"  -U, --username USER    database user (PGUSER)\n"
+"  -d, --dbname NAME      database name (PGDATABASE), or a URL as --db\n"
 "      --schema NAME      watch: relaybus schema (default: $RELAYBUS_SCHEMA or public)\n"
 "  -v, --verbose          more messages (-vv: debug)\n"
 "  -q, --quiet            errors only\n"
 "      --log-format FMT   text (default) or json diagnostics on stderr\n"
-"  -h, --help             this help\n"
+"      --help             this help\n"
 "  -V, --version          version and libraries\n"
 "\n"
 "Exit status: 0 ok, 64 usage, 69 database unavailable or pageinspect missing,\n"
 "70 internal error, 74 stdout failed, 75 temporary failure or interrupted,\n"
-"78 bad URL or schema not set up.\n";
+"78 bad URL or schema not set up, 76/79 (watch) schema newer than this relaybus /\n"
+"needs an upgrade (rb-setup).\n";
 
 static struct options {
 	struct rb_common common;

@@ -36,6 +36,10 @@ static const char usage_str[] =
 "\"available_at\", \"handlers\"}.\n"
 "\n"
 "  -u, --db URL          postgresql:// URL or conninfo (default: $RELAYBUS_URL, PG*)\n"
+"  -h, --host HOST       server host or socket folder (PGHOST)\n"
+"  -p, --port PORT       server port (PGPORT)\n"
+"  -U, --username USER   database user (PGUSER)\n"
+"  -d, --dbname NAME     database name (PGDATABASE), or a URL as --db\n"
 "      --schema NAME     relaybus schema (default: $RELAYBUS_SCHEMA or public)\n"
 "  -b, --batch N         lines per transaction (default 100)\n"
 "      --flush DUR       commit a partial batch when input pauses this long (default 20ms)\n"
@@ -47,11 +51,12 @@ static const char usage_str[] =
 "  -v, --verbose         more messages (-vv: debug)\n"
 "  -q, --quiet           errors only (no summary)\n"
 "      --log-format FMT  text (default) or json diagnostics on stderr\n"
-"  -h, --help            this help\n"
+"      --help            this help\n"
 "  -V, --version         version and libraries\n"
 "\n"
 "Exit status: 0 ok, 64 usage, 65 a bad input line, 69 database unavailable,\n"
 "73 cannot open --rejects, 74 I/O error, 75 connection lost (rerun: ids make it safe),\n"
+"76/79 schema newer than this relaybus / needs an upgrade (rb-setup),\n"
 "78 bad URL or schema not set up.\n";
 
 enum { OPT_FLUSH = RB_OPT_FIRST_PROGRAM, OPT_REJECTS, OPT_MAX_LINE };
@@ -240,8 +245,8 @@ write_acks(const struct batch *b, const struct rb_publish_acks *acks, size_t fro
 				free(name);
 			}
 		}
-		/* the ack as jansson would print it: {"id","deliveries","duplicate","handlers","line"} */
-		if (opt.output && (fputs("{\"id\":", stdout) == EOF || rb_jsonl_put_string(stdout, a->id) < 0 ||
+		/* the ack as jansson would print it: {"event_id","deliveries","duplicate","handlers","line"} */
+		if (opt.output && (fputs("{\"event_id\":", stdout) == EOF || rb_jsonl_put_string(stdout, a->id) < 0 ||
 		    printf(",\"deliveries\":%d,\"duplicate\":%s,\"handlers\":%s,\"line\":%ld}\n",
 		    a->deliveries, a->duplicate ? "true" : "false", a->handlers, line) < 0))
 			return -1;
@@ -401,8 +406,20 @@ main(int argc, char **argv)
 				}
 				continue;
 			}
+			if (json_object_get(ev, "event_id") != NULL && json_object_get(ev, "id") == NULL) {
+				/* the alias: the store reads "id", so the line gets one in
+				 * front, the rest sent as written (numbers keep their spelling) */
+				char *id = json_dumps(json_object_get(ev, "event_id"), JSON_ENCODE_ANY);
+				const char *brace = memchr(line, '{', len);
+				char *t = xasprintf("{\"id\":%s,%.*s", id, (int)(len - (size_t)(brace + 1 - line)),
+				    brace + 1);
+
+				batch_add(&b, t, strlen(t), rb_jsonl_lineno(in));
+				free(t);
+				free(id);
+			} else
+				batch_add(&b, line, len, rb_jsonl_lineno(in));
 			json_decref(ev);
-			batch_add(&b, line, len, rb_jsonl_lineno(in));
 		}
 		if (b.n == (size_t)opt.batch && (exit_code = flush_batch(store, &b)) != 0)
 			break;

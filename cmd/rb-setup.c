@@ -1,11 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * rb-setup: create or upgrade the relaybus schema, and manage
- * subscriptions and the privileges of roles (--grant, --revoke).  Reads nothing; writes nothing on stdout except with
- * --print-sql, which renders the same statements as one script instead of
- * connecting.  The set-up runs in one transaction under a transaction-level
- * advisory lock, so two rb-setup at the same moment are safe and a second
- * run changes nothing.
+ * rb-setup: create or upgrade the relaybus schema (a relaybus 0.1.0 one
+ * too), and manage subscriptions and the privileges of roles (--grant,
+ * --revoke).  Reads nothing; writes nothing on stdout
+ * except with --print-sql, which renders the same statements as one script
+ * instead of connecting, and --check, which prints the installed and the
+ * expected schema version and changes nothing.  The set-up runs in one
+ * transaction under a transaction-level advisory lock, so two rb-setup at
+ * the same moment are safe and a second run changes nothing; a schema that
+ * a newer relaybus set up is refused before anything is changed.
  */
 #include "config.h"
 
@@ -25,10 +28,16 @@ static const char usage_str[] =
 "                [--unsubscribe HANDLER:PATTERN]... [--completion-history]\n"
 "                [--grant KIND=ROLE[:HANDLER,...]]... [--revoke KIND=ROLE[:HANDLER,...]]...\n"
 "                [--print-sql]\n"
+"       rb-setup --check [--db URL] [--schema NAME]\n"
 "\n"
-"Create or upgrade the relaybus schema (idempotent), manage subscriptions and roles.\n"
+"Create or upgrade the relaybus schema (idempotent; a relaybus 0.1.0 schema is\n"
+"upgraded in place), manage subscriptions and roles.\n"
 "\n"
 "  -u, --db URL                   postgresql:// URL or conninfo (default: $RELAYBUS_URL, PG*)\n"
+"  -h, --host HOST                server host or socket folder (PGHOST)\n"
+"  -p, --port PORT                server port (PGPORT)\n"
+"  -U, --username USER            database user (PGUSER)\n"
+"  -d, --dbname NAME              database name (PGDATABASE), or a URL as --db\n"
 "      --schema NAME              schema for the tables (default: $RELAYBUS_SCHEMA or public)\n"
 "  -s, --subscribe HANDLER:PATTERN    deliver events named PATTERN (exact or glob: order.*) to HANDLER\n"
 "      --unsubscribe HANDLER:PATTERN  remove that subscription\n"
@@ -40,16 +49,20 @@ static const char usage_str[] =
 "                                 HANDLERs named (default: every handler)\n"
 "      --revoke KIND=ROLE[:HANDLER,...]  take such a grant back\n"
 "      --print-sql                print the set-up as one SQL script; do not connect\n"
+"      --check                    print the installed and the expected schema version;\n"
+"                                 change nothing (exit 0 up to date, 79 upgrade due)\n"
 "  -v, --verbose                  more messages (-vv: debug)\n"
 "  -q, --quiet                    errors only\n"
 "      --log-format FORMAT        text (default) or json diagnostics on stderr\n"
-"  -h, --help                     this help\n"
+"      --help                     this help\n"
 "  -V, --version                  version and libraries\n"
 "\n"
 "Exit status: 0 ok, 64 usage, 69 database unavailable, 70 internal error,\n"
-"75 temporary failure, 77 permission denied, 78 bad URL or schema name.\n";
+"75 temporary failure, 76 the schema is newer than this relaybus, 77 permission\n"
+"denied, 78 bad URL or schema name, or (--check) not set up, 79 (--check) an\n"
+"upgrade is due.\n";
 
-enum { OPT_UNSUBSCRIBE = RB_OPT_FIRST_PROGRAM, OPT_HISTORY, OPT_PRINT_SQL, OPT_GRANT, OPT_REVOKE };
+enum { OPT_UNSUBSCRIBE = RB_OPT_FIRST_PROGRAM, OPT_HISTORY, OPT_PRINT_SQL, OPT_CHECK, OPT_GRANT, OPT_REVOKE };
 
 static struct options {
 	struct rb_common	 common;
@@ -63,6 +76,7 @@ static struct options {
 	size_t			 n_revoke;
 	bool			 history;
 	bool			 print_sql;
+	bool			 check;
 } opt;
 
 static void
@@ -76,6 +90,7 @@ parse_args(int argc, char **argv)
 		{ "print-sql", no_argument, NULL, OPT_PRINT_SQL },
 		{ "grant", required_argument, NULL, OPT_GRANT },
 		{ "revoke", required_argument, NULL, OPT_REVOKE },
+		{ "check", no_argument, NULL, OPT_CHECK },
 		{ NULL, 0, NULL, 0 }
 	};
 	int c;
@@ -106,12 +121,18 @@ parse_args(int argc, char **argv)
 		case OPT_REVOKE:
 			opt.revoke[opt.n_revoke++] = optarg;
 			break;
+		case OPT_CHECK:
+			opt.check = true;
+			break;
 		default:
 			rb_cli_bad_option(usage_str);
 		}
 	}
 	if (optind < argc)
 		rb_cli_usage_error(usage_str, "unexpected argument '%s'", argv[optind]);
+	if (opt.check && (opt.print_sql || opt.history || opt.n_subscribe > 0 ||
+	    opt.n_unsubscribe > 0))
+		rb_cli_usage_error(usage_str, "--check changes nothing: it takes no other set-up option");
 	for (size_t i = 0; i < opt.n_subscribe + opt.n_unsubscribe; i++) {
 		const char *spec = i < opt.n_subscribe ? opt.subscribe[i] : opt.unsubscribe[i - opt.n_subscribe];
 		struct rb_error err = { 0 };
@@ -135,10 +156,45 @@ parse_args(int argc, char **argv)
 	}
 }
 
+/* --check: "schema public: installed 1, expected 1: up to date" on stdout,
+ * and the exit status of rb_schema_problem (0 when up to date). */
+static int
+check(struct rb_store *store)
+{
+	struct rb_schema_info info;
+	struct rb_error err = { 0 };
+	const char *schema = rb_store_schema(store);
+	char installed[16];
+	int rc;
+
+	if (rb_store_schema_info(store, &info, &err) < 0) {
+		rb_store_close(store);
+		rb_cli_die(&err);
+	}
+	rc = rb_schema_problem(schema, &info, &err) < 0 ? err.exit_code : RB_EXIT_OK;
+	if (info.state == RB_SCHEMA_ABSENT)
+		snprintf(installed, sizeof installed, "none");
+	else if (info.state == RB_SCHEMA_010)
+		snprintf(installed, sizeof installed, "0.1.0");
+	else
+		snprintf(installed, sizeof installed, "%d", info.installed);
+	printf("schema %s: installed %s, expected %d: %s\n", schema, installed, info.expected,
+	    info.state == RB_SCHEMA_CURRENT ? "up to date" :
+	    info.state == RB_SCHEMA_ABSENT ? "not set up, run rb-setup" :
+	    info.state == RB_SCHEMA_NEWER ? "newer than this relaybus" : "upgrade due, run rb-setup");
+	rb_store_close(store);
+	free(opt.subscribe);
+	free(opt.unsubscribe);
+	if (fflush(stdout) != 0 || ferror(stdout))
+		rb_die_errno(RB_EXIT_IOERR, "cannot write the result");
+	return rc;
+}
+
 int
 main(int argc, char **argv)
 {
 	struct rb_setup_opts so;
+	struct rb_schema_info info;
 	struct rb_error err = { 0 };
 	struct rb_store *store;
 
@@ -173,11 +229,23 @@ main(int argc, char **argv)
 		}
 		return RB_EXIT_OK;
 	}
-	store = rb_cli_open(&opt.common);
-	if (rb_store_setup(store, &so, &err) < 0) {
+	store = rb_cli_open_any(&opt.common);
+	if (opt.check)
+		return check(store);
+	/* a newer relaybus's schema: refused before the transaction (the
+	 * script's own guard refuses it too, under the lock) */
+	if (rb_store_schema_info(store, &info, &err) < 0 ||
+	    (info.state == RB_SCHEMA_NEWER && rb_schema_problem(rb_store_schema(store), &info, &err) < 0) ||
+	    rb_store_setup(store, &so, &err) < 0) {
 		rb_store_close(store);
 		rb_cli_die(&err);
 	}
+	if (info.state == RB_SCHEMA_010)
+		rb_info("schema %s upgraded from relaybus 0.1.0 to version %d", rb_store_schema(store),
+		    info.expected);
+	else if (info.state == RB_SCHEMA_OLDER)
+		rb_info("schema %s upgraded from version %d to %d", rb_store_schema(store),
+		    info.installed, info.expected);
 	rb_info("schema %s is set up (%zu subscribed, %zu unsubscribed, %zu granted, %zu revoked)",
 	    rb_store_schema(store), opt.n_subscribe, opt.n_unsubscribe, opt.n_grant, opt.n_revoke);
 	rb_store_close(store);

@@ -8,37 +8,37 @@
 
 # The options of each program (and of each rb-admin command); those that
 # take an argument end in "=" here (the "=" is not completed).
-_rb_common='--db= --schema= --verbose --quiet --log-format= --help --version'
-_rb_opts_rb_setup="--subscribe= --unsubscribe= --completion-history --grant= --revoke= --print-sql $_rb_common"
+_rb_common='--db= --host= --port= --username= --dbname= --schema= --verbose --quiet --log-format= --help --version'
+_rb_opts_rb_setup="--subscribe= --unsubscribe= --completion-history --grant= --revoke= --print-sql --check $_rb_common"
 _rb_opts_rb_publish="--batch= --flush= --output --keep-going --rejects= --max-line= $_rb_common"
 _rb_opts_rb_claim="--handler= --batch= --lease= --owner= --wait= --poll= --max-attempts= $_rb_common"
-_rb_opts_rb_complete="--max-attempts= --backoff= --sql= --window= --batch= --no-relinquish $_rb_common"
+_rb_opts_rb_complete="--max-attempts= --backoff= --sql= --window= --batch= --no-relinquish --output $_rb_common"
 _rb_opts_rb_dispatch="--handler= --exec= --pipe= --sql= --concurrency= --batch= --chain= --procs=
   --connections= --lease= --timeout= --grace= --max-attempts= --backoff= --poll= --window=
-  --stats-every= --owner= --drain $_rb_common"
+  --stats-every= --owner= --drain --settle $_rb_common"
 _rb_opts_rb_pageinspect="--baseline --side-by-side --json --interval= --count= $_rb_common"
 _rb_opts_rb_admin="--json --table $_rb_common"
 _rb_admin_commands='stats list show requeue bury cancel purge lanes subscriptions'
 _rb_admin_select='--handler= --all --key= --event= --limit='
-_rb_opts_rb_admin_stats='--handler= --prometheus'
+_rb_opts_rb_admin_stats='--handler= --prometheus --output='
 _rb_opts_rb_admin_list='--status= --handler= --key= --event= --limit='
 _rb_opts_rb_admin_show=''
 _rb_opts_rb_admin_requeue=$_rb_admin_select
 _rb_opts_rb_admin_bury="--reason= $_rb_admin_select"
 _rb_opts_rb_admin_cancel=$_rb_admin_select
-_rb_opts_rb_admin_purge='--dead-older-than= --completed-older-than= --history-older-than= --batch='
+_rb_opts_rb_admin_purge='--dead-older-than= --completed-older-than= --history-older-than= --keys --batch='
 _rb_opts_rb_admin_lanes='--handler= --all'
 _rb_opts_rb_admin_subscriptions='--handler='
 _rb_pageinspect_commands='lifecycle watch'
 
 # short options that take an argument, per program
-_rb_short_args_rb_setup='-u -s'
-_rb_short_args_rb_publish='-u -b'
-_rb_short_args_rb_claim='-u -H -b -l -w'
-_rb_short_args_rb_complete='-u -m'
-_rb_short_args_rb_dispatch='-u -H -c -b -l -t -m'
-_rb_short_args_rb_pageinspect='-u -i -c'
-_rb_short_args_rb_admin='-u -n'
+_rb_short_args_rb_setup='-u -h -p -U -d -s'
+_rb_short_args_rb_publish='-u -h -p -U -d -b'
+_rb_short_args_rb_claim='-u -h -p -U -d -H -b -l -w'
+_rb_short_args_rb_complete='-u -h -p -U -d -m'
+_rb_short_args_rb_dispatch='-u -h -p -U -d -H -c -b -l -t -m'
+_rb_short_args_rb_pageinspect='-u -h -p -U -d -i -c'
+_rb_short_args_rb_admin='-u -h -p -U -d -n'
 
 # _rb_options PROG [COMMAND]: the long options PROG (and its COMMAND) accepts, one line
 _rb_options() {
@@ -81,6 +81,9 @@ _relaybus() {
     --rejects) COMPREPLY=($(compgen -f -- "$cur")); return 0 ;;
     --exec | --pipe) COMPREPLY=($(compgen -c -- "$cur")); return 0 ;;
   esac
+  if [[ $prev == --output && " $(_rb_options "$prog" "$cmd") " == *" --output= "* ]]; then
+    COMPREPLY=($(compgen -f -- "$cur")); return 0  # rb-admin stats --output FILE
+  fi
   if [[ $prev == --* && $prev != *=* && " $(_rb_options "$prog" "$cmd") " == *" $prev= "* ]]; then
     return 0 # a value of the user's own: a URL, a name, a duration, a number
   fi

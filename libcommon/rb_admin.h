@@ -59,10 +59,10 @@ int	rb_admin_list(struct rb_store *, const struct rb_admin_filter *f, json_t **r
 	    struct rb_error *err);
 
 /**
- * One event: event receives {"id", "name", "key", "payload", "headers",
+ * One event: event receives {"event_id", "name", "key", "payload", "headers",
  * "handlers", "created_at", "deliveries": [list rows, completions included]},
  * or NULL when no such event exists (returns 0 then).  When the event row
- * was purged but deliveries remain, event holds only "id" and "deliveries".
+ * was purged but deliveries remain, event holds only "event_id" and "deliveries".
  */
 int	rb_admin_show(struct rb_store *, const char *event_id, json_t **event, struct rb_error *err);
 
@@ -91,6 +91,7 @@ enum rb_admin_purge {
 	RB_PURGE_DEAD,		/* dead deliveries last updated before the cut-off */
 	RB_PURGE_EVENTS,	/* events created before it with no delivery left */
 	RB_PURGE_HISTORY,	/* completion history rows completed before it */
+	RB_PURGE_COMPLETED,	/* completed deliveries relaybus 0.1.0 left, completed before it */
 };
 
 /**
@@ -101,6 +102,19 @@ enum rb_admin_purge {
  */
 int	rb_admin_purge(struct rb_store *, enum rb_admin_purge kind, int64_t older_than_ms, int batch,
 	    struct rb_error *err);
+
+/**
+ * Delete the counters (relaybus_keys) of ordering keys that no pending
+ * (in flight or not) or dead delivery has, without letting a later publish
+ * of a key run before an earlier one: up to batch counters after *after
+ * (NULL: from the first), in key order, in one short READ COMMITTED
+ * transaction that first locks them, skipping those a publish in progress
+ * holds, and then, with a snapshot taken after the locks, deletes those no
+ * such delivery has (relaybus(7), KEY RETENTION).  *after (the caller's,
+ * freed with free()) becomes the last key looked at, NULL after the last.
+ * Returns the number deleted.
+ */
+int	rb_admin_purge_keys(struct rb_store *, char **after, int batch, struct rb_error *err);
 
 /**
  * Lane rows, ordered by handler and lane: only those held or with ids in

@@ -53,6 +53,9 @@ rb_cli_usage_error(const char *usage, const char *fmt, ...)
 void
 rb_cli_bad_option(const char *usage)
 {
+	if (optopt == 'h')	/* "option requires an argument -- 'h'" */
+		fprintf(stderr, "%s: -h is the database host, as in psql; --help for help\n",
+		    rb_log_prog());
 	print_usage_line(usage);
 	fprintf(stderr, "Try '%s --help' for more information.\n", rb_log_prog());
 	exit(RB_EXIT_USAGE);
@@ -84,10 +87,45 @@ take_url(char *arg)
 	return copy;
 }
 
+/*
+ * psql's -h, -p, -U, -d: libpq's environment variable for this run, so that
+ * they fill in what a --db URL leaves out, as libpq's environment does (and
+ * rb-pageinspect's own connection sees them too).  Explicit options win
+ * over the environment: $RELAYBUS_URL is no longer used.
+ */
+static void
+psql_option(const char *var, const char *arg)
+{
+	if (setenv(var, arg, 1) < 0 || unsetenv("RELAYBUS_URL") < 0)
+		rb_die_errno(RB_EXIT_OSERR, "cannot set %s", var);
+}
+
 bool
 rb_cli_common(int c, const char *arg, struct rb_common *cm, const char *usage)
 {
 	switch (c) {
+	case 'h':
+		if (*arg == '\0')
+			rb_cli_usage_error(usage, "--host: empty host name");
+		psql_option("PGHOST", arg);
+		return true;
+	case 'p':
+		rb_cli_int(usage, "--port", arg, 1, 65535);
+		psql_option("PGPORT", arg);
+		return true;
+	case 'U':
+		if (*arg == '\0')
+			rb_cli_usage_error(usage, "--username: empty user name");
+		psql_option("PGUSER", arg);
+		return true;
+	case 'd':
+		if (*arg == '\0')
+			rb_cli_usage_error(usage, "--dbname: empty database name");
+		/* as psql's -d: a URL or a conninfo string is the whole connection */
+		if (strstr(arg, "://") != NULL || strchr(arg, '=') != NULL)
+			return rb_cli_common(RB_OPT_DB, arg, cm, usage);
+		psql_option("PGDATABASE", arg);
+		return true;
 	case 'u':
 	case RB_OPT_DB:
 		cm->db = take_url((char *)arg);
@@ -110,7 +148,7 @@ rb_cli_common(int c, const char *arg, struct rb_common *cm, const char *usage)
 		cm->verbosity = RB_LOG_ERROR;
 		rb_log_set_level(cm->verbosity);
 		return true;
-	case 'h':
+	case RB_OPT_HELP:
 		fputs(usage, stdout);
 		exit(RB_EXIT_OK);
 	case 'V': {
@@ -133,14 +171,28 @@ rb_cli_die(const struct rb_error *err)
 }
 
 struct rb_store *
-rb_cli_open(const struct rb_common *c)
+rb_cli_open_any(const struct rb_common *c)
 {
 	struct rb_error err = { 0 };
-	struct rb_store *s = rb_store_open(c->db, c->schema, rb_log_prog(), &err);
+	struct rb_store *s = rb_store_open(c->db, c->schema, c->app != NULL ? c->app : rb_log_prog(),
+	    &err);
 
 	if (s == NULL)
 		rb_cli_die(&err);
 	rb_debug("connected to %s, schema %s", rb_store_url_redacted(s), rb_store_schema(s));
+	return s;
+}
+
+struct rb_store *
+rb_cli_open(const struct rb_common *c)
+{
+	struct rb_error err = { 0 };
+	struct rb_store *s = rb_cli_open_any(c);
+
+	if (rb_store_require_schema(s, &err) < 0) {
+		rb_store_close(s);
+		rb_cli_die(&err);
+	}
 	return s;
 }
 

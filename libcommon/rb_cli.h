@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * rb_cli.h: what every program's command line shares: the common long
- * options (--db, --schema, -v, -q, --log-format, -h, -V), the usage error,
+ * options (--db, psql's -h/-p/-U/-d, --schema, -v, -q, --log-format,
+ * --help, -V), the usage error,
  * --version, and opening the store with a one-line error.
  */
 #ifndef RB_CLI_H
@@ -16,11 +17,13 @@ struct rb_common {
 	const char	*db;		/* --db URL */
 	const char	*schema;	/* --schema NAME */
 	int		 verbosity;	/* RB_LOG_* */
+	const char	*app;		/* application_name (NULL: the program's name) */
 };
 
 /* option values for the common long options, above any short option char */
 enum {
-	RB_OPT_DB = 1000, RB_OPT_SCHEMA, RB_OPT_LOG_FORMAT, RB_OPT_FIRST_PROGRAM = 1100
+	RB_OPT_DB = 1000, RB_OPT_SCHEMA, RB_OPT_LOG_FORMAT, RB_OPT_HELP,
+	RB_OPT_FIRST_PROGRAM = 1100
 };
 
 #define RB_COMMON_LONGOPTS						\
@@ -29,17 +32,25 @@ enum {
 	{ "log-format", required_argument, NULL, RB_OPT_LOG_FORMAT },	\
 	{ "verbose", no_argument, NULL, 'v' },				\
 	{ "quiet", no_argument, NULL, 'q' },				\
-	{ "help", no_argument, NULL, 'h' },				\
+	{ "host", required_argument, NULL, 'h' },			\
+	{ "port", required_argument, NULL, 'p' },			\
+	{ "username", required_argument, NULL, 'U' },			\
+	{ "dbname", required_argument, NULL, 'd' },			\
+	{ "help", no_argument, NULL, RB_OPT_HELP },		\
 	{ "version", no_argument, NULL, 'V' }
-#define RB_COMMON_SHORTOPTS "u:vqhV"
+/* -h/-p/-U/-d are psql's (host, port, user, database); help is --help */
+#define RB_COMMON_SHORTOPTS "u:vqVh:p:U:d:"
 
 /** Start a program: logging, SIGPIPE ignored, defaults. */
 void	rb_cli_init(const char *prog, struct rb_common *);
 /**
- * Handle a common option; returns true when c was one.  -h prints usage
- * (the full text) and exits 0; -V prints the version and exits 0.  --db
- * (-u) keeps a copy of arg and overwrites arg, in argv, with the URL as
- * messages show it (no password in /proc/PID/cmdline).
+ * Handle a common option; returns true when c was one.  --help prints
+ * usage (the full text) and exits 0; -V prints the version and exits
+ * 0.  psql's -h HOST, -p PORT, -U USER and -d NAME set PGHOST, PGPORT,
+ * PGUSER and PGDATABASE, which fill in what --db leaves out, as libpq does;
+ * given any of them, $RELAYBUS_URL is not used (-d URL or conninfo is --db).
+ * --db (-u) keeps a copy of arg and overwrites arg, in argv, with the URL
+ * as messages show it (no password in /proc/PID/cmdline).
  */
 bool	rb_cli_common(int c, const char *arg, struct rb_common *, const char *usage);
 /** "usage: ..." line and the "Try --help" hint on stderr; exit 64. */
@@ -47,8 +58,14 @@ void	rb_cli_usage_error(const char *usage, const char *fmt, ...)
 	    __attribute__((format(printf, 2, 3), noreturn));
 /** Report an unknown option or missing argument (getopt already printed it) and exit 64. */
 void	rb_cli_bad_option(const char *usage) __attribute__((noreturn));
-/** Open the store or die with the error's exit code. */
+/**
+ * Open the store or die with the error's exit code; die too, with one line
+ * naming rb-setup, unless the schema is set up at RB_SCHEMA_VERSION
+ * (rb_store_require_schema: one query).
+ */
 struct rb_store *rb_cli_open(const struct rb_common *);
+/** rb_cli_open without the schema check (rb-setup). */
+struct rb_store *rb_cli_open_any(const struct rb_common *);
 /** Die with err's code and message. */
 void	rb_cli_die(const struct rb_error *) __attribute__((noreturn));
 /**

@@ -19,8 +19,11 @@ enum rb_exit {
 	RB_EXIT_CANTCREAT = 73,		/* an output file cannot be created */
 	RB_EXIT_IOERR = 74,		/* stdout/stdin I/O failure */
 	RB_EXIT_TEMPFAIL = 75,		/* connection lost, serialization failure: retry */
+	RB_EXIT_PROTOCOL = 76,		/* the schema is newer than this relaybus understands */
 	RB_EXIT_NOPERM = 77,		/* the role lacks a privilege, or its password was refused */
-	RB_EXIT_CONFIG = 78,		/* bad URL or environment */
+	RB_EXIT_CONFIG = 78,		/* bad URL or environment; schema not set up */
+	/* not in sysexits(3), relaybus's own: */
+	RB_EXIT_UPGRADE = 79,		/* the schema needs an upgrade: run rb-setup */
 };
 
 #endif

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
 
 #include <jansson.h>
 
@@ -17,6 +18,27 @@ static const char *log_prog = "relaybus";
 static const char *log_prefix;
 static int log_level = RB_LOG_WARN;
 static bool log_json;
+static bool log_journal;	/* stderr is the journal: <N> priority prefixes */
+
+/*
+ * Whether stderr is the stream systemd gave us: JOURNAL_STREAM holds the
+ * device and inode of that stream ("DEV:INO"); a child that inherited the
+ * variable but not the stream sees different numbers (systemd.exec(5)).
+ */
+static bool
+stderr_is_journal(void)
+{
+	const char *js = getenv("JOURNAL_STREAM");
+	unsigned long long dev, ino;
+	struct stat st;
+	char end;
+
+	if (js == NULL || sscanf(js, "%llu:%llu%c", &dev, &ino, &end) != 2)
+		return false;
+	if (fstat(2, &st) < 0)
+		return false;
+	return (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
+}
 
 void
 rb_log_init(const char *prog)
@@ -24,6 +46,7 @@ rb_log_init(const char *prog)
 	const char *fmt, *dbg;
 
 	log_prog = prog;
+	log_journal = stderr_is_journal();
 	fmt = getenv("RELAYBUS_LOG_FORMAT");
 	if (fmt != NULL && *fmt != '\0')
 		(void)rb_log_set_format(fmt);
@@ -90,6 +113,21 @@ rb_exit_name(int code)
 	case RB_EXIT_NOPERM: return "noperm";
 	case RB_EXIT_CONFIG: return "config";
 	default: return "error";
+	}
+}
+
+/* The syslog priority sd-daemon(3) prefixes: <3> err ... <7> debug. */
+static const char *
+journal_prefix(enum rb_log_level level)
+{
+	if (!log_journal)
+		return "";
+	switch (level) {
+	case RB_LOG_ERROR: return "<3>";
+	case RB_LOG_WARN: return "<4>";
+	case RB_LOG_NOTICE: return "<5>";
+	case RB_LOG_INFO: return "<6>";
+	default: return "<7>";
 	}
 }
 
@@ -198,14 +236,15 @@ rb_logv(enum rb_log_level level, const char *code, const char *fmt, va_list ap)
 		if (o != NULL && log_prefix != NULL)
 			json_object_set_new(o, "handler", json_string(log_prefix));
 		if (o != NULL) {
+			fputs(journal_prefix(level), stderr);
 			json_dumpf(o, stderr, JSON_COMPACT | JSON_SORT_KEYS);
 			fputc('\n', stderr);
 			json_decref(o);
 		}
 	} else if (log_prefix != NULL) {
-		fprintf(stderr, "%s: %s: %s\n", log_prog, log_prefix, msg);
+		fprintf(stderr, "%s%s: %s: %s\n", journal_prefix(level), log_prog, log_prefix, msg);
 	} else {
-		fprintf(stderr, "%s: %s\n", log_prog, msg);
+		fprintf(stderr, "%s%s: %s\n", journal_prefix(level), log_prog, msg);
 	}
 	fflush(stderr);
 }

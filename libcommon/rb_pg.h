@@ -21,7 +21,7 @@
 /**
  * Publish one event (an object as rb-publish reads it) on conn, inside
  * whatever transaction conn is in.  ack receives a new reference to
- * {"id", "deliveries", "duplicate", "handlers"}.  Returns 0 or -1 + err.
+ * {"event_id", "deliveries", "duplicate", "handlers"}.  Returns 0 or -1 + err.
  */
 int	rb_pg_publish(PGconn *conn, const char *schema, const json_t *event, json_t **ack,
 	    struct rb_error *err);

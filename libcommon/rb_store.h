@@ -100,21 +100,54 @@ char	*rb_store_setup_script(const char *url, const char *schema, const struct rb
 /** Create or upgrade the schema in one transaction under an advisory lock; idempotent. */
 int	rb_store_setup(struct rb_store *, const struct rb_setup_opts *, struct rb_error *err);
 
+/* ---- schema versions ------------------------------------------------ */
+
+/** The schema version this relaybus writes (rb-setup) and understands. */
+#define RB_SCHEMA_VERSION	1
+
+enum rb_schema_state {
+	RB_SCHEMA_ABSENT,	/* not set up */
+	RB_SCHEMA_010,		/* the tables of relaybus 0.1.0: rb-setup upgrades them */
+	RB_SCHEMA_OLDER,	/* an older version: rb-setup upgrades it */
+	RB_SCHEMA_CURRENT,	/* RB_SCHEMA_VERSION */
+	RB_SCHEMA_NEWER,	/* set up by a newer relaybus */
+};
+
+struct rb_schema_info {
+	enum rb_schema_state	state;
+	int			installed;	/* the version found; 0 when none (or 0.1.0) */
+	int			expected;	/* RB_SCHEMA_VERSION */
+};
+
+/** What the store's schema holds: one query on the happy path. */
+int	rb_store_schema_info(struct rb_store *, struct rb_schema_info *, struct rb_error *err);
+/**
+ * 0 when info says the schema is current; else -1 with err: RB_EXIT_CONFIG
+ * (not set up), RB_EXIT_UPGRADE (run rb-setup) or RB_EXIT_PROTOCOL (newer),
+ * and a one-line message naming the schema and both versions.
+ */
+int	rb_schema_problem(const char *schema, const struct rb_schema_info *, struct rb_error *err);
+/** rb_store_schema_info, then rb_schema_problem: every program but rb-setup, at start. */
+int	rb_store_require_schema(struct rb_store *, struct rb_error *err);
+
 /* ---- publish --------------------------------------------------------- */
 
 /**
  * Check one event object against the JSON-lines contract (DESIGN.md):
- * name (string, required), payload (any, required), id, key (strings),
- * headers (object), delay_ms (integer >= 0) or available_at (RFC 3339
- * string), handlers (array of handler names).  Returns 0, or -1 with a
- * reason in err->msg ("missing field 'name'").
+ * name (string, required), payload (any, required), id (or its alias
+ * event_id: the same value if both are given), key (strings), headers
+ * (object), delay_ms (integer >= 0) or available_at (RFC 3339 string),
+ * handlers (array of handler names); any other field is an error.
+ * Returns 0, or -1 with a reason in err->msg ("missing field 'name'").
  */
 int	rb_event_validate(const json_t *event, struct rb_error *err);
+/** A validated event's "event_id" becomes its "id"; true when event changed. */
+bool	rb_event_id_alias(json_t *event);
 
 /**
  * Publish events (a JSON array of validated event objects) in one
  * transaction.  acks receives one object per event, in order:
- * {"id", "deliveries": n, "duplicate": bool, "handlers": [...]} where
+ * {"event_id", "deliveries": n, "duplicate": bool, "handlers": [...]} where
  * handlers are those that got a new delivery.  All or nothing.
  */
 int	rb_store_publish(struct rb_store *, const json_t *events, json_t **acks,
@@ -144,7 +177,7 @@ struct rb_publish_acks {
 int	rb_store_publish_text(struct rb_store *, const char *events_json, size_t n,
 	    struct rb_publish_acks *acks, struct rb_error *err);
 void	rb_publish_acks_clear(struct rb_publish_acks *);
-/** The acks as JSON: [{"id", "deliveries", "duplicate", "handlers": [...]}, ...]. */
+/** The acks as JSON: [{"event_id", "deliveries", "duplicate", "handlers": [...]}, ...]. */
 json_t	*rb_publish_acks_json(const struct rb_publish_acks *);
 
 /* ---- the delivery path ----------------------------------------------- */

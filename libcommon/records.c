@@ -52,7 +52,7 @@ rb_publish_acks_json(const struct rb_publish_acks *a)
 	for (size_t i = 0; i < a->n; i++) {
 		json_t *h = json_loads(a->v[i].handlers, 0, NULL);
 
-		json_array_append_new(out, json_pack("{s:s, s:i, s:b, s:o}", "id", a->v[i].id,
+		json_array_append_new(out, json_pack("{s:s, s:i, s:b, s:o}", "event_id", a->v[i].id,
 		    "deliveries", a->v[i].deliveries, "duplicate", a->v[i].duplicate,
 		    "handlers", h != NULL ? h : json_array()));
 	}
@@ -121,11 +121,35 @@ want_string(const json_t *o, const char *field, bool required, size_t max, struc
 int
 rb_event_validate(const json_t *e, struct rb_error *err)
 {
-	const json_t *v;
+	static const char *const known[] = { "id", "event_id", "name", "key", "payload", "headers",
+	    "delay_ms", "available_at", "handlers" };
+	const json_t *v, *id, *eid;
+	const char *field;
 
+	if (!json_is_object(e))
+		return rb_seterr(err, RB_EXIT_DATAERR, "an event must be a JSON object");
+	/* a field the contract does not have is a mistake, not an extension:
+	 * extra data goes in "headers" (an "event_id" dropped here once cost
+	 * the event its id, and its duplicate protection) */
+	json_object_foreach((json_t *)e, field, v) {
+		size_t i = 0;
+
+		while (i < sizeof known / sizeof known[0] && strcmp(known[i], field) != 0)
+			i++;
+		if (i == sizeof known / sizeof known[0])
+			return rb_seterr(err, RB_EXIT_DATAERR, "unknown field '%.100s' (an event has id, "
+			    "name, key, payload, headers, delay_ms or available_at, handlers; "
+			    "put other data in headers)", field);
+	}
 	if (want_string(e, "name", true, 1000, err) < 0 || want_string(e, "id", false, 1000, err) < 0 ||
-	    want_string(e, "key", false, 1000, err) < 0)
+	    want_string(e, "event_id", false, 1000, err) < 0 || want_string(e, "key", false, 1000, err) < 0)
 		return -1;
+	/* "event_id", as rb-claim and rb-complete spell it, is the same field */
+	id = json_object_get(e, "id");
+	eid = json_object_get(e, "event_id");
+	if (json_is_string(id) && json_is_string(eid) && !json_equal(id, eid))
+		return rb_seterr(err, RB_EXIT_DATAERR, "fields 'id' and 'event_id' differ (they name the "
+		    "same id: give one)");
 	if (json_object_get(e, "payload") == NULL)
 		return rb_seterr(err, RB_EXIT_DATAERR, "missing field 'payload'");
 	v = json_object_get(e, "headers");
@@ -156,6 +180,19 @@ rb_event_validate(const json_t *e, struct rb_error *err)
 		}
 	}
 	return 0;
+}
+
+bool
+rb_event_id_alias(json_t *e)
+{
+	json_t *eid = json_object_get(e, "event_id");
+
+	if (eid == NULL)
+		return false;
+	if (json_is_string(eid) && !json_is_string(json_object_get(e, "id")))
+		json_object_set(e, "id", eid);
+	json_object_del(e, "event_id");
+	return true;
 }
 
 int

@@ -101,20 +101,8 @@ CREATE OR REPLACE FUNCTION @S@.relaybus_ts(t timestamptz) RETURNS text
 LANGUAGE sql STABLE PARALLEL SAFE AS
 $$ SELECT to_char(t AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"') $$;
 
--- The lane of a delivery: FNV-1a (32 bit) of the key or event id, mod 256.
--- Only the low 8 bits of the state matter for the result, so the loop keeps
--- those: (h xor b) * 16777619 mod 256 = (h xor b) * 0x93 mod 256, h0 = 0xc5.
-CREATE OR REPLACE FUNCTION @S@.relaybus_lane(p_text text) RETURNS smallint
-LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $$
-DECLARE
-    b bytea := convert_to(p_text, 'UTF8');
-    h integer := 197;
-BEGIN
-    FOR i IN 0 .. length(b) - 1 LOOP
-        h := ((h # get_byte(b, i)) * 147) & 255;
-    END LOOP;
-    RETURN h;
-END $$;
+-- relaybus_lane(text), the lane of a delivery, is in lane_pg.sql: rb-setup
+-- runs it before this script (the 0.1.0 upgrade fills lanes with it).
 
 CREATE OR REPLACE FUNCTION @S@.relaybus_seed_lanes(p_handler text) RETURNS void
 LANGUAGE sql AS $$
@@ -1192,6 +1180,8 @@ BEGIN
             CONTINUE;
         END IF;
         EXECUTE format('GRANT USAGE ON SCHEMA @S@ TO %I', r.grantee);
+        -- (every program reads the schema's version when it opens the store)
+        EXECUTE format('GRANT SELECT ON @S@.relaybus_schema_version TO %I', r.grantee);
         FOR f IN SELECT p.oid::regprocedure AS sig FROM pg_catalog.pg_proc p
                   WHERE p.pronamespace = '@S@'::regnamespace
                     AND p.proname = ANY (CASE r.kind WHEN 'publisher' THEN c_publisher WHEN 'worker' THEN c_worker

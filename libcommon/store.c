@@ -29,9 +29,15 @@
  * its configure conditional), its store_<name>.c and one Makefile.am line.
  */
 extern const struct rb_store_ops rb_store_pg_ops;	/* store_pg.c */
+#ifdef HAVE_MONGO
+extern const struct rb_store_ops rb_store_mongo_ops;	/* store_mongo.c */
+#endif
 
 static const struct rb_store_ops *const backends[] = {
 	&rb_store_pg_ops,
+#ifdef HAVE_MONGO
+	&rb_store_mongo_ops,
+#endif
 };
 #define N_BACKENDS	(sizeof backends / sizeof backends[0])
 
@@ -261,6 +267,45 @@ rb_store_setup_script(const char *url, const char *schema, const struct rb_setup
 }
 
 int
+rb_store_schema_info(struct rb_store *s, struct rb_schema_info *info, struct rb_error *err)
+{
+	NEED_OP(s, schema_info, err);
+	return s->ops->schema_info(s, info, err);
+}
+
+int
+rb_schema_problem(const char *schema, const struct rb_schema_info *i, struct rb_error *err)
+{
+	switch (i->state) {
+	case RB_SCHEMA_CURRENT:
+		return 0;
+	case RB_SCHEMA_ABSENT:
+		return rb_seterr(err, RB_EXIT_CONFIG, "schema \"%s\" is not set up: run rb-setup", schema);
+	case RB_SCHEMA_010:
+		return rb_seterr(err, RB_EXIT_UPGRADE, "schema \"%s\" holds the tables of relaybus 0.1.0, "
+		    "this relaybus needs version %d: stop the 0.1.0 workers and run rb-setup", schema,
+		    i->expected);
+	case RB_SCHEMA_OLDER:
+		return rb_seterr(err, RB_EXIT_UPGRADE, "schema \"%s\" is at version %d, this relaybus "
+		    "needs %d: run rb-setup", schema, i->installed, i->expected);
+	case RB_SCHEMA_NEWER:
+		return rb_seterr(err, RB_EXIT_PROTOCOL, "schema \"%s\" is at version %d, this relaybus "
+		    "understands up to %d: use a newer relaybus", schema, i->installed, i->expected);
+	}
+	return rb_seterr(err, RB_EXIT_SOFTWARE, "schema \"%s\": unknown state", schema);
+}
+
+int
+rb_store_require_schema(struct rb_store *s, struct rb_error *err)
+{
+	struct rb_schema_info i;
+
+	if (rb_store_schema_info(s, &i, err) < 0)
+		return -1;
+	return rb_schema_problem(s->schema, &i, err);
+}
+
+int
 rb_store_publish_text(struct rb_store *s, const char *events_json, size_t n,
     struct rb_publish_acks *acks, struct rb_error *err)
 {
@@ -468,6 +513,13 @@ rb_admin_purge(struct rb_store *s, enum rb_admin_purge kind, int64_t older_than_
 {
 	NEED_OP(s, admin_purge, err);
 	return s->ops->admin_purge(s, kind, older_than_ms, batch, err);
+}
+
+int
+rb_admin_purge_keys(struct rb_store *s, char **after, int batch, struct rb_error *err)
+{
+	NEED_OP(s, admin_purge_keys, err);
+	return s->ops->admin_purge_keys(s, after, batch, err);
 }
 
 int

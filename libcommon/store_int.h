@@ -75,6 +75,15 @@ struct rb_store_ops {
 	 * store or a connection (rb-setup --print-sql): a new string, or NULL
 	 * + err (a bad subscription: RB_EXIT_USAGE). */
 	char	*(*setup_script)(const char *schema, const struct rb_setup_opts *o, struct rb_error *err);
+	/* What s->schema holds (rb_store_schema_info, rb-setup --check, and
+	 * every other program once at start through rb_cli_open): info (not
+	 * zeroed by the front) receives the state, the version found (0 when
+	 * none, or relaybus 0.1.0's tables) and expected = RB_SCHEMA_VERSION.
+	 * A schema that is not set up, or is 0.1.0's, is a state, not an
+	 * error: -1 only when the question could not be asked.  Cheap: one
+	 * query on the happy path, and it must not abort a transaction the
+	 * caller has open. */
+	int	(*schema_info)(struct rb_store *s, struct rb_schema_info *info, struct rb_error *err);
 
 	/* ---- the delivery path -------------------------------------------- */
 
@@ -154,6 +163,11 @@ struct rb_store_ops {
 		    const char *reason, json_t **outcomes, struct rb_error *err);
 	int	(*admin_purge)(struct rb_store *s, enum rb_admin_purge kind, int64_t older_than_ms,
 		    int batch, struct rb_error *err);
+	/* rb_admin_purge_keys: one batch of key counters after *after (NULL:
+	 * the first); *after (the caller's, free()) is freed and replaced by
+	 * the last key looked at, NULL after the last.  Returns how many were
+	 * deleted. */
+	int	(*admin_purge_keys)(struct rb_store *s, char **after, int batch, struct rb_error *err);
 	int	(*admin_lanes)(struct rb_store *s, const char *handler, bool all, json_t **rows,
 		    struct rb_error *err);
 	int	(*admin_subscriptions)(struct rb_store *s, const char *handler, json_t **rows,

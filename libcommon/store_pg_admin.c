@@ -24,6 +24,7 @@
 #include "rb_exit.h"
 #include "rb_records.h"
 #include "rb_store.h"
+#include "rb_util.h"
 #include "store_int.h"
 #include "store_pg_int.h"
 
@@ -42,6 +43,23 @@ q(struct rb_store *s, const char *tmpl, int n, const char *const *params, ExecSt
 	return res;
 }
 
+/* 1 if the schema was upgraded from relaybus 0.1.0 and may hold the
+ * completed deliveries 0.1.0 left (status 'completed', completion time in
+ * updated_at: upgrade_010_pg.sql), 0 if not, -1 error. */
+static int
+has_old_completed(struct rb_store *s, struct rb_error *err)
+{
+	PGresult *res = q(s, "SELECT to_regclass('@S@.relaybus_deliveries_completed_010_idx') IS NOT NULL",
+	    0, NULL, PGRES_TUPLES_OK, "history", NULL, err);
+	int h;
+
+	if (res == NULL)
+		return -1;
+	h = PQgetvalue(res, 0, 0)[0] == 't';
+	PQclear(res);
+	return h;
+}
+
 /* ---- statistics ---------------------------------------------------------- */
 
 /* The in-flight ids of every lane, one row per id. */
@@ -57,7 +75,9 @@ q(struct rb_store *s, const char *tmpl, int n, const char *const *params, ExecSt
 	"  count(*) FILTER (WHERE d.status = 'pending' AND f.id IS NULL AND d.available_at > now()) AS delayed, " \
 	"  count(*) FILTER (WHERE d.status = 'pending' AND f.id IS NOT NULL) AS processing, " \
 	"  count(*) FILTER (WHERE d.status = 'dead') AS dead, "		\
-	"  min(d.created_at) FILTER (WHERE d.status = 'pending' AND f.id IS NULL) AS oldest " \
+	"  min(d.created_at) FILTER (WHERE d.status = 'pending' AND f.id IS NULL) AS oldest, " \
+	"  count(*) FILTER (WHERE d.status = 'completed') AS completed, " \
+	"  min(d.available_at) FILTER (WHERE d.status = 'pending' AND f.id IS NULL AND d.available_at <= now()) AS oldest_due " \
 	"  FROM @S@.relaybus_deliveries d "				\
 	"  LEFT JOIN f ON f.id = d.id AND f.handler = d.handler AND f.lane = d.lane " \
 	"  GROUP BY d.handler), "					\
@@ -66,7 +86,9 @@ q(struct rb_store *s, const char *tmpl, int n, const char *const *params, ExecSt
 	"  UNION SELECT handler FROM @S@.relaybus_subscriptions "	\
 	"  UNION SELECT DISTINCT handler FROM @S@.relaybus_lanes) "	\
 	"SELECT h.handler, coalesce(d.due, 0), coalesce(d.delayed, 0), coalesce(d.processing, 0), " \
-	"  coalesce(d.dead, 0), c.n, floor(extract(epoch FROM now() - d.oldest) * 1000)::bigint " \
+	"  coalesce(d.dead, 0), c.n, floor(extract(epoch FROM now() - d.oldest) * 1000)::bigint, " \
+	"  coalesce(d.completed, 0), " \
+	"  floor(extract(epoch FROM now() - d.oldest_due) * 1000)::bigint " \
 	"FROM h LEFT JOIN d USING (handler) LEFT JOIN c USING (handler) ORDER BY h.handler"
 
 static const char stats_sql_hist[] = STATS_SQL(
@@ -77,6 +99,39 @@ static const char stats_sql_nohist[] = STATS_SQL(
 static const char orphans_sql[] =
     "SELECT count(*) FROM @S@.relaybus_events e "
     "WHERE NOT EXISTS (SELECT 1 FROM @S@.relaybus_deliveries d WHERE d.event_id = e.id)";
+
+/*
+ * The deliveries table in PostgreSQL's cumulative statistics: counters
+ * that cost the delivery path nothing (the server keeps them anyway).  A
+ * completion deletes its row, so n_tup_del counts completions (and
+ * rb-admin cancel, and purges of dead letters); n_tup_upd counts failures,
+ * burials and releases (a claim updates the lane row, not the delivery);
+ * n_tup_ins counts deliveries published.  They start from 0 again after
+ * pg_stat_reset() or a crash (a fast-shutdown restart keeps them).
+ */
+static const char table_sql[] =
+    "SELECT t.n_tup_ins, t.n_tup_upd, t.n_tup_del, t.n_live_tup, t.n_dead_tup, "
+    "  floor(extract(epoch FROM now() - greatest(t.last_autovacuum, t.last_vacuum)) * 1000)::bigint, "
+    "  t.autovacuum_count + t.vacuum_count "
+    "FROM pg_stat_user_tables t WHERE t.schemaname = $1 AND t.relname = 'relaybus_deliveries'";
+
+static json_t *
+table_stats(struct rb_store *s, struct rb_error *err)
+{
+	static const char *const f[] = { "inserted", "updated", "deleted", "live_tuples",
+	    "dead_tuples", "vacuum_age_ms", "vacuums" };
+	const char *params[1] = { s->schema };
+	PGresult *res = q(s, table_sql, 1, params, PGRES_TUPLES_OK, "stats", NULL, err);
+	json_t *o;
+
+	if (res == NULL)
+		return NULL;
+	o = json_object();
+	for (int k = 0; k < 7; k++)
+		json_object_set_new(o, f[k], PQntuples(res) == 1 ? pg_jint(res, 0, k) : json_null());
+	PQclear(res);
+	return o;
+}
 
 static void
 add_count(json_t *total, const char *field, const json_t *v)
@@ -94,15 +149,16 @@ pg_admin_stats(struct rb_store *s, json_t **out, struct rb_error *err)
 	static const char *const counts[] = { "pending", "due", "delayed", "processing", "dead",
 	    "completed" };
 	PGresult *res = NULL, *orph = NULL;
-	json_t *handlers = NULL, *total = NULL;
-	int64_t oldest = -1;
-	int hist, rc = -1;
+	json_t *handlers = NULL, *total = NULL, *table = NULL;
+	int64_t oldest = -1, oldest_due = -1;
+	int hist, old, rc = -1;
 
 	*out = NULL;
 	/* one snapshot, one now(), for every number */
 	if (pg_run_cmd(s, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", "stats", err) < 0)
 		return -1;
-	if ((hist = pg_history(s, pg_be(s)->conn, "history", err)) < 0)
+	if ((hist = pg_history(s, pg_be(s)->conn, "history", err)) < 0 ||
+	    (old = has_old_completed(s, err)) < 0)
 		goto out;
 	res = q(s, hist ? stats_sql_hist : stats_sql_nohist, 0, NULL, PGRES_TUPLES_OK, "stats", NULL, err);
 	if (res == NULL)
@@ -110,10 +166,12 @@ pg_admin_stats(struct rb_store *s, json_t **out, struct rb_error *err)
 	orph = q(s, orphans_sql, 0, NULL, PGRES_TUPLES_OK, "stats", NULL, err);
 	if (orph == NULL)
 		goto out;
+	if ((table = table_stats(s, err)) == NULL)
+		goto out;
 	handlers = json_array();
 	total = json_pack("{s:n, s:i, s:i, s:i, s:i, s:i}", "handler", "pending", 0, "due", 0,
 	    "delayed", 0, "processing", 0, "dead", 0);
-	json_object_set_new(total, "completed", hist ? json_integer(0) : json_null());
+	json_object_set_new(total, "completed", hist || old ? json_integer(0) : json_null());
 	for (int i = 0; i < PQntuples(res); i++) {
 		int64_t due = strtoll(PQgetvalue(res, i, 1), NULL, 10);
 		int64_t delayed = strtoll(PQgetvalue(res, i, 2), NULL, 10);
@@ -125,26 +183,32 @@ pg_admin_stats(struct rb_store *s, json_t **out, struct rb_error *err)
 		json_object_set_new(h, "delayed", json_integer(delayed));
 		json_object_set_new(h, "processing", pg_jint(res, i, 3));
 		json_object_set_new(h, "dead", pg_jint(res, i, 4));
-		json_object_set_new(h, "completed", !hist ? json_null() :
-		    (PQgetisnull(res, i, 5) ? json_integer(0) : pg_jint(res, i, 5)));
+		/* the completion history, and what relaybus 0.1.0 left */
+		json_object_set_new(h, "completed", !hist && !old ? json_null() :
+		    json_integer(pg_num(res, i, 5) + pg_num(res, i, 7)));
 		json_object_set_new(h, "oldest_pending_age_ms", pg_jint(res, i, 6));
 		if (!PQgetisnull(res, i, 6) && strtoll(PQgetvalue(res, i, 6), NULL, 10) > oldest)
 			oldest = strtoll(PQgetvalue(res, i, 6), NULL, 10);
+		json_object_set_new(h, "oldest_due_age_ms", pg_jint(res, i, 8));
+		if (!PQgetisnull(res, i, 8) && strtoll(PQgetvalue(res, i, 8), NULL, 10) > oldest_due)
+			oldest_due = strtoll(PQgetvalue(res, i, 8), NULL, 10);
 		for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++)
 			add_count(total, counts[k], json_object_get(h, counts[k]));
 		json_array_append_new(handlers, h);
 	}
 	json_object_set_new(total, "oldest_pending_age_ms", oldest >= 0 ? json_integer(oldest) : json_null());
-	*out = json_pack("{s:b, s:I, s:o, s:o}", "history", hist,
+	json_object_set_new(total, "oldest_due_age_ms", oldest_due >= 0 ? json_integer(oldest_due) : json_null());
+	*out = json_pack("{s:b, s:I, s:o, s:o, s:o}", "history", hist,
 	    "events_without_deliveries", (json_int_t)strtoll(PQgetvalue(orph, 0, 0), NULL, 10),
-	    "handlers", handlers, "total", total);
-	handlers = total = NULL;
+	    "handlers", handlers, "total", total, "deliveries_table", table);
+	handlers = total = table = NULL;
 	rc = 0;
 out:
 	PQclear(res);
 	PQclear(orph);
 	json_decref(handlers);
 	json_decref(total);
+	json_decref(table);
 	if (rc == 0)
 		rc = pg_run_cmd(s, "COMMIT", "stats", err);
 	else
@@ -161,8 +225,8 @@ out:
 static const char list_sql[] =
     "WITH " IN_FLIGHT_CTE ", "
     "l AS (SELECT d.*, "
-    "  CASE WHEN d.status = 'dead' THEN 'dead' WHEN f.id IS NOT NULL THEN 'processing' "
-    "       ELSE 'pending' END AS state, "
+    "  CASE WHEN d.status = 'dead' THEN 'dead' WHEN d.status = 'completed' THEN 'completed' "
+    "       WHEN f.id IS NOT NULL THEN 'processing' ELSE 'pending' END AS state, "
     "  CASE WHEN d.status = 'pending' THEN f.lease_owner END AS owner, "
     "  CASE WHEN d.status = 'pending' THEN f.lease_expires_at END AS lease_until "
     "  FROM @S@.relaybus_deliveries d "
@@ -183,10 +247,11 @@ static const char list_completed_sql[] =
     "  AND ($3::text IS NULL OR c.event_id = $3) "
     "ORDER BY c.completed_at, c.event_id, c.handler LIMIT $4::bigint";
 
-/* Append the rows matching f to rows; history: whether the table exists. */
+/* Append the rows matching f to rows; history: whether the table exists;
+ * old: whether the schema may hold completed rows of relaybus 0.1.0. */
 static int
 list_into(struct rb_store *s, const struct rb_admin_filter *f, bool flags[RB_ADMIN_NSTATUS], int history,
-    json_t *rows, struct rb_error *err)
+    int old, json_t *rows, struct rb_error *err)
 {
 	char limit[32], states[64] = "{";
 	const char *limitp = NULL;
@@ -196,14 +261,14 @@ list_into(struct rb_store *s, const struct rb_admin_filter *f, bool flags[RB_ADM
 		snprintf(limit, sizeof limit, "%" PRId64, f->limit);
 		limitp = limit;
 	}
-	for (int k = 0; k < 3; k++)
-		if (flags[k]) {
+	for (int k = 0; k < RB_ADMIN_NSTATUS; k++)
+		if (flags[k] && (k < 3 || old)) {
 			if (states[1] != '\0')
 				strcat(states, ",");
 			strcat(states, rb_admin_statuses[k]);
 		}
 	strcat(states, "}");
-	if (flags[0] || flags[1] || flags[2]) {
+	if (flags[0] || flags[1] || flags[2] || (flags[3] && old)) {
 		const char *params[5] = { f->handler, f->key, f->event_id, states, limitp };
 
 		res = q(s, list_sql, 5, params, PGRES_TUPLES_OK, "list", NULL, err);
@@ -226,6 +291,9 @@ list_into(struct rb_store *s, const struct rb_admin_filter *f, bool flags[RB_ADM
 			json_object_set_new(o, "lease_expires_at", pg_jstr(res, i, 11));
 			json_object_set_new(o, "created_at", pg_jstr(res, i, 12));
 			json_object_set_new(o, "updated_at", pg_jstr(res, i, 13));
+			/* (relaybus 0.1.0's: completed at their last update) */
+			if (strcmp(PQgetvalue(res, i, 5), "completed") == 0)
+				json_object_set_new(o, "completed_at", pg_jstr(res, i, 13));
 			json_array_append_new(rows, o);
 		}
 		PQclear(res);
@@ -264,7 +332,7 @@ int
 pg_admin_list(struct rb_store *s, const struct rb_admin_filter *f, json_t **out, struct rb_error *err)
 {
 	bool flags[RB_ADMIN_NSTATUS];
-	int hist = 0;
+	int hist = 0, old = 0;
 	json_t *rows;
 
 	*out = NULL;
@@ -272,14 +340,15 @@ pg_admin_list(struct rb_store *s, const struct rb_admin_filter *f, json_t **out,
 		return rb_seterr(err, RB_EXIT_USAGE,
 		    "unknown status '%s': use pending, processing, dead or completed", f->status);
 	if (flags[3]) {
-		if ((hist = pg_history(s, pg_be(s)->conn, "history", err)) < 0)
+		if ((hist = pg_history(s, pg_be(s)->conn, "history", err)) < 0 ||
+		    (old = has_old_completed(s, err)) < 0)
 			return -1;
-		if (!hist)
+		if (!hist && !old)
 			return rb_seterr(err, RB_EXIT_CONFIG, "schema \"%s\" keeps no completion history "
 			    "(rb-setup --completion-history)", s->schema);
 	}
 	rows = json_array();
-	if (list_into(s, f, flags, hist, rows, err) < 0) {
+	if (list_into(s, f, flags, hist, old, rows, err) < 0) {
 		json_decref(rows);
 		return -1;
 	}
@@ -298,17 +367,18 @@ pg_admin_show(struct rb_store *s, const char *event_id, json_t **out, struct rb_
 	bool flags[RB_ADMIN_NSTATUS] = { true, true, true, true };
 	PGresult *res;
 	json_t *ev, *dels;
-	int hist;
+	int hist, old;
 
 	*out = NULL;
-	if ((hist = pg_history(s, pg_be(s)->conn, "history", err)) < 0)
+	if ((hist = pg_history(s, pg_be(s)->conn, "history", err)) < 0 ||
+	    (old = has_old_completed(s, err)) < 0)
 		return -1;
 	const char *params[1] = { event_id };
 	res = q(s, show_sql, 1, params, PGRES_TUPLES_OK, "show", NULL, err);
 	if (res == NULL)
 		return -1;
 	ev = json_object();
-	json_object_set_new(ev, "id", json_string(event_id));
+	json_object_set_new(ev, "event_id", json_string(event_id));
 	if (PQntuples(res) > 0) {
 		json_object_set_new(ev, "name", pg_jstr(res, 0, 1));
 		json_object_set_new(ev, "key", pg_jstr(res, 0, 2));
@@ -318,7 +388,7 @@ pg_admin_show(struct rb_store *s, const char *event_id, json_t **out, struct rb_
 		json_object_set_new(ev, "created_at", pg_jstr(res, 0, 6));
 	}
 	dels = json_array();
-	if (list_into(s, &f, flags, hist, dels, err) < 0) {
+	if (list_into(s, &f, flags, hist, old, dels, err) < 0) {
 		PQclear(res);
 		json_decref(ev);
 		json_decref(dels);
@@ -504,6 +574,13 @@ static const char purge_history_sql[] =
     "  SELECT ctid FROM @S@.relaybus_completions WHERE completed_at < " CUTOFF
     "  ORDER BY completed_at LIMIT $2::integer FOR UPDATE SKIP LOCKED))";
 
+/* the completed deliveries relaybus 0.1.0 left (upgrade_010_pg.sql), by
+ * their completion time */
+static const char purge_completed_sql[] =
+    "DELETE FROM @S@.relaybus_deliveries WHERE id = ANY (ARRAY("
+    "  SELECT id FROM @S@.relaybus_deliveries WHERE status = 'completed' AND updated_at < " CUTOFF
+    "  ORDER BY updated_at, id LIMIT $2::integer FOR UPDATE SKIP LOCKED)) AND status = 'completed'";
+
 int
 pg_admin_purge(struct rb_store *s, enum rb_admin_purge kind, int64_t older_than_ms, int batch,
     struct rb_error *err)
@@ -515,8 +592,10 @@ pg_admin_purge(struct rb_store *s, enum rb_admin_purge kind, int64_t older_than_
 
 	if (batch < 1 || older_than_ms < 0)
 		return rb_seterr(err, RB_EXIT_USAGE, "purge: invalid batch or age");
-	if (kind == RB_PURGE_HISTORY) {
-		int h = pg_history(s, pg_be(s)->conn, "history", err);
+	if (kind == RB_PURGE_HISTORY || kind == RB_PURGE_COMPLETED) {
+		/* (without the 0.1.0 index the search would be a scan of every delivery) */
+		int h = kind == RB_PURGE_HISTORY ? pg_history(s, pg_be(s)->conn, "history", err) :
+		    has_old_completed(s, err);
 
 		if (h <= 0)
 			return h;
@@ -524,11 +603,100 @@ pg_admin_purge(struct rb_store *s, enum rb_admin_purge kind, int64_t older_than_
 	snprintf(age, sizeof age, "%" PRId64, older_than_ms);
 	snprintf(lim, sizeof lim, "%d", batch);
 	res = q(s, kind == RB_PURGE_DEAD ? purge_dead_sql : kind == RB_PURGE_EVENTS ?
-	    purge_events_sql : purge_history_sql, 2, params, PGRES_COMMAND_OK, "purge", NULL, err);
+	    purge_events_sql : kind == RB_PURGE_HISTORY ? purge_history_sql : purge_completed_sql,
+	    2, params, PGRES_COMMAND_OK, "purge", NULL, err);
 	if (res == NULL)
 		return -1;
 	n = atoi(PQcmdTuples(res));
 	PQclear(res);
+	return n;
+}
+
+/*
+ * Key counters.  A publish locks its key's counter row (INSERT ... ON
+ * CONFLICT DO UPDATE) before it writes its deliveries, and holds it until
+ * it commits.  So: 1. lock a batch of counters, skipping those a publish in
+ * progress holds; 2. in a new statement, whose snapshot (READ COMMITTED)
+ * is taken after the locks, so that every publish of those keys that
+ * committed is seen, delete the counters of keys with no pending or dead
+ * delivery.  No publish of those keys can add a delivery in between (it
+ * waits for the lock), and one that waits publishes after the purge
+ * commits, from sequence 1, later than everything of its key that ran.  A
+ * single DELETE ... WHERE NOT EXISTS would not do: after waiting for a
+ * publish's lock it rechecks the row, but not its NOT EXISTS, against what
+ * that publish committed.  Pending deliveries of a key are found through
+ * lane_key_idx: every handler that has pending keyed deliveries (a skip
+ * scan of the index), the key's lane (a keyed delivery's lane is
+ * relaybus_lane(key)) and the key; dead ones through dead_idx, once per
+ * batch.  (Completed deliveries relaybus 0.1.0 left need no counter.)
+ */
+static const char keys_lock_sql[] =
+    "SELECT key FROM @S@.relaybus_keys WHERE $1::text IS NULL OR key > $1 "
+    "ORDER BY key LIMIT $2::integer FOR UPDATE SKIP LOCKED";
+static const char keys_delete_sql[] =
+    "WITH RECURSIVE hs AS ("
+    "  (SELECT d.handler FROM @S@.relaybus_deliveries d "
+    "    WHERE d.key IS NOT NULL AND d.status = 'pending' ORDER BY d.handler LIMIT 1) "
+    "  UNION ALL "
+    "  SELECT (SELECT d.handler FROM @S@.relaybus_deliveries d "
+    "           WHERE d.key IS NOT NULL AND d.status = 'pending' AND d.handler > hs.handler "
+    "           ORDER BY d.handler LIMIT 1) "
+    "    FROM hs WHERE hs.handler IS NOT NULL), "
+    "h AS (SELECT coalesce(array_agg(hs.handler), '{}') AS hs FROM hs WHERE hs.handler IS NOT NULL), "
+    "dk AS (SELECT DISTINCT d.key FROM @S@.relaybus_deliveries d "
+    "  WHERE d.status = 'dead' AND d.key IS NOT NULL) "
+    "DELETE FROM @S@.relaybus_keys k USING h "
+    "WHERE k.key = ANY ($1::text[]) "
+    "  AND NOT EXISTS (SELECT 1 FROM @S@.relaybus_deliveries d "
+    "    WHERE d.handler = ANY (h.hs) AND d.lane = @S@.relaybus_lane(k.key) AND d.key = k.key "
+    "      AND d.status = 'pending') "
+    "  AND NOT EXISTS (SELECT 1 FROM dk WHERE dk.key = k.key)";
+
+int
+pg_admin_purge_keys(struct rb_store *s, char **after, int batch, struct rb_error *err)
+{
+	char lim[16];
+	const char *params[2] = { *after, lim };
+	struct rb_sbuf keys = { 0 };
+	PGresult *res;
+	int n = -1, found;
+
+	if (batch < 1)
+		return rb_seterr(err, RB_EXIT_USAGE, "purge: invalid batch");
+	snprintf(lim, sizeof lim, "%d", batch);
+	/* READ COMMITTED whatever the session's default: the second statement
+	 * must see what committed while the first waited for nothing */
+	if (pg_run_cmd(s, "BEGIN ISOLATION LEVEL READ COMMITTED", "purge", err) < 0)
+		return -1;
+	if (pg_run_cmd(s, "SET LOCAL enable_seqscan = off", "purge", err) < 0 ||
+	    (res = q(s, keys_lock_sql, 2, params, PGRES_TUPLES_OK, "purge", NULL, err)) == NULL) {
+		pg_rollback_quietly(s);
+		return -1;
+	}
+	found = PQntuples(res);
+	pg_arr_start(&keys);
+	for (int i = 0; i < found; i++)
+		pg_arr_text(&keys, PQgetvalue(res, i, 0));
+	pg_arr_end(&keys);
+	free(*after);
+	*after = found > 0 ? xstrdup(PQgetvalue(res, found - 1, 0)) : NULL;
+	PQclear(res);
+	if (found > 0) {
+		const char *p[1] = { keys.s };
+
+		if ((res = q(s, keys_delete_sql, 1, p, PGRES_COMMAND_OK, "purge", NULL, err)) != NULL) {
+			n = atoi(PQcmdTuples(res));
+			PQclear(res);
+		}
+	} else
+		n = 0;
+	free(keys.s);
+	if (n < 0) {
+		pg_rollback_quietly(s);
+		return -1;
+	}
+	if (pg_run_cmd(s, "COMMIT", "purge", err) < 0)
+		return -1;
 	return n;
 }
 

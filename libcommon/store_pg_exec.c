@@ -142,8 +142,13 @@ pg_fail_on(struct rb_store *s, PGconn *c, const PGresult *res, const char *what,
 		code = RB_EXIT_SOFTWARE;
 	else if (strcmp(state, "42P01") == 0 || strcmp(state, "42883") == 0 ||
 	    strcmp(state, "3F000") == 0) {
-		rb_seterr(err, RB_EXIT_CONFIG, "%s: schema \"%s\" is not set up (%s): run rb-setup",
-		    what, s->schema, msg);
+		/* (not the server's words: they name internal functions) */
+		rb_seterr(err, RB_EXIT_CONFIG, "%s: schema \"%s\" is not set up: run rb-setup",
+		    what, s->schema);
+		return -1;
+	} else if (strcmp(state, "RBV01") == 0) {
+		/* the set-up's guard (store_pg_version.c): a newer relaybus set this schema up */
+		rb_seterr(err, RB_EXIT_PROTOCOL, "%s", msg);
 		return -1;
 	} else if (strncmp(state, "08", 2) == 0 || strncmp(state, "40", 2) == 0 ||
 	    strncmp(state, "53", 2) == 0 || strncmp(state, "57", 2) == 0)

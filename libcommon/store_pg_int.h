@@ -9,6 +9,9 @@
  *   store_pg_exec.c      render, text arrays, the SQLSTATE -> exit code map,
  *                        prepare/exec/send/retry, connections, column readers
  *   store_pg_setup.c     the set-up script and rb_store_setup
+ *   store_pg_version.c   schema versions (rb_store_schema_info) and the parts
+ *                        of the set-up script around schema_pg.sql: the
+ *                        version guard, lane_pg.sql, the 0.1.0 upgrade
  *   store_pg_publish.c   publish, and rb_pg_publish (rb_pg.h)
  *   store_pg_claim.c     claim, fetch on the second connection, extend, relinquish
  *   store_pg_complete.c  completion (one statement, in two steps, --sql, failures)
@@ -109,7 +112,8 @@ void	pg_arr_end(struct rb_sbuf *b);
  * of the backend: c is the connection it happened on, res its result (NULL:
  * none), what prefixes the message.  A lost connection, 08/40/53/57 are
  * RB_EXIT_TEMPFAIL; an undefined table, function or schema means "schema
- * not set up" (RB_EXIT_CONFIG); 42501 and authentication failures (28000,
+ * not set up" (RB_EXIT_CONFIG); RBV01, the set-up's guard against a schema
+ * a newer relaybus set up, RB_EXIT_PROTOCOL; 42501 and authentication failures (28000,
  * 28P01) RB_EXIT_NOPERM; 22/23 RB_EXIT_DATAERR; anything else
  * RB_EXIT_SOFTWARE.  Returns -1.
  */
@@ -226,6 +230,13 @@ extern const char pg_tmpl_complete[], pg_tmpl_complete_hist[], pg_tmpl_fail[], p
 /* store_pg_setup.c */
 char	*pg_setup_script(const char *schema, const struct rb_setup_opts *, struct rb_error *);
 int	pg_setup(struct rb_store *, const struct rb_setup_opts *, struct rb_error *);
+/* store_pg_version.c */
+int	pg_schema_info(struct rb_store *, struct rb_schema_info *, struct rb_error *);
+/** The set-up before schema_pg.sql (after the advisory lock): the version
+ * guard (SQLSTATE RBV01: the schema is newer), lane_pg.sql, upgrade_010_pg.sql. */
+void	pg_setup_before(struct rb_sbuf *, const char *schema);
+/** The set-up after schema_pg.sql: upgrade_010_post_pg.sql and the version check (RBV02). */
+void	pg_setup_after(struct rb_sbuf *, const char *schema);
 /* store_pg_publish.c */
 int	pg_publish(struct rb_store *, const char *events, size_t n, struct rb_publish_acks *,
 	    struct rb_error *);
@@ -261,6 +272,7 @@ int	pg_admin_apply(struct rb_store *, enum rb_admin_action, const json_t *target
 	    json_t **, struct rb_error *);
 int	pg_admin_purge(struct rb_store *, enum rb_admin_purge, int64_t older_than_ms, int batch,
 	    struct rb_error *);
+int	pg_admin_purge_keys(struct rb_store *, char **after, int batch, struct rb_error *);
 int	pg_admin_lanes(struct rb_store *, const char *handler, bool all, json_t **, struct rb_error *);
 int	pg_admin_subscriptions(struct rb_store *, const char *handler, json_t **, struct rb_error *);
 /* store_pg_inspect.c */

@@ -89,7 +89,8 @@ rb_pg_publish(PGconn *conn, const char *schema, const json_t *event, json_t **ac
 		return -1;
 	s.schema = (char *)schema;
 	sql = pg_render(pg_tmpl_publish, schema);
-	arr = json_pack("[O]", event);
+	arr = json_pack("[o]", json_deep_copy(event));
+	rb_event_id_alias(json_array_get(arr, 0));
 	text = json_dumps(arr, JSON_COMPACT);
 	/* no retry: the statement runs in the caller's transaction */
 	const char *params[1] = { text };

@@ -2,6 +2,8 @@
 /*
  * store_pg_setup.c: the set-up.  The script is schema_pg.sql (and
  * schema_history_pg.sql) rendered for the schema, under an advisory lock,
+ * between what store_pg_version.c puts around it (the version guard, the
+ * lane function, the upgrade from relaybus 0.1.0, the version check),
  * plus the subscriptions: rb_store_setup runs it in one transaction with
  * the subscriptions as parameters, rb-setup --print-sql prints it with
  * them as literals; then the grants (store_pg_grants.c).
@@ -69,9 +71,11 @@ setup_script(struct rb_sbuf *b, const char *schema, const struct rb_setup_opts *
 	char *sql;
 
 	rb_sb_puts(b, "SELECT pg_advisory_xact_lock(" SETUP_LOCK_KEY ");\n");
+	pg_setup_before(b, schema);
 	sql = pg_render(rb_schema_pg_sql, schema);
 	rb_sb_puts(b, sql);
 	free(sql);
+	pg_setup_after(b, schema);
 	if (o->completion_history) {
 		sql = pg_render(rb_schema_history_pg_sql, schema);
 		rb_sb_puts(b, sql);

@@ -96,11 +96,14 @@ need_db() { [ -n "${RELAYBUS_TEST_DB:-}" ] || skip "no test database (set RELAYB
   [ $((SECONDS - t0)) -lt 7 ]
 }
 
-@test "rb_dispatch --settle: rb-dispatch --drain, run again until the retries end dead after N attempts" {
+@test "rb_dispatch --settle: rb-dispatch --settle, the retries end dead after N attempts without waiting for backoffs" {
   need_db
   rb_publish '{"id":"x-1","name":"order.created","payload":{}}'
-  rb_dispatch --settle mailer --exec 'echo "no route" >&2; exit 1' --max-attempts 3
-  assert_delivery_dead x-1 mailer --attempt 3
+  local t0=$SECONDS
+  rb_dispatch --settle mailer --exec 'echo "no route" >&2; exit 1' --max-attempts 4
+  assert_delivery_dead x-1 mailer --attempt 4 --error 'exit 1'
+  # the backoffs (1 s, 2 s, 4 s by default) were not waited for
+  [ $((SECONDS - t0)) -lt 7 ]
   rb_publish '{"id":"x-2","name":"order.created","payload":{}}'
   rb_dispatch mailer --exec 'cat >/dev/null'
   assert_delivery_completed x-2 mailer

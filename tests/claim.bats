@@ -30,11 +30,20 @@ ok_all() { jq -c '. + {ok: true}'; }
 
 @test "the pipe form: rb-claim | handler | rb-complete, with outcome lines" {
   gen_events 30 job.x 0 | rb-publish -q
-  run --separate-stderr bash -c "rb-claim -H h1 --batch 50 | jq -c '. + {ok: true}' | rb-complete"
+  run --separate-stderr bash -c "rb-claim -H h1 --batch 50 | jq -c '. + {ok: true}' | rb-complete -o"
   [ "$status" -eq 0 ]
   [ "${#lines[@]}" -eq 30 ]
   [ "$(printf '%s\n' "$output" | jq -r .outcome | sort -u)" = completed ]
   [ "$(q "SELECT count(*) FROM relaybus_deliveries WHERE handler = 'h1'")" = 0 ]
+}
+
+@test "rb-complete prints nothing without -o, even on failures and buries (cron mails only errors)" {
+  gen_events 6 job.x 0 | rb-publish -q
+  run --separate-stderr bash -c "rb-claim -H h1 --batch 50 | jq -c 'if .event_id == \"e1\" then . + {dead: true, error: \"bad\"} elif .event_id == \"e2\" then . + {ok: false, error: \"x\"} else . + {ok: true} end' | rb-complete"
+  [ "$status" -eq 0 ]
+  [ -z "$output" ]
+  [ -z "$stderr" ]
+  [ "$(q "SELECT count(*) FROM relaybus_deliveries WHERE handler = 'h1'")" = 2 ]
 }
 
 @test "claim exit 1 means nothing was due; --wait returns as soon as work arrives" {
@@ -130,7 +139,7 @@ claimers() {  # n: run n claimers until nothing is due; each records "owner lane
 
 @test "retry with backoff, dead letter after the maximum attempts, explicit dead" {
   echo '{"id":"r","name":"keyed.x","payload":1}' | rb-publish -q
-  rb-claim -H k | jq -c '. + {ok: false, error: "e1"}' | rb-complete -q --max-attempts 3 --backoff 2s,1m,3 >"$BATS_TEST_TMPDIR/o"
+  rb-claim -H k | jq -c '. + {ok: false, error: "e1"}' | rb-complete -o -q --max-attempts 3 --backoff 2s,1m,3 >"$BATS_TEST_TMPDIR/o"
   [ "$(jq -r '.outcome + " " + (.attempts | tostring)' "$BATS_TEST_TMPDIR/o")" = "rescheduled 1" ]
   # first retry after BASE (2 s)
   [ "$(q "SELECT round(extract(epoch FROM available_at - updated_at))::int FROM relaybus_deliveries WHERE event_id = 'r'")" = 2 ]
@@ -141,14 +150,14 @@ claimers() {  # n: run n claimers until nothing is due; each records "owner lane
   # second retry after BASE * FACTOR
   [ "$(q "SELECT round(extract(epoch FROM available_at - updated_at))::int || ' ' || last_error FROM relaybus_deliveries WHERE event_id = 'r'")" = "6 e2" ]
   q "UPDATE relaybus_deliveries SET available_at = now() WHERE event_id = 'r'"
-  run bash -c "rb-claim -H k | jq -c '. + {ok: false, error: \"e3\"}' | rb-complete --max-attempts 3"
+  run bash -c "rb-claim -H k | jq -c '. + {ok: false, error: \"e3\"}' | rb-complete -o --max-attempts 3"
   [ "$(echo "$output" | jq -r .outcome)" = buried ]
   [ "$(q "SELECT status || ' ' || attempts FROM relaybus_deliveries WHERE event_id = 'r'")" = "dead 3" ]
   run rb-claim -H k
   [ "$status" -eq 1 ]
   # explicit dead buries at once; retry_ms overrides the backoff
   printf '%s\n' '{"id":"x","name":"keyed.x","payload":1}' '{"id":"y","name":"keyed.x","payload":1}' | rb-publish -q
-  rb-claim -H k --batch 5 | jq -c 'if .event_id == "x" then . + {dead: true, error: "bad"} else . + {ok: false, retry_ms: 60000} end' | rb-complete >"$BATS_TEST_TMPDIR/o"
+  rb-claim -H k --batch 5 | jq -c 'if .event_id == "x" then . + {dead: true, error: "bad"} else . + {ok: false, retry_ms: 60000} end' | rb-complete -o >"$BATS_TEST_TMPDIR/o"
   [ "$(jq -r '"\(.event_id)=\(.outcome)"' "$BATS_TEST_TMPDIR/o" | sort | tr '\n' ' ')" = "x=buried y=rescheduled " ]
   [ "$(q "SELECT round(extract(epoch FROM available_at - updated_at))::int FROM relaybus_deliveries WHERE event_id = 'y'")" = 60 ]
 }
@@ -166,7 +175,7 @@ claimers() {  # n: run n claimers until nothing is due; each records "owner lane
   [ "$(echo "$output" | jq -r .attempt)" = 2 ]
   [ "$(q "SELECT attempts || ' ' || last_error FROM relaybus_deliveries WHERE event_id = 'd'")" = "1 lease of dead expired: attempt lost" ]
   # the dead worker's late completion changes nothing and says lost
-  run --separate-stderr bash -c "echo '$stale' | jq -c '. + {ok: true}' | rb-complete"
+  run --separate-stderr bash -c "echo '$stale' | jq -c '. + {ok: true}' | rb-complete -o"
   [ "$status" -eq 0 ]
   [ "$(echo "$output" | jq -r .outcome)" = lost ]
   [ "$(q "SELECT count(*) FROM relaybus_deliveries WHERE event_id = 'd'")" = 1 ]
@@ -180,12 +189,12 @@ claimers() {  # n: run n claimers until nothing is due; each records "owner lane
   sleep 0.4
   new=$(rb-claim -H k --owner B)
   [ "$(echo "$old" | jq -r .lease | cut -d: -f2)" -lt "$(echo "$new" | jq -r .lease | cut -d: -f2)" ]
-  run bash -c "echo '$old' | jq -c '. + {ok: true}' | rb-complete"
+  run bash -c "echo '$old' | jq -c '. + {ok: true}' | rb-complete -o"
   [ "$(echo "$output" | jq -r .outcome)" = lost ]
-  run bash -c "echo '$old' | jq -c '. + {ok: false, error: \"x\"}' | rb-complete"
+  run bash -c "echo '$old' | jq -c '. + {ok: false, error: \"x\"}' | rb-complete -o"
   [ "$(echo "$output" | jq -r .outcome)" = lost ]
   [ "$(q "SELECT attempts FROM relaybus_deliveries WHERE event_id = 's'")" = 1 ]
-  run bash -c "echo '$new' | jq -c '. + {ok: true}' | rb-complete"
+  run bash -c "echo '$new' | jq -c '. + {ok: true}' | rb-complete -o"
   [ "$(echo "$output" | jq -r .outcome)" = completed ]
   [ "$(q "SELECT count(*) FROM relaybus_deliveries")" = 0 ]
 }
@@ -276,7 +285,7 @@ claimers() {  # n: run n claimers until nothing is due; each records "owner lane
 
 @test "release charges no attempt; relinquish frees lanes for another owner at once" {
   printf '%s\n' '{"id":"r1","name":"keyed.x","key":"L","payload":1}' | rb-publish -q
-  run bash -c "rb-claim -H k --owner A --lease 1m | jq -c '. + {release: true}' | rb-complete"
+  run bash -c "rb-claim -H k --owner A --lease 1m | jq -c '. + {release: true}' | rb-complete -o"
   [ "$(echo "$output" | jq -r .outcome)" = released ]
   [ "$(q "SELECT attempts FROM relaybus_deliveries WHERE event_id = 'r1'")" = 0 ]
   # handed back at end of input: B can claim at once, with a new epoch
@@ -405,7 +414,7 @@ claim8() {  # owner batch live search chain
     "$BATS_TEST_TMPDIR/c" >"$BATS_TEST_TMPDIR/r"
   # and last, i1's line with i3's id: same lane, same lease; it must not delete i3
   jq -c --arg o "$other" 'select(.event_id == "i1") | .delivery_id = $o' "$BATS_TEST_TMPDIR/c" >>"$BATS_TEST_TMPDIR/r"
-  run --separate-stderr rb-complete --no-relinquish <"$BATS_TEST_TMPDIR/r"
+  run --separate-stderr rb-complete -o --no-relinquish <"$BATS_TEST_TMPDIR/r"
   [ "$(printf '%s\n' "$output" | sed '$d' | jq -r '"\(.event_id) \(.outcome)"' | sort | tr '\n' ' ')" = "i1 completed i2 completed $i3 lost " ]
   [ "$(printf '%s\n' "$output" | tail -n 1 | jq -r '"\(.event_id) \(.outcome)"')" = "i1 lost" ]
   [ "$(q "SELECT string_agg(event_id, ' ') FROM relaybus_deliveries")" = "$i3" ]
@@ -417,7 +426,7 @@ claim8() {  # owner batch live search chain
   echo '{"id":"e1","name":"keyed.x","payload":1}' | rb-publish -q
   # the completion holds the lane (KEY SHARE) while its SQL runs longer than the lease
   rb-claim -H k --owner A --lease 500ms | ok_all >"$BATS_TEST_TMPDIR/a"
-  rb-complete --sql "INSERT INTO $RB_SCHEMA.effects (event_id) SELECT (\$1::jsonb)->>'event_id' FROM pg_sleep(1.5)" <"$BATS_TEST_TMPDIR/a" >"$BATS_TEST_TMPDIR/out" &
+  rb-complete -o --sql "INSERT INTO $RB_SCHEMA.effects (event_id) SELECT (\$1::jsonb)->>'event_id' FROM pg_sleep(1.5)" <"$BATS_TEST_TMPDIR/a" >"$BATS_TEST_TMPDIR/out" &
   sleep 0.9
   # the lease has expired, but the lane is locked by the completion: the takeover skips it
   run rb-claim -H k --owner B
@@ -432,14 +441,14 @@ claim8() {  # owner batch live search chain
   sleep 0.4
   run rb-claim -H k --owner B
   [ "$(echo "$output" | jq -r .attempt)" = 2 ]
-  run rb-complete --sql "INSERT INTO $RB_SCHEMA.effects (event_id) SELECT (\$1::jsonb)->>'event_id'" <"$BATS_TEST_TMPDIR/a"
+  run rb-complete -o --sql "INSERT INTO $RB_SCHEMA.effects (event_id) SELECT (\$1::jsonb)->>'event_id'" <"$BATS_TEST_TMPDIR/a"
   [ "$(echo "$output" | jq -r .outcome)" = lost ]
   [ "$(q "SELECT count(*) FROM effects WHERE event_id = 'e2'")" = 0 ]
 }
 
 @test "--sql that fails counts as a failed attempt and commits nothing" {
   echo '{"id":"f1","name":"keyed.x","payload":1}' | rb-publish -q
-  run bash -c "rb-claim -H k | jq -c '. + {ok: true}' | rb-complete --sql 'SELECT 1/0'"
+  run bash -c "rb-claim -H k | jq -c '. + {ok: true}' | rb-complete -o --sql 'SELECT 1/0'"
   [ "$(echo "$output" | jq -r '.outcome + " " + .error')" = "rescheduled --sql failed: division by zero" ]
   [ "$(q "SELECT attempts || ' ' || last_error FROM relaybus_deliveries WHERE event_id = 'f1'")" = "1 --sql failed: division by zero" ]
 }
@@ -475,7 +484,7 @@ claim8() {  # owner batch live search chain
     echo '{"event_id":"b2","handler":"k","ok":true}'
     sed -n 2p "$BATS_TEST_TMPDIR/good"
   } >"$BATS_TEST_TMPDIR/in"
-  run --separate-stderr rb-complete <"$BATS_TEST_TMPDIR/in"
+  run --separate-stderr rb-complete -o <"$BATS_TEST_TMPDIR/in"
   [ "$status" -eq 65 ]
   [[ "$stderr" == *"rb-complete: stdin:2: field 'lease' is not a lease token (lane:epoch:claims): not applied"* ]]
   [[ "$stderr" == *"rb-complete: stdin:3: invalid JSON: "*": not applied"* ]]

@@ -66,7 +66,7 @@ complete_line() {
   [ "$(complete_line rb-admin --db x '' | wc -l)" -eq 9 ]
   [ "$(complete_line rb-admin list --st)" = --status ]
   [ -z "$(complete_line rb-admin stats --st)" ]
-  [ "$(complete_line rb-admin purge --d | sort | tr "\n" " ")" = "--db --dead-older-than " ]
+  [ "$(complete_line rb-admin purge --d | sort | tr "\n" " ")" = "--db --dbname --dead-older-than " ]
   [ "$(complete_line rb-admin list --status d)" = dead ]
   [ "$(complete_line rb-admin list --status dead,p | tr '\n' ' ')" = "dead,pending dead,processing " ]
   # after --handler comes a name of the user's own: nothing is offered

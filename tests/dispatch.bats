@@ -458,6 +458,36 @@ f2|dead|3|exit 1" ]
   [ "$(q "SELECT status, attempts, last_error FROM relaybus_deliveries WHERE handler = 'retrying'")" = "dead|2|exit 75: retry later" ]
 }
 
+@test "application_name names the handler (rb-dispatch/HANDLER); PGAPPNAME still wins" {
+  need_pg
+  rb-dispatch -H appname.h1 --exec true 2>/dev/null 3>&- & PIDS=$!
+  wait_for 10 '[ "$(q "SELECT count(*) FROM pg_stat_activity WHERE application_name = '"'rb-dispatch/appname.h1'"'")" -ge 1 ]'
+  kill -TERM "$PIDS"; wait "$PIDS"
+  PGAPPNAME=billing-worker rb-dispatch -H appname.h2 --exec true 2>/dev/null 3>&- & PIDS=$!
+  wait_for 10 '[ "$(q "SELECT count(*) FROM pg_stat_activity WHERE application_name = '"'billing-worker'"'")" -ge 1 ]'
+  kill -TERM "$PIDS"; wait "$PIDS"
+}
+
+@test "--settle: retries due at once, whatever --backoff or a retry_ms say: dead after --max-attempts, no waiting" {
+  need_pg
+  local f=$BATS_TEST_TMPDIR/f.out
+  publish 2 s settling
+  local t0=$SECONDS
+  # the default backoff would wait 1+2+4+8 s, --backoff 1h an hour, retry_ms 10 minutes
+  run -0 rb-dispatch -H settling --exec "rb-test-exec $f fail" --max-attempts 5 --settle -q
+  [ "$(q "SELECT event_id, status, attempts FROM relaybus_deliveries WHERE handler = 'settling' ORDER BY 1")" = "s1|dead|5
+s2|dead|5" ]
+  publish 1 t settling2
+  run -0 rb-dispatch -H settling2 --pipe "jq -c --unbuffered '. + {ok: false, error: \"later\", retry_ms: 600000}'" \
+    --backoff 1h --max-attempts 3 --settle -q
+  [ "$(q "SELECT status, attempts, last_error FROM relaybus_deliveries WHERE handler = 'settling2'")" = "dead|3|later" ]
+  [ $((SECONDS - t0)) -lt 10 ]
+  # --drain alone leaves the retry for later
+  publish 1 u settling3
+  run -0 rb-dispatch -H settling3 --exec "rb-test-exec $f fail" --max-attempts 5 --drain -q
+  [ "$(q "SELECT status, attempts FROM relaybus_deliveries WHERE handler = 'settling3'")" = "pending|1" ]
+}
+
 @test "a dead --pipe co-process is restarted; its in-flight deliveries fail and run again" {
   need_pg
   local out=$BATS_TEST_TMPDIR/p.out

@@ -71,7 +71,7 @@ main(int argc, char **argv)
 		return err.exit_code;
 	}
 	PQclear(PQexec(conn, "COMMIT"));
-	printf("%s deliveries=%d\n", json_string_value(json_object_get(ack, "id")),
+	printf("%s deliveries=%d\n", json_string_value(json_object_get(ack, "event_id")),
 	    (int)json_integer_value(json_object_get(ack, "deliveries")));
 	json_decref(ack);
 	json_decref(ev);

@@ -10,6 +10,10 @@ teardown_file() { drop_schema; }
 
 setup() {
   command -v jq >/dev/null || skip "jq is not installed"
+  case $BATS_TEST_DESCRIPTION in
+  usage*|--help*|*"on MongoDB"*) ;;
+  *) pg_only "rb-pageinspect reads PostgreSQL heap and index pages" ;;
+  esac
 }
 
 # entries of one index in a lifecycle report on stdin
@@ -192,4 +196,12 @@ entries() { jq -r --arg n "relaybus_deliveries_$1" '.indexes[] | select(.name ==
     [ "$status" -ne 75 ] || [ "$stderr" = "rb-pageinspect: interrupted" ]
   done
   [ "$(q "SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'rb\_inspect\_%'")" = 0 ]
+}
+
+@test "on MongoDB rb-pageinspect exits 69: not supported by the mongodb backend" {
+  on_mongo || skip "the MongoDB store's refusal (RELAYBUS_TEST_STORE=mongo)"
+  need_pg
+  run --separate-stderr rb-pageinspect lifecycle
+  [ "$status" -eq 69 ]
+  [[ "$stderr" == *"not supported by the mongodb backend"* ]]
 }

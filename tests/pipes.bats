@@ -70,7 +70,7 @@ closed_stdout() {
   rb-claim -q -H pipes --batch 10000 | jq -c '. + {ok: true}' >"$BATS_TEST_TMPDIR/results"
   n=$(wc -l <"$BATS_TEST_TMPDIR/results")
   [ "$n" -gt 0 ]
-  run --separate-stderr closed_stdout rb-complete --batch 100000 <"$BATS_TEST_TMPDIR/results"
+  run --separate-stderr closed_stdout rb-complete -o --batch 100000 <"$BATS_TEST_TMPDIR/results"
   [ "$status" -eq 74 ]
   [ "$stderr" = "rb-complete: stdout closed: applied through line $n, the rest of the input not read" ]
   [ "$(q "SELECT count(*) FROM relaybus_deliveries WHERE handler = 'pipes'")" = 0 ]

@@ -37,7 +37,7 @@ count() { q "SELECT count(*) FROM $1"; }
 EOF2
   [ "$status" -eq 0 ]
   [ "$(q "SELECT string_agg(event_id || ':' || handler, ' ' ORDER BY event_id, handler) FROM relaybus_deliveries")" = "a:audit a:mail b:mail c:bill d:bill" ]
-  [ "$(echo "$output" | jq -r 'select(.id=="a") | .handlers | join(",")')" = "audit,mail" ]
+  [ "$(echo "$output" | jq -r 'select(.event_id=="a") | .handlers | join(",")')" = "audit,mail" ]
   # stored and reported
   [ "$(count relaybus_events)" = 6 ]
   [[ "$stderr" == *"stdin:5: event e (invoice.unpaid) matches no handler"* ]]
@@ -51,8 +51,8 @@ EOF2
 { "name" : "order.shipped" , "payload" : "s" }
 EOF2
   [ "$status" -eq 0 ]
-  [ "$(echo "$output" | jq -sc 'map({id, deliveries, duplicate, handlers, line}) | .[0]')" = \
-    "$(jq -nc '{id:"q\"uote\\ \u00e9\t1", deliveries:2, duplicate:false, handlers:["audit","mail"], line:1}')" ]
+  [ "$(echo "$output" | jq -sc 'map({event_id, deliveries, duplicate, handlers, line}) | .[0]')" = \
+    "$(jq -nc '{event_id:"q\"uote\\ \u00e9\t1", deliveries:2, duplicate:false, handlers:["audit","mail"], line:1}')" ]
   [ "$(echo "$output" | jq -s 'map(.line) | join(",")' -r)" = "1,2" ]
   # numbers keep their spelling (1.50, 2.0): the line is sent as written, not printed again
   [ "$(q "SELECT payload::text || ' ' || (headers->>'h') FROM relaybus_events WHERE name = 'order.created'")" = \
@@ -193,7 +193,10 @@ bad_case() {  # stdin-content expected-message
            '{"name":"x","payload":1,"headers":[]}|field '"'"'headers'"'"' must be an object' \
            '{"name":"x","payload":1,"delay_ms":"soon"}|field '"'"'delay_ms'"'"' must be a whole number >= 0' \
            '{"name":"x","payload":1,"key":""}|field '"'"'key'"'"' must not be empty' \
-           '{"name":"x","payload":1,"handlers":"mail"}|field '"'"'handlers'"'"' must be an array of names'; do
+           '{"name":"x","payload":1,"handlers":"mail"}|field '"'"'handlers'"'"' must be an array of names' \
+           '{"name":"x","payload":1,"lease":"1:2:3"}|unknown field '"'"'lease'"'"' (an event has id, name,' \
+           '{"name":"x","payload":1,"id":"a","event_id":"b"}|fields '"'"'id'"'"' and '"'"'event_id'"'"' differ' \
+           '{"name":"x","payload":1,"event_id":5}|field '"'"'event_id'"'"' must be a string'; do
     line=${c%%|*}; want=${c#*|}
     q "TRUNCATE relaybus_events, relaybus_deliveries"
     run --separate-stderr rb-publish --batch 2 < <(printf '%s\n' "$ok" "$ok" "$ok" "$line" "$ok")
@@ -203,6 +206,22 @@ bad_case() {  # stdin-content expected-message
     [ "$(count relaybus_events)" = 2 ]
     [[ "${stderr_lines[-1]}" == *"committed through line 2" ]]
   done
+}
+
+@test "event_id is the id too (rb-claim's name): a redelivery is a duplicate; acks and show say event_id" {
+  run --separate-stderr rb-publish -o <<'EOF2'
+{"event_id":"x-1","name":"order.created","payload":{"price":1.50}}
+{"id":"x-1","name":"order.created","payload":{"price":1.50}}
+{"id":"x-2","event_id":"x-2","name":"order.created","payload":2}
+EOF2
+  [ "$status" -eq 0 ]
+  [ "$(jq -r '"\(.event_id) \(.duplicate)"' <<<"$output" | tr '\n' ,)" = "x-1 false,x-1 true,x-2 false," ]
+  [ "$(q "SELECT string_agg(id, ',' ORDER BY id) FROM relaybus_events")" = "x-1,x-2" ]
+  # the line was sent as written: the payload keeps its spelling
+  [ "$(q "SELECT payload::text FROM relaybus_events WHERE id = 'x-1'")" = '{"price": 1.50}' ]
+  run --separate-stderr rb-admin --json show x-1
+  [ "$(jq -r .event_id <<<"$output")" = x-1 ]
+  [ "$(jq -r 'has("id")' <<<"$output")" = false ]
 }
 
 @test "invalid UTF-8 and overlong lines are bad input" {
@@ -274,7 +293,7 @@ EOF2
   coproc PUB { rb-publish --batch 1000 --flush 50ms -o; }
   echo '{"id":"t1","name":"order.created","payload":1}' >&"${PUB[1]}"
   read -r -t 5 ack <&"${PUB[0]}"
-  [ "$(echo "$ack" | jq -r .id)" = t1 ]
+  [ "$(echo "$ack" | jq -r .event_id)" = t1 ]
   [ "$(count relaybus_events)" = 1 ]
   exec {PUB[1]}>&-
   wait

@@ -101,7 +101,7 @@ EOF
   run consume -c 4 -- "$h"
   [ "$status" -eq 0 ]
   [ "$(sort "$T/attempts" | uniq -d | sort -V | paste -sd,)" = e3,e6,e9,e12 ]
-  [ "$(jq -r 'select(.duplicate) | "\(.id):\(.deliveries)"' "$T/out" | sort -V | paste -sd,)" = e3:0,e6:0,e9:0,e12:0 ]
+  [ "$(jq -r 'select(.duplicate) | "\(.event_id):\(.deliveries)"' "$T/out" | sort -V | paste -sd,)" = e3:0,e6:0,e9:0,e12:0 ]
   [ "$(q "SELECT count(*) FROM relaybus_events")" = 12 ]
   [ "$(q "SELECT count(*) FROM relaybus_deliveries")" = 24 ]
   [ "$(dup_pairs)" = 0 ]
@@ -119,7 +119,7 @@ EOF
   run consume -p 3 -c 6 -- "$h"
   [ "$status" -eq 0 ]
   [ "$(paste -sd, "$T/attempts")" = e1,e2,e3,e4,e5,e5,e6,e7,e8,e9,e10 ]
-  [ "$(jq -r 'select(.duplicate) | .id' "$T/out")" = e5 ]
+  [ "$(jq -r 'select(.duplicate) | .event_id' "$T/out")" = e5 ]
   [ "$(q "SELECT count(*) FROM relaybus_events")" = 10 ]
   [ "$(q "SELECT count(*) FROM relaybus_deliveries")" = 20 ]
   [ "$(dup_pairs)" = 0 ]

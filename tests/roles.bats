@@ -127,11 +127,11 @@ tables_of() {
   [ "$(executes "$R_HM")" = relaybus_complete ]
   [ "$(executes "$R_ADM")" = relaybus_ts ]
   [ "$(executes "$R_NONE")" = - ]
-  [ "$(tables_of "$R_PUB")" = - ]
-  [ "$(tables_of "$R_HM")" = - ]
+  [ "$(tables_of "$R_PUB")" = relaybus_schema_version:SELECT ]
+  [ "$(tables_of "$R_HM")" = relaybus_schema_version:SELECT ]
   [ "$(tables_of "$R_NONE")" = - ]
-  [ "$(tables_of "$R_WRK")" = "relaybus_worker_events:SELECT" ]
-  [ "$(tables_of "$R_ADM")" = "relaybus_completions:DELETE,SELECT,UPDATE relaybus_deliveries:DELETE,SELECT,UPDATE relaybus_events:DELETE,SELECT,UPDATE relaybus_keys:INSERT,SELECT,UPDATE relaybus_lanes:SELECT,UPDATE relaybus_subscriptions:SELECT" ]
+  [ "$(tables_of "$R_WRK")" = "relaybus_schema_version:SELECT relaybus_worker_events:SELECT" ]
+  [ "$(tables_of "$R_ADM")" = "relaybus_completions:DELETE,SELECT,UPDATE relaybus_deliveries:DELETE,SELECT,UPDATE relaybus_events:DELETE,SELECT,UPDATE relaybus_keys:INSERT,SELECT,UPDATE relaybus_lanes:SELECT,UPDATE relaybus_schema_version:SELECT relaybus_subscriptions:SELECT" ]
   # where admin only locks rows: UPDATE of one column, not of the table
   [ "$(q "SELECT has_table_privilege('$R_ADM', 'relaybus_events', 'UPDATE') || ' ' || has_column_privilege('$R_ADM', 'relaybus_events', 'payload', 'UPDATE')")" = "false false" ]
 }
@@ -164,15 +164,15 @@ tables_of() {
   # claim and complete, and the lanes handed back after
   run --separate-stderr as "$R_WRK" rb-claim -H mailer --batch 2 --owner W
   [ "$status" -eq 0 ]
-  run --separate-stderr as "$R_WRK" rb-complete < <(jq -c '. + {ok: true}' <<<"$output")
+  run --separate-stderr as "$R_WRK" rb-complete --output < <(jq -c '. + {ok: true}' <<<"$output")
   [ "$status" -eq 0 ]
   [ "$(jq -r .outcome <<<"$output" | sort -u)" = completed ]
   [ "$(q "SELECT count(*) FROM relaybus_lanes WHERE lease_owner = 'W'")" = 0 ]
   # a failure (relaybus_fail), and a lost one (the "missing" check)
   line=$(as "$R_WRK" rb-claim -H mailer --batch 1 --owner W)
-  run --separate-stderr as "$R_WRK" rb-complete < <(jq -c '. + {ok: false, error: "no"}' <<<"$line")
+  run --separate-stderr as "$R_WRK" rb-complete --output < <(jq -c '. + {ok: false, error: "no"}' <<<"$line")
   [ "$(jq -r .outcome <<<"$output")" = rescheduled ]
-  run --separate-stderr as "$R_WRK" rb-complete < <(jq -c '. + {ok: true}' <<<"$line")
+  run --separate-stderr as "$R_WRK" rb-complete --output < <(jq -c '. + {ok: true}' <<<"$line")
   [ "$status" -eq 0 ]
   [ "$(jq -r '.outcome + " " + (.missing|tostring)' <<<"$output")" = "lost null" ]
   # renewals of a 300ms lease while the handler runs 0.8s, then the lane
@@ -215,7 +215,7 @@ tables_of() {
   publish invoice.paid i1
   run --separate-stderr as "$R_WM" rb-claim -H mailer --owner M
   [ "$status" -eq 0 ]
-  run --separate-stderr as "$R_WM" rb-complete < <(jq -c '. + {ok: true}' <<<"$output")
+  run --separate-stderr as "$R_WM" rb-complete --output < <(jq -c '. + {ok: true}' <<<"$output")
   [ "$(jq -r .outcome <<<"$output")" = completed ]
   run --separate-stderr as "$R_WM" rb-claim -H billing
   [ "$stderr" = "rb-claim: claim: role \"$R_WM\" may not work handler \"billing\" (rb-setup --grant worker=$R_WM:billing)" ]
@@ -356,13 +356,13 @@ acls() {
   run --separate-stderr as "$R_WRK" rb-claim -H mailer
   refused "permission denied for function relaybus_claim"
   [ "$(executes "$R_WRK")" = relaybus_complete ]
-  [ "$(tables_of "$R_WRK")" = - ]
+  [ "$(tables_of "$R_WRK")" = relaybus_schema_version:SELECT ]
   line=$(rb-claim -H mailer --owner A)
   [ "$(asql "$R_WRK" -c "SELECT relaybus_complete('$(jq -r .lease <<<"$line")', 'v1', 'mailer')")" = completed ]
   # back as it was
   rb-setup -q --revoke "handler=$R_WRK" --grant "worker=$R_WRK"
   [ "$(q "SELECT string_agg(kind || ':' || handler, ',') FROM relaybus_grants WHERE grantee = '$R_WRK'")" = "worker:*" ]
-  [ "$(tables_of "$R_WRK")" = "relaybus_worker_events:SELECT" ]
+  [ "$(tables_of "$R_WRK")" = "relaybus_schema_version:SELECT relaybus_worker_events:SELECT" ]
 }
 
 @test "a granted role dropped since: later set-ups pass it over with a warning" {

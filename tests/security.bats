@@ -68,6 +68,7 @@ wait_for() {  # secs cond...
 }
 
 @test "redaction: -vv 'connected to' hides a password after a newline and in the query" {
+  pg_only "a libpq conninfo string, on the PostgreSQL test database"
   need_pg
   run -0 --separate-stderr rb-admin -vv --db $'host=127.0.0.1 port='"$(pg_port)"$' user=postgres dbname=postgres\npassword=NewlineSecret' lanes
   [[ "$stderr" == *"connected to host=127.0.0.1 port=$(pg_port) user=postgres dbname=postgres"* ]] || { echo "$stderr"; false; }

@@ -7,6 +7,13 @@
 # `pg_virtualenv make check` runs every test), dropped at the end.  need_pg
 # skips when no database is given, unless RELAYBUS_REQUIRE_PG=1
 # (scripts/test), where a missing database fails.
+#
+# RELAYBUS_TEST_STORE=mongo runs the same suites against MongoDB
+# (RELAYBUS_TEST_MONGO_URL; RELAYBUS_REQUIRE_MONGO=1 fails instead of
+# skipping): each file gets its own database, named as its schema, dropped at
+# the end.  A test of a PostgreSQL-only feature says so (pg_only REASON); a
+# test that reads or changes the store with SQL (q, sql, psql, pg_dir, or a
+# helper of its file that does) skips on MongoDB saying which line does.
 
 bats_require_minimum_version 1.5.0
 
@@ -39,8 +46,11 @@ fi
 _test_pg_url=${RELAYBUS_TEST_PG_URL:-}
 _test_pg_dir=${RELAYBUS_TEST_PG_DIR:-}
 _require_pg=${RELAYBUS_REQUIRE_PG:-}
+_test_store=${RELAYBUS_TEST_STORE:-pg}
+_test_mongo_url=${RELAYBUS_TEST_MONGO_URL:-}
+_require_mongo=${RELAYBUS_REQUIRE_MONGO:-}
 for v in $(env | sed -n 's/^\(RELAYBUS_[A-Z_]*\|PG[A-Z]*\)=.*/\1/p'); do
-  case $v in RELAYBUS_TEST_*|RELAYBUS_REQUIRE_PG) ;; *) unset "$v" ;; esac
+  case $v in RELAYBUS_TEST_*|RELAYBUS_REQUIRE_PG|RELAYBUS_REQUIRE_MONGO) ;; *) unset "$v" ;; esac
 done
 
 RB_BINDIR=${RB_BINDIR:-$BATS_TEST_DIRNAME/../cmd}
@@ -59,7 +69,56 @@ if [ -n "${RB_VALGRIND:-}" ]; then
 fi
 PATH=$RB_BINDIR:$RB_SRCDIR/tests/bin:$PATH
 
+# true when the suites run against MongoDB
+on_mongo() { [ "$_test_store" = mongo ]; }
+
+# The MongoDB URL with this file's database.
+mongo_file_url() {
+  local u=$_test_mongo_url query= rest
+  case $u in *\?*) query="?${u#*\?}"; u=${u%%\?*} ;; esac
+  rest=${u#*://}
+  echo "${u%%://*}://${rest%%/*}/$RB_SCHEMA$query"
+}
+
+# rbq (tests/mongo/rbq.py) on this file's database
+rbq() { /usr/bin/python3 "$RB_SRCDIR/tests/mongo/rbq.py" "$(mongo_file_url)" "$RB_SCHEMA" "$@"; }
+
+_mongo_env() {
+  if [ -z "$_test_mongo_url" ]; then
+    if [ "$_require_mongo" = 1 ]; then
+      echo "RELAYBUS_REQUIRE_MONGO=1 but RELAYBUS_TEST_MONGO_URL is not set" >&2
+      return 1
+    fi
+    return 2
+  fi
+  RELAYBUS_URL=$(mongo_file_url)
+  export RELAYBUS_URL
+  export RELAYBUS_SCHEMA=$RB_SCHEMA
+}
+
+# Skip a test (on MongoDB) whose body uses SQL, naming where.
+_mongo_skip_sql() {
+  local why
+  [ -n "${BATS_TEST_DESCRIPTION:-}" ] || return 0
+  why=$(awk -v d="$BATS_TEST_DESCRIPTION" -f "$RB_SRCDIR/tests/mongo/sqluse.awk" \
+    "$BATS_TEST_FILENAME" "$BATS_TEST_FILENAME")
+  [ -z "$why" ] || skip "reads or changes the store with SQL ($why): PostgreSQL only"
+}
+
+# A test of a PostgreSQL-only feature: skips on MongoDB with the reason.
+pg_only() {
+  if on_mongo; then skip "PostgreSQL only: $*"; fi
+}
+
 need_pg() {
+  if on_mongo; then
+    local rc=0
+    _mongo_env || rc=$?
+    [ $rc = 2 ] && skip "no MongoDB test server (set RELAYBUS_TEST_MONGO_URL)"
+    [ $rc = 0 ] || return 1
+    _mongo_skip_sql
+    return 0
+  fi
   if [ -z "$_test_pg_url" ]; then
     if [ "$_require_pg" = 1 ]; then
       echo "RELAYBUS_REQUIRE_PG=1 but RELAYBUS_TEST_PG_URL is not set" >&2
@@ -74,6 +133,12 @@ need_pg() {
 # For setup_file: true when there is a database to prepare; without one
 # the tests skip (need_pg), or the file fails when RELAYBUS_REQUIRE_PG=1.
 have_pg() {
+  if on_mongo; then
+    local rc=0
+    _mongo_env || rc=$?
+    [ $rc = 1 ] && exit 1
+    return $rc
+  fi
   if [ -z "$_test_pg_url" ]; then
     if [ "$_require_pg" = 1 ]; then
       echo "RELAYBUS_REQUIRE_PG=1 but RELAYBUS_TEST_PG_URL is not set" >&2
@@ -93,6 +158,7 @@ RB_SCHEMA=${RB_SCHEMA:0:50}
 
 # psql against the test database with the file's schema on the search path.
 sql() {
+  if on_mongo; then _mongo_sql "$@"; return; fi
   PGOPTIONS="-c search_path=$RB_SCHEMA,public -c client_min_messages=warning" \
     psql "$_test_pg_url" -X -A -t -q -v ON_ERROR_STOP=1 "$@"
 }
@@ -107,7 +173,28 @@ setup_schema() {
   rb-setup "$@"
 }
 
+# On MongoDB, what the suites' set-up functions do with SQL: emptying
+# tables (TRUNCATE) and freeing the lanes; anything else skips the test.
+_mongo_sql() {
+  local s="$*" t
+  case $s in
+  -c\ TRUNCATE*|-c\ \"TRUNCATE*) ;;
+  *) skip "SQL on the store ($s): PostgreSQL only" ;;
+  esac
+  t=${s#*TRUNCATE }
+  t=${t%%;*}
+  for c in ${t//,/ }; do rbq reset "${c#relaybus_}"; done
+  case $s in *"UPDATE relaybus_lanes SET lease_owner = NULL"*)
+    rbq update lanes '{}' '{"$set":{"owner":null,"holder":null,"leaseExpiresAt":null,"inFlight":[],"lost":[]}}' >/dev/null ;;
+  esac
+}
+
 drop_schema() {
+  if on_mongo; then
+    [ -n "$_test_mongo_url" ] || return 0
+    rbq drop >/dev/null 2>&1 || true
+    return 0
+  fi
   [ -n "$_test_pg_url" ] || return 0
   psql "$_test_pg_url" -X -q -c "DROP SCHEMA IF EXISTS \"$RB_SCHEMA\" CASCADE" >/dev/null 2>&1 || true
 }

@@ -143,13 +143,15 @@ _rb_unsettled() {
 # of HANDLER is due.  COMMAND reads delivery lines and writes each back with
 # "ok":true, or "ok":false,"error":"..." (a retry after a backoff), or
 # "dead":true.  The outcome lines of rb-complete go to stdout.  --settle:
-# until every delivery of HANDLER is completed or dead, retries made due at
-# once (rb_retry_now).  Fails when rb-claim, COMMAND or rb-complete fails.
+# until every delivery of HANDLER is completed or dead, a failure due again
+# at once (rb-complete --backoff 0ms); it fails, naming them, when some still
+# wait after $RELAYBUS_TEST_TIMEOUT s (a "retry_ms", or a run without --settle).
+# Fails when rb-claim, COMMAND or rb-complete fails.
 rb_run_handler() {
-  local settle=no max=() handler rounds=0 rc st
+  local settle=no max=() backoff=() handler rounds=0 rc st
   while :; do
     case ${1:-} in
-      --settle) settle=yes; shift ;;
+      --settle) settle=yes; backoff=(--backoff 0ms); shift ;;
       --max-attempts) max=(--max-attempts "$2"); shift 2 ;;
       *) break ;;
     esac
@@ -158,6 +160,7 @@ rb_run_handler() {
   shift
   [ $# -gt 0 ] || { _rb_fail "rb_run_handler: no COMMAND" handler "$handler"; return 64; }
   local batch=${BATS_TEST_TMPDIR:-${TMPDIR:-/tmp}}/rb_run_handler.$$
+  local deadline=$((SECONDS + ${RELAYBUS_TEST_TIMEOUT:-60}))
   while :; do
     rc=0
     rb-claim -q -H "$handler" "${max[@]}" >"$batch" || rc=$?
@@ -165,13 +168,20 @@ rb_run_handler() {
       local left=0
       if [ $settle = yes ]; then left=$(_rb_unsettled "$handler") || return; fi
       if [ "$left" -eq 0 ]; then rm -f "$batch"; return 0; fi
-      rb_retry_now "$handler" || return
+      # due at once, but a lane may still be held for a moment (a lease
+      # being handed back): look again, up to $RELAYBUS_TEST_TIMEOUT s
+      if [ $SECONDS -ge $deadline ]; then
+        rm -f "$batch"
+        _rb_fail "rb_run_handler --settle: $left deliveries still wait (a retry_ms, or a backoff from a run without --settle)" handler "$handler"
+        return 1
+      fi
+      sleep 0.1
     elif [ $rc -ne 0 ]; then
       rm -f "$batch"
       _rb_fail "rb-claim failed (exit $rc)" handler "$handler"
       return $rc
     else
-      { "$@" <"$batch" | rb-complete -q "${max[@]}"; st=("${PIPESTATUS[@]}"); } || true
+      { "$@" <"$batch" | rb-complete -q -o "${max[@]}" "${backoff[@]}"; st=("${PIPESTATUS[@]}"); } || true
       if [ "${st[0]}" -ne 0 ] || [ "${st[1]}" -ne 0 ]; then
         rm -f "$batch"
         _rb_fail "the handler run failed" handler "$handler" command "$*" \
@@ -180,9 +190,9 @@ rb_run_handler() {
       fi
     fi
     rounds=$((rounds + 1))
-    if [ $rounds -ge 1000 ]; then
+    if [ $rounds -ge 10000 ]; then
       rm -f "$batch"
-      _rb_fail "rb_run_handler: still not done after 1000 rounds" handler "$handler"
+      _rb_fail "rb_run_handler: still not done after 10000 rounds" handler "$handler"
       return 1
     fi
   done
@@ -192,28 +202,19 @@ rb_run_handler() {
 # --handler HANDLER --drain` with the options given (--exec CMD, --pipe CMD,
 # --sql SQL, --max-attempts N, ...), at most $RELAYBUS_TEST_TIMEOUT seconds
 # (default 60).  --drain ends while a retry waits for its backoff; --settle
-# runs again, the retries made due at once, until every delivery of HANDLER
-# is completed or dead.
+# runs `rb-dispatch --settle` instead: retries due at once, until every
+# delivery it runs is completed or dead.
 rb_dispatch() {
-  local settle=no handler rc rounds=0
-  [ "${1:-}" = --settle ] && { settle=yes; shift; }
+  local drain=--drain handler rc=0
+  [ "${1:-}" = --settle ] && { drain=--settle; shift; }
   handler=${1:?rb_dispatch: HANDLER OPTION...}
   shift
-  while :; do
-    rc=0
-    timeout "${RELAYBUS_TEST_TIMEOUT:-60}" rb-dispatch -q --handler "$handler" --drain "$@" || rc=$?
-    if [ $rc -eq 124 ]; then
-      _rb_fail "rb-dispatch did not drain within ${RELAYBUS_TEST_TIMEOUT:-60} s" handler "$handler" || return $rc
-    elif [ $rc -ne 0 ]; then
-      _rb_fail "rb-dispatch failed (exit $rc)" handler "$handler" options "$*" || return $rc
-    fi
-    local left=0
-    if [ $settle = yes ]; then left=$(_rb_unsettled "$handler") || return; fi
-    [ "$left" -gt 0 ] || return 0
-    rb_retry_now "$handler" || return
-    rounds=$((rounds + 1))
-    [ $rounds -lt 1000 ] || { _rb_fail "rb_dispatch --settle: still not done after 1000 rounds" handler "$handler"; return 1; }
-  done
+  timeout "${RELAYBUS_TEST_TIMEOUT:-60}" rb-dispatch -q --handler "$handler" $drain "$@" || rc=$?
+  if [ $rc -eq 124 ]; then
+    _rb_fail "rb-dispatch did not drain within ${RELAYBUS_TEST_TIMEOUT:-60} s" handler "$handler" || return $rc
+  elif [ $rc -ne 0 ]; then
+    _rb_fail "rb-dispatch failed (exit $rc)" handler "$handler" options "$*" || return $rc
+  fi
 }
 
 # rb_delivery EVENT_ID HANDLER: the delivery as `rb-admin show` prints it (one

@@ -130,6 +130,7 @@ struct dispatch_opts {
 	int64_t			 stats_ms;
 	const char		*owner;		/* NULL: host:pid:random */
 	bool			 drain;
+	bool			 settle;	/* --settle: drain, retries due at once */
 	struct rb_complete_opts	 complete;	/* .sql: --sql */
 };
 

@@ -316,7 +316,7 @@ proc_result(struct dispatcher *dp, int i, const char *text, size_t len)
 		json_object_set(r, "ok", (json_t *)v);
 	if ((v = json_object_get(in, "error")) != NULL)
 		json_object_set(r, "error", (json_t *)v);
-	if ((v = json_object_get(in, "retry_ms")) != NULL)
+	if ((v = json_object_get(in, "retry_ms")) != NULL && !dp->opt.settle)
 		json_object_set(r, "retry_ms", (json_t *)v);
 	if ((v = json_object_get(in, "dead")) != NULL)
 		json_object_set(r, "dead", (json_t *)v);

@@ -27,6 +27,7 @@
 #include "rb_util.h"
 
 #include "dispatch.h"
+#include "notify.h"
 
 /* Signals are the process's, not a dispatcher's: the handler sets these. */
 static int		 sigpipe_fd[2] = { -1, -1 };
@@ -220,6 +221,7 @@ wait_and_serve(struct dispatcher *dp, int64_t now, struct pollfd *pfd, int *ref)
 	if (dp->next_stats > 0)
 		until = min_deadline(until, dp->next_stats);
 	until = min_deadline(until, dp->next_deadline);
+	until = min_deadline(until, notify_watchdog(now));
 	n += dp->opt.kind->pollfds != NULL ? dp->opt.kind->pollfds(dp, pfd + n, ref + n, &until) : 0;
 	timeout = until <= now ? 0 : (int)(until - now);
 	if (got_child || got_stop > dp->stop_level)
@@ -254,6 +256,7 @@ run(struct dispatcher *dp)
 
 	if (rb_store_listen(dp->store, &err) < 0)
 		db_error(dp, &err, "listen");
+	notify_ready();
 	if (dp->opt.stats_ms > 0)
 		dp->next_stats = last_stats + dp->opt.stats_ms;
 	if (dp->opt.kind->begin != NULL)
@@ -268,6 +271,7 @@ run(struct dispatcher *dp)
 			    dp->opt.grace_ms, dp->running);
 			dp->stop_level = 1;
 			dp->grace_deadline = now + dp->opt.grace_ms;
+			notify_stopping();
 		}
 		if (dp->stop_level == 1 && (got_stop > 1 || now >= dp->grace_deadline || dp->fatal_code != 0)) {
 			if (dp->running > 0)

@@ -22,6 +22,8 @@ from wire import MAX_BSON_SIZE, MAX_MESSAGE_SIZE
 VERSION = '6.0.0'
 MAX_WIRE_VERSION = 17  # MongoDB 6.0
 SET_NAME = 'rs0'
+# --standalone: answer as a standalone server (no replica set: no transactions)
+STANDALONE = False
 STARTED = time.time()
 
 # commands that may run in a multi-document transaction (MongoDB 4.4+ rules)
@@ -86,6 +88,9 @@ def hello(ctx, db, cmd, legacy=False):
         'maxWriteBatchSize': 100000, 'localTime': now, 'logicalSessionTimeoutMinutes': 30,
         'connectionId': ctx.conn.id, 'minWireVersion': 0, 'maxWireVersion': MAX_WIRE_VERSION,
         'readOnly': False, 'ok': 1.0})
+    if STANDALONE:
+        for k in ('hosts', 'setName', 'setVersion', 'secondary', 'primary', 'me', 'electionId', 'lastWrite'):
+            del doc[k]
     return doc
 
 

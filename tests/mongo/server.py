@@ -8,7 +8,7 @@ writes, real cursors and unique indexes.  For tests only: no auth, no TLS, no
 persistence.  See README.md next to this file.
 
     /usr/bin/python3 tests/mongo/server.py [--port N] [--port-file F] [--pid-file F]
-                                           [--txn-lifetime S] [--verbose]
+                                           [--txn-lifetime S] [--standalone] [--verbose]
 
 Listens on 127.0.0.1 only (--host takes another loopback address).  --port 0
 (the default) takes a free port; the port is written to --port-file once the
@@ -27,6 +27,7 @@ import traceback
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.dont_write_bytecode = True
 
+import commands  # noqa: E402
 from commands import Conn, execute  # noqa: E402
 from engine import Engine  # noqa: E402
 from errors import CmdError  # noqa: E402
@@ -160,8 +161,11 @@ def main():
     ap.add_argument('--pid-file', help='write the process id here')
     ap.add_argument('--txn-lifetime', type=float, default=60.0,
                     help='seconds before an open transaction is aborted (default 60, as MongoDB)')
+    ap.add_argument('--standalone', action='store_true',
+                    help='answer as a standalone server, not a replica set (clients then refuse transactions)')
     ap.add_argument('--verbose', action='store_true', help='log every command')
     args = ap.parse_args()
+    commands.STANDALONE = args.standalone
     try:
         if not ipaddress.ip_address(args.host).is_loopback:
             ap.error('--host %s: only loopback addresses are allowed' % args.host)
@@ -185,7 +189,7 @@ def main():
         with open(tmp, 'w') as f:
             f.write('%d\n' % server.port)
         os.rename(tmp, args.port_file)
-    log('listening on %s (replica set rs0, pid %d)' % (server.me, os.getpid()))
+    log('listening on %s (%s, pid %d)' % (server.me, 'standalone' if args.standalone else 'replica set rs0', os.getpid()))
     acceptor = threading.Thread(target=server.serve, name='accept', daemon=True)
     acceptor.start()
     sig = signal.sigwait({signal.SIGTERM, signal.SIGINT})

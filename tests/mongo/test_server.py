@@ -120,9 +120,34 @@ def main():
         for f in os.listdir(tmp):
             os.unlink(os.path.join(tmp, f))
         os.rmdir(tmp)
+    standalone()
     bad = subprocess.run(['/usr/bin/python3', '-B', os.path.join(HERE, 'server.py'), '--host', '192.0.2.1'],
                          capture_output=True, text=True, timeout=30)
     ok(bad.returncode != 0 and 'loopback' in bad.stderr, '--host: a non-loopback address is refused')
+
+
+def standalone():
+    """--standalone: hello without a replica set (what a client refuses transactions on)."""
+    tmp = tempfile.mkdtemp(prefix='rb-mongo-test.')
+    port_file = os.path.join(tmp, 'port.standalone')
+    server = subprocess.Popen(['/usr/bin/python3', '-B', os.path.join(HERE, 'server.py'), '--port-file', port_file,
+                               '--standalone'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            if os.path.exists(port_file) or server.poll() is not None:
+                break
+            time.sleep(0.1)
+        if ok(os.path.exists(port_file), '--standalone: the server listens'):
+            with socket.create_connection(('127.0.0.1', int(open(port_file).read()))) as sock:
+                op, r = query(sock, 'admin.$cmd', {'hello': 1})
+                ok(op == wire.OP_REPLY and r.get('isWritablePrimary') is True and 'setName' not in r
+                   and 'hosts' not in r, '--standalone: hello answers as a standalone primary (no setName)')
+    finally:
+        server.terminate()
+        server.wait(10)
+        if os.path.exists(port_file):
+            os.unlink(port_file)
+        os.rmdir(tmp)
 
 
 def run(port):

@@ -95,8 +95,16 @@ main(void)
 	exec_ok(c, "BEGIN");
 	exec_ok(c, "INSERT INTO t_unit_pg_publish.orders VALUES (1)");
 	ok(rb_pg_publish(c, schema, ev, &ack, &err) == 0, "publish again");
+	is_str(json_string_value(json_object_get(ack, "event_id")), "o1", "the ack names the event_id");
 	json_decref(ack);
 	exec_ok(c, "COMMIT");
+	/* event_id is the id's other name: the same event, a duplicate */
+	json_t *alias = json_pack("{s:s, s:s, s:i}", "event_id", "o1", "name", "order.paid", "payload", 2);
+	ok(rb_pg_publish(c, schema, alias, &ack, &err) == 0 && json_is_true(json_object_get(ack, "duplicate")),
+	    "event_id o1 is o1 again: a duplicate (%s)", err.msg);
+	ok(json_object_get(alias, "id") == NULL, "the caller's event is left as it was");
+	json_decref(ack);
+	json_decref(alias);
 	is_int(count(c, "SELECT count(*) FROM t_unit_pg_publish.relaybus_events WHERE id = 'o1'"), 1, "committed: the event");
 	is_int(count(c, "SELECT count(*) FROM t_unit_pg_publish.relaybus_deliveries WHERE event_id = 'o1' AND handler = 'mailer'"),
 	    1, "committed: its delivery");

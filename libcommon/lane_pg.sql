@@ -1,0 +1,20 @@
+-- The lane hash, run by rb-setup before upgrade_010_pg.sql and schema_pg.sql
+-- (the upgrade from 0.1.0 fills the lanes of existing deliveries with it,
+-- the publish functions the lanes of new ones).  @S@ as in schema_pg.sql.
+-- rb_lane() in rb_util.c is the same function in C.
+CREATE SCHEMA IF NOT EXISTS @S@;
+
+-- The lane of a delivery: FNV-1a (32 bit) of the key or event id, mod 256.
+-- Only the low 8 bits of the state matter for the result, so the loop keeps
+-- those: (h xor b) * 16777619 mod 256 = (h xor b) * 0x93 mod 256, h0 = 0xc5.
+CREATE OR REPLACE FUNCTION @S@.relaybus_lane(p_text text) RETURNS smallint
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $$
+DECLARE
+    b bytea := convert_to(p_text, 'UTF8');
+    h integer := 197;
+BEGIN
+    FOR i IN 0 .. length(b) - 1 LOOP
+        h := ((h # get_byte(b, i)) * 147) & 255;
+    END LOOP;
+    RETURN h;
+END $$;

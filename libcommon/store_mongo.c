@@ -1,0 +1,862 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * store_mongo.c: the MongoDB backend (libmongoc): connection, errors,
+ * transactions, JSON <-> BSON, set-up, publish, wake-up (polling) and the
+ * two-step calls of rb_store.h done at once.  Claims, completions and lane
+ * leases are in store_mongo_lanes.c; the data model in store_mongo_int.h
+ * and relaybus(7).
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "rb_exit.h"
+#include "rb_records.h"
+#include "rb_store.h"
+#include "rb_util.h"
+#include "store_int.h"
+#include "store_mongo_int.h"
+
+static const char *const mg_schemes[] = { "mongodb", "mongodb+srv", NULL };
+
+static void
+mg_version(char *buf, size_t len)
+{
+	snprintf(buf, len, "libmongoc %s", mongoc_get_version());
+}
+
+int64_t
+mg_now(void)
+{
+	return rb_wall_ms();
+}
+
+void
+mg_fmt_time(int64_t ms, char buf[32])
+{
+	time_t t = (time_t)(ms / 1000);
+	struct tm tm;
+
+	gmtime_r(&t, &tm);
+	strftime(buf, 24, "%Y-%m-%dT%H:%M:%S", &tm);
+	snprintf(buf + strlen(buf), 8, ".%03dZ", (int)(ms % 1000) % 1000);
+}
+
+mongoc_collection_t *
+mg_coll(struct rb_store *s, const char *name)
+{
+	char full[128];
+
+	snprintf(full, sizeof full, "%s.%s", s->schema, name);
+	return mongoc_database_get_collection(mg_be(s)->db, full);
+}
+
+static bool
+transient_code(uint32_t code)
+{
+	/* WriteConflict, LockTimeout, NoSuchTransaction, MaxTimeMSExpired (a
+	 * write waiting for a transaction), TransactionTooOld */
+	return code == 112 || code == 24 || code == 251 || code == 50 || code == 225;
+}
+
+int
+mg_err(struct rb_store *s, const bson_error_t *e, const char *what, struct rb_error *err)
+{
+	if (e->domain == MONGOC_ERROR_SERVER_SELECTION || e->domain == MONGOC_ERROR_STREAM) {
+		mg_be(s)->broken = e->domain == MONGOC_ERROR_STREAM;
+		return rb_seterr(err, RB_EXIT_UNAVAILABLE, "%s: cannot reach MongoDB at %s: %s", what,
+		    s->url_redacted, e->message);
+	}
+	if (e->domain == MONGOC_ERROR_CLIENT && e->code == MONGOC_ERROR_CLIENT_AUTHENTICATE)
+		return rb_seterr(err, RB_EXIT_NOPERM, "%s: %s", what, e->message);
+	if (e->code == 13 || e->code == 18)
+		return rb_seterr(err, RB_EXIT_NOPERM, "%s: %s", what, e->message);
+	if (transient_code(e->code))
+		return rb_seterr(err, RB_EXIT_TEMPFAIL, "%s: %s", what, e->message);
+	return rb_seterr(err, RB_EXIT_SOFTWARE, "%s: %s", what, e->message);
+}
+
+void
+mg_sopts(mongoc_client_session_t *cs, bson_t *opts)
+{
+	bson_error_t e;
+
+	bson_init(opts);
+	if (cs != NULL)
+		mongoc_client_session_append(cs, opts, &e);
+}
+
+int
+mg_txn(struct rb_store *s, mg_txn_fn fn, void *ctx, const char *what, struct rb_error *err)
+{
+	mongoc_client_session_t *cs;
+	bson_error_t e;
+	int64_t until = rb_mono_ms() + 55000;
+
+	if ((cs = mongoc_client_start_session(mg_be(s)->client, NULL, &e)) == NULL)
+		return mg_err(s, &e, what, err);
+	for (int tries = 0;; tries++) {
+		bson_t reply;
+		bool ok;
+
+		if (!mongoc_client_session_start_transaction(cs, NULL, &e)) {
+			mongoc_client_session_destroy(cs);
+			return mg_err(s, &e, what, err);
+		}
+		ok = fn(cs, ctx, &e);
+		if (ok) {
+			ok = mongoc_client_session_commit_transaction(cs, &reply, &e);
+			bson_destroy(&reply);
+			if (ok)
+				break;
+		} else
+			mongoc_client_session_abort_transaction(cs, NULL);
+		if (!transient_code(e.code) || rb_mono_ms() > until) {
+			mongoc_client_session_destroy(cs);
+			return mg_err(s, &e, what, err);
+		}
+		usleep((useconds_t)(1000 * (1 + rand() % (tries < 8 ? 1 << tries : 256))));
+	}
+	mongoc_client_session_destroy(cs);
+	return 0;
+}
+
+/* ---- JSON <-> BSON ---------------------------------------------------------- */
+
+static void
+append_json_doc(bson_t *d, const json_t *o)
+{
+	const char *k;
+	json_t *v;
+
+	json_object_foreach((json_t *)o, k, v)
+		mg_append_json(d, k, v);
+}
+
+void
+mg_append_json(bson_t *b, const char *key, const json_t *v)
+{
+	bson_t child;
+
+	switch (json_typeof(v)) {
+	case JSON_OBJECT:
+		bson_append_document_begin(b, key, -1, &child);
+		append_json_doc(&child, v);
+		bson_append_document_end(b, &child);
+		break;
+	case JSON_ARRAY:
+		bson_append_array_begin(b, key, -1, &child);
+		for (size_t i = 0; i < json_array_size(v); i++) {
+			char ks[16];
+			const char *kp;
+
+			bson_uint32_to_string((uint32_t)i, &kp, ks, sizeof ks);
+			mg_append_json(&child, kp, json_array_get(v, i));
+		}
+		bson_append_array_end(b, &child);
+		break;
+	case JSON_STRING:
+		bson_append_utf8(b, key, -1, json_string_value(v), (int)json_string_length(v));
+		break;
+	case JSON_INTEGER:
+		bson_append_int64(b, key, -1, json_integer_value(v));
+		break;
+	case JSON_REAL:
+		bson_append_double(b, key, -1, json_real_value(v));
+		break;
+	case JSON_TRUE:
+		bson_append_bool(b, key, -1, true);
+		break;
+	case JSON_FALSE:
+		bson_append_bool(b, key, -1, false);
+		break;
+	default:
+		bson_append_null(b, key, -1);
+	}
+}
+
+json_t *
+mg_iter_json(const bson_iter_t *it)
+{
+	bson_iter_t c;
+	json_t *r;
+	uint32_t len;
+	const char *s;
+	char ts[32];
+
+	switch (bson_iter_type(it)) {
+	case BSON_TYPE_DOCUMENT:
+		r = json_object();
+		if (bson_iter_recurse(it, &c))
+			while (bson_iter_next(&c))
+				json_object_set_new(r, bson_iter_key(&c), mg_iter_json(&c));
+		return r;
+	case BSON_TYPE_ARRAY:
+		r = json_array();
+		if (bson_iter_recurse(it, &c))
+			while (bson_iter_next(&c))
+				json_array_append_new(r, mg_iter_json(&c));
+		return r;
+	case BSON_TYPE_UTF8:
+		s = bson_iter_utf8(it, &len);
+		return json_stringn(s, len);
+	case BSON_TYPE_INT32:
+		return json_integer(bson_iter_int32(it));
+	case BSON_TYPE_INT64:
+		return json_integer(bson_iter_int64(it));
+	case BSON_TYPE_DOUBLE:
+		return json_real(bson_iter_double(it));
+	case BSON_TYPE_BOOL:
+		return json_boolean(bson_iter_bool(it));
+	case BSON_TYPE_DATE_TIME:
+		mg_fmt_time(bson_iter_date_time(it), ts);
+		return json_string(ts);
+	default:
+		return json_null();
+	}
+}
+
+char *
+mg_iter_json_text(const bson_iter_t *it)
+{
+	json_t *j = mg_iter_json(it);
+	char *t = json_dumps(j, JSON_COMPACT | JSON_ENCODE_ANY);
+
+	json_decref(j);
+	if (t == NULL)
+		t = xstrdup("null");
+	return t;
+}
+
+int64_t
+mg_get_int(const bson_t *d, const char *key, int64_t dflt)
+{
+	bson_iter_t it;
+
+	if (!bson_iter_init_find(&it, d, key))
+		return dflt;
+	if (BSON_ITER_HOLDS_INT32(&it) || BSON_ITER_HOLDS_INT64(&it) || BSON_ITER_HOLDS_DOUBLE(&it))
+		return bson_iter_as_int64(&it);
+	if (BSON_ITER_HOLDS_DATE_TIME(&it))
+		return bson_iter_date_time(&it);
+	return dflt;
+}
+
+const char *
+mg_get_str(const bson_t *d, const char *key)
+{
+	bson_iter_t it;
+
+	if (!bson_iter_init_find(&it, d, key) || !BSON_ITER_HOLDS_UTF8(&it))
+		return NULL;
+	return bson_iter_utf8(&it, NULL);
+}
+
+/* ---- the store ---------------------------------------------------------------- */
+
+static void
+make_holder(char out[40])
+{
+	unsigned char r[12] = { 0 };
+	int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0 || read(fd, r, sizeof r) != (ssize_t)sizeof r) {
+		int64_t t = rb_wall_ms() ^ ((int64_t)getpid() << 20);
+
+		memcpy(r, &t, sizeof t);
+	}
+	if (fd >= 0)
+		close(fd);
+	for (size_t i = 0; i < sizeof r; i++)
+		snprintf(out + 2 * i, 3, "%02x", r[i]);
+}
+
+static int
+mg_connect(struct rb_store *s, struct rb_error *err)
+{
+	struct mg_be *be = mg_be(s);
+	bson_t cmd = BSON_INITIALIZER, reply;
+	bson_error_t e;
+	const char *dbname;
+	bool ok;
+
+	be->client = mongoc_client_new_from_uri(be->uri);
+	if (be->client == NULL)
+		return rb_seterr(err, RB_EXIT_CONFIG, "invalid MongoDB URL %s", s->url_redacted);
+	mongoc_client_set_error_api(be->client, MONGOC_ERROR_API_VERSION_2);
+	mongoc_client_set_appname(be->client, s->app);
+	dbname = mongoc_uri_get_database(be->uri);
+	be->db = mongoc_client_get_database(be->client, dbname != NULL && *dbname ? dbname : "relaybus");
+	BSON_APPEND_INT32(&cmd, "hello", 1);
+	ok = mongoc_client_command_simple(be->client, "admin", &cmd, NULL, &reply, &e);
+	bson_destroy(&cmd);
+	if (!ok) {
+		bson_destroy(&reply);
+		return mg_err(s, &e, "connect", err);
+	}
+	if (mg_get_str(&reply, "setName") == NULL &&
+	    !(mg_get_str(&reply, "msg") != NULL && strcmp(mg_get_str(&reply, "msg"), "isdbgrid") == 0)) {
+		bson_destroy(&reply);
+		return rb_seterr(err, RB_EXIT_UNAVAILABLE,
+		    "MongoDB at %s is not a replica set or sharded cluster: relaybus needs transactions",
+		    s->url_redacted);
+	}
+	bson_destroy(&reply);
+	be->broken = false;
+	return 0;
+}
+
+static int
+mg_open(struct rb_store *s, struct rb_error *err)
+{
+	static bool inited;
+	struct mg_be *be;
+	bson_error_t e;
+
+	if (!inited) {
+		mongoc_init();
+		inited = true;
+	}
+	be = xcalloc(1, sizeof *be);
+	be->nclaimed = -1;
+	be->fetch_n = -1;
+	s->be = be;
+	make_holder(be->holder);
+	if ((be->uri = mongoc_uri_new_with_error(s->url, &e)) == NULL)
+		return rb_seterr(err, RB_EXIT_CONFIG, "invalid MongoDB URL %s: %s", s->url_redacted, e.message);
+	if (!mongoc_uri_has_option(be->uri, MONGOC_URI_SERVERSELECTIONTIMEOUTMS))
+		mongoc_uri_set_option_as_int32(be->uri, MONGOC_URI_SERVERSELECTIONTIMEOUTMS, 5000);
+	if (!mongoc_uri_has_option(be->uri, MONGOC_URI_CONNECTTIMEOUTMS))
+		mongoc_uri_set_option_as_int32(be->uri, MONGOC_URI_CONNECTTIMEOUTMS, 5000);
+	return mg_connect(s, err);
+}
+
+static void
+drop_client(struct mg_be *be)
+{
+	if (be->db != NULL)
+		mongoc_database_destroy(be->db);
+	if (be->client != NULL)
+		mongoc_client_destroy(be->client);
+	be->db = NULL;
+	be->client = NULL;
+}
+
+static void
+drop_pending(struct mg_be *be)
+{
+	if (be->claimed != NULL) {
+		for (int i = 0; i < be->nclaimed; i++)
+			rb_dl_free(be->claimed[i]);
+		free(be->claimed);
+	}
+	be->claimed = NULL;
+	be->nclaimed = -1;
+	be->claim_out = false;
+	be->fetch_n = -1;
+	free(be->outcome);
+	be->outcome = NULL;
+	be->complete_out = false;
+}
+
+static void
+mg_close(struct rb_store *s)
+{
+	struct mg_be *be = mg_be(s);
+
+	if (be == NULL)
+		return;
+	drop_pending(be);
+	drop_client(be);
+	free(be->seeded);
+	if (be->uri != NULL)
+		mongoc_uri_destroy(be->uri);
+	free(be);
+	s->be = NULL;
+}
+
+static int
+mg_reconnect(struct rb_store *s, struct rb_error *err)
+{
+	drop_pending(mg_be(s));
+	drop_client(mg_be(s));
+	return mg_connect(s, err);
+}
+
+static bool
+mg_broken(const struct rb_store *s)
+{
+	return mg_be(s)->broken;
+}
+
+/* ---- set-up ------------------------------------------------------------------ */
+
+static const char *const collections[] = {
+	"events", "deliveries", "lanes", "keys", "counters", "subscriptions", "schema_version",
+};
+
+static int
+create_coll(struct rb_store *s, const char *name, struct rb_error *err)
+{
+	char full[128];
+	bson_error_t e;
+	mongoc_collection_t *c;
+
+	snprintf(full, sizeof full, "%s.%s", s->schema, name);
+	c = mongoc_database_create_collection(mg_be(s)->db, full, NULL, &e);
+	if (c != NULL) {
+		mongoc_collection_destroy(c);
+		return 0;
+	}
+	if (e.code == 48)	/* NamespaceExists: a second rb-setup */
+		return 0;
+	return mg_err(s, &e, "setup", err);
+}
+
+static int
+create_index(struct rb_store *s, const char *coll, const char *name, const bson_t *keys, bool unique,
+    struct rb_error *err)
+{
+	mongoc_collection_t *c = mg_coll(s, coll);
+	bson_t cmd = BSON_INITIALIZER, arr, ix, reply;
+	bson_error_t e;
+	bool ok;
+
+	BSON_APPEND_UTF8(&cmd, "createIndexes", mongoc_collection_get_name(c));
+	BSON_APPEND_ARRAY_BEGIN(&cmd, "indexes", &arr);
+	BSON_APPEND_DOCUMENT_BEGIN(&arr, "0", &ix);
+	BSON_APPEND_DOCUMENT(&ix, "key", keys);
+	BSON_APPEND_UTF8(&ix, "name", name);
+	if (unique)
+		BSON_APPEND_BOOL(&ix, "unique", true);
+	bson_append_document_end(&arr, &ix);
+	bson_append_array_end(&cmd, &arr);
+	ok = mongoc_database_write_command_with_opts(mg_be(s)->db, &cmd, NULL, &reply, &e);
+	bson_destroy(&cmd);
+	bson_destroy(&reply);
+	mongoc_collection_destroy(c);
+	if (!ok && e.code != 85 && e.code != 86)	/* IndexOptionsConflict / KeySpecsConflict */
+		return mg_err(s, &e, "setup", err);
+	return 0;
+}
+
+#define IDX(s, coll, name, unique, err, ...)						\
+	do {										\
+		bson_t *k_ = BCON_NEW(__VA_ARGS__);					\
+		int rc_ = create_index(s, coll, name, k_, unique, err);			\
+		bson_destroy(k_);							\
+		if (rc_ < 0)								\
+			return -1;							\
+	} while (0)
+
+int
+mg_seed_lanes(struct rb_store *s, const char *handler, struct rb_error *err)
+{
+	mongoc_collection_t *c = mg_coll(s, "lanes");
+	bson_t *q = BCON_NEW("handler", BCON_UTF8(handler));
+	bson_error_t e;
+	int64_t n = mongoc_collection_count_documents(c, q, NULL, NULL, NULL, &e);
+	int rc = 0;
+
+	bson_destroy(q);
+	if (n < 0)
+		rc = mg_err(s, &e, "claim", err);
+	else if (n < RB_LANES) {
+		bson_t *opts = BCON_NEW("ordered", BCON_BOOL(false));
+		mongoc_bulk_operation_t *b = mongoc_collection_create_bulk_operation_with_opts(c, opts);
+		bson_t reply;
+
+		for (int l = 0; l < RB_LANES; l++) {
+			char id[128];
+
+			snprintf(id, sizeof id, "%s/%d", handler, l);
+			bson_t *d = BCON_NEW("_id", BCON_UTF8(id), "handler", BCON_UTF8(handler),
+			    "laneId", BCON_INT32(l), "epoch", BCON_INT64(0), "owner", BCON_NULL,
+			    "holder", BCON_NULL, "leaseExpiresAt", BCON_NULL, "inFlight", "[", "]",
+			    "lost", "[", "]");
+			mongoc_bulk_operation_insert(b, d);
+			bson_destroy(d);
+		}
+		/* (duplicates: another process seeded them first) */
+		if (!mongoc_bulk_operation_execute(b, &reply, &e) && e.code != 11000)
+			rc = mg_err(s, &e, "seed lanes", err);
+		bson_destroy(&reply);
+		mongoc_bulk_operation_destroy(b);
+		bson_destroy(opts);
+	}
+	mongoc_collection_destroy(c);
+	return rc;
+}
+
+int
+mg_ready(struct rb_store *s, const char *what, struct rb_error *err)
+{
+	mongoc_collection_t *c;
+	bson_t *q;
+	bson_error_t e;
+	int64_t n;
+
+	if (mg_be(s)->ready)
+		return 0;
+	c = mg_coll(s, "schema_version");
+	q = BCON_NEW("_id", BCON_INT32(MG_VERSION));
+	n = mongoc_collection_count_documents(c, q, NULL, NULL, NULL, &e);
+	bson_destroy(q);
+	mongoc_collection_destroy(c);
+	if (n < 0)
+		return mg_err(s, &e, what, err);
+	if (n == 0)
+		return rb_seterr(err, RB_EXIT_CONFIG, "%s: schema \"%s\" is not set up (no %s.schema_version in %s): run rb-setup",
+		    what, s->schema, s->schema, mongoc_database_get_name(mg_be(s)->db));
+	mg_be(s)->ready = true;
+	return 0;
+}
+
+/* The schema_info slot: the highest version set-up wrote (rb_cli_open's
+ * check at start, rb-setup --check).  One query. */
+static int
+mg_schema_info(struct rb_store *s, struct rb_schema_info *info, struct rb_error *err)
+{
+	mongoc_collection_t *c = mg_coll(s, "schema_version");
+	bson_t *q = bson_new();
+	bson_t *opts = BCON_NEW("sort", "{", "_id", BCON_INT32(-1), "}", "limit", BCON_INT64(1));
+	mongoc_cursor_t *cur = mongoc_collection_find_with_opts(c, q, opts, NULL);
+	const bson_t *d;
+	bson_error_t e;
+	int v = 0;
+
+	if (mongoc_cursor_next(cur, &d)) {
+		bson_iter_t it;
+
+		if (bson_iter_init_find(&it, d, "_id") && BSON_ITER_HOLDS_NUMBER(&it))
+			v = (int)bson_iter_as_int64(&it);
+	}
+	bool failed = mongoc_cursor_error(cur, &e);
+	mongoc_cursor_destroy(cur);
+	bson_destroy(opts);
+	bson_destroy(q);
+	mongoc_collection_destroy(c);
+	if (failed)
+		return mg_err(s, &e, "schema", err);
+	info->installed = v;
+	info->expected = MG_VERSION;
+	info->state = v == 0 ? RB_SCHEMA_ABSENT : v < MG_VERSION ? RB_SCHEMA_OLDER :
+	    v > MG_VERSION ? RB_SCHEMA_NEWER : RB_SCHEMA_CURRENT;
+	return 0;
+}
+
+bool
+mg_history(struct rb_store *s)
+{
+	mongoc_collection_t *c = mg_coll(s, "schema_version");
+	bson_t *q = BCON_NEW("_id", BCON_INT32(MG_VERSION));
+	mongoc_cursor_t *cur = mongoc_collection_find_with_opts(c, q, NULL, NULL);
+	const bson_t *d;
+	bool h = false;
+
+	if (mongoc_cursor_next(cur, &d)) {
+		bson_iter_t it;
+
+		h = bson_iter_init_find(&it, d, "completionHistory") && bson_iter_as_bool(&it);
+	}
+	mongoc_cursor_destroy(cur);
+	bson_destroy(q);
+	mongoc_collection_destroy(c);
+	return h;
+}
+
+static int
+upsert(struct rb_store *s, const char *coll, bson_t *q, bson_t *u, struct rb_error *err)
+{
+	mongoc_collection_t *c = mg_coll(s, coll);
+	bson_t *opts = BCON_NEW("upsert", BCON_BOOL(true));
+	bson_error_t e;
+	bool ok = mongoc_collection_update_one(c, q, u, opts, NULL, &e);
+
+	/* (two concurrent upserts: the loser's unique key error; the row is there) */
+	if (!ok && e.code == 11000)
+		ok = mongoc_collection_update_one(c, q, u, opts, NULL, &e);
+	bson_destroy(opts);
+	bson_destroy(q);
+	bson_destroy(u);
+	mongoc_collection_destroy(c);
+	return ok ? 0 : mg_err(s, &e, "setup", err);
+}
+
+static int
+mg_setup(struct rb_store *s, const struct rb_setup_opts *o, struct rb_error *err)
+{
+	for (size_t i = 0; i < sizeof collections / sizeof collections[0]; i++)
+		if (create_coll(s, collections[i], err) < 0)
+			return -1;
+	if (o->completion_history && create_coll(s, "completed_deliveries", err) < 0)
+		return -1;
+	IDX(s, "deliveries", "event_handler", true, err, "eventId", BCON_INT32(1), "handler", BCON_INT32(1));
+	IDX(s, "deliveries", "lane_due", false, err, "handler", BCON_INT32(1), "laneId", BCON_INT32(1),
+	    "status", BCON_INT32(1), "key", BCON_INT32(1), "availableAt", BCON_INT32(1));
+	IDX(s, "deliveries", "lane_key", false, err, "handler", BCON_INT32(1), "laneId", BCON_INT32(1),
+	    "status", BCON_INT32(1), "key", BCON_INT32(1), "seq", BCON_INT32(1));
+	IDX(s, "deliveries", "dead", false, err, "status", BCON_INT32(1), "updatedAt", BCON_INT32(1));
+	IDX(s, "lanes", "handler_lane", true, err, "handler", BCON_INT32(1), "laneId", BCON_INT32(1));
+	IDX(s, "events", "created", false, err, "createdAt", BCON_INT32(1));
+	IDX(s, "subscriptions", "handler_pattern", true, err, "handler", BCON_INT32(1), "pattern", BCON_INT32(1));
+	if (o->completion_history)
+		IDX(s, "completed_deliveries", "completed", false, err, "completedAt", BCON_INT32(1));
+	for (size_t i = 0; i < o->n_subscribe; i++) {
+		char *buf;
+		const char *h, *p;
+
+		if (rb_subscription_parse(o->subscribe[i], &buf, &h, &p, err) < 0)
+			return -1;
+		int rc = upsert(s, "subscriptions", BCON_NEW("handler", BCON_UTF8(h), "pattern", BCON_UTF8(p)),
+		    BCON_NEW("$setOnInsert", "{", "createdAt", BCON_DATE_TIME(mg_now()), "}"), err);
+		if (rc == 0)
+			rc = mg_seed_lanes(s, h, err);
+		free(buf);
+		if (rc < 0)
+			return -1;
+	}
+	for (size_t i = 0; i < o->n_unsubscribe; i++) {
+		char *buf;
+		const char *h, *p;
+		bson_error_t e;
+
+		if (rb_subscription_parse(o->unsubscribe[i], &buf, &h, &p, err) < 0)
+			return -1;
+		mongoc_collection_t *c = mg_coll(s, "subscriptions");
+		bson_t *q = BCON_NEW("handler", BCON_UTF8(h), "pattern", BCON_UTF8(p));
+		bool ok = mongoc_collection_delete_many(c, q, NULL, NULL, &e);
+
+		bson_destroy(q);
+		mongoc_collection_destroy(c);
+		free(buf);
+		if (!ok)
+			return mg_err(s, &e, "setup", err);
+	}
+	if (o->completion_history)
+		return upsert(s, "schema_version", BCON_NEW("_id", BCON_INT32(MG_VERSION)),
+		    BCON_NEW("$setOnInsert", "{", "installedAt", BCON_DATE_TIME(mg_now()), "}",
+			"$set", "{", "completionHistory", BCON_BOOL(true), "}"), err);
+	return upsert(s, "schema_version", BCON_NEW("_id", BCON_INT32(MG_VERSION)),
+	    BCON_NEW("$setOnInsert", "{", "installedAt", BCON_DATE_TIME(mg_now()), "}"), err);
+}
+
+/* ---- wake-up: none on MongoDB (polling) -------------------------------------- */
+
+static int
+mg_listen(struct rb_store *s, struct rb_error *err)
+{
+	(void)s;
+	(void)err;
+	return 0;
+}
+
+static int
+mg_notified(struct rb_store *s, const char *handler, int timeout_ms, struct rb_error *err)
+{
+	(void)s;
+	(void)handler;
+	(void)err;
+	/* no notifications: the caller claims again after a short wait */
+	if (timeout_ms > MG_POLL_MS)
+		timeout_ms = MG_POLL_MS;
+	if (timeout_ms > 0)
+		usleep((useconds_t)timeout_ms * 1000);
+	return 0;
+}
+
+/* ---- the two-step calls, done at once --------------------------------------- */
+
+/* a delivery object (rb_delivery_object, line_text false) as rb_dl */
+static struct rb_dl *
+dl_of_object(const json_t *o, bool text, struct rb_sbuf *b)
+{
+	struct rb_delivery_fields f = { 0 };
+	struct rb_lease l = { 0 };
+	struct rb_dl *d;
+	char *payload, *headers;
+	const json_t *seq = json_object_get(o, "sequence");
+	char seqb[32];
+
+	f.id = json_string_value(json_object_get(o, "delivery_id"));
+	f.event_id = json_string_value(json_object_get(o, "event_id"));
+	f.handler = json_string_value(json_object_get(o, "handler"));
+	f.name = json_string_value(json_object_get(o, "name"));
+	f.key = json_string_value(json_object_get(o, "key"));
+	if (json_is_integer(seq)) {
+		snprintf(seqb, sizeof seqb, "%" JSON_INTEGER_FORMAT, json_integer_value(seq));
+		f.sequence = seqb;
+	} else
+		f.sequence = json_string_value(seq);
+	f.created_at = json_string_value(json_object_get(o, "created_at"));
+	rb_lease_parse(json_string_value(json_object_get(o, "lease")), &l);
+	f.lane = l.lane;
+	f.epoch = l.epoch;
+	f.claims = l.claims;
+	f.attempts = (int)json_integer_value(json_object_get(o, "attempt")) - 1;
+	payload = json_dumps(json_object_get(o, "payload"), JSON_COMPACT | JSON_ENCODE_ANY);
+	headers = json_dumps(json_object_get(o, "headers"), JSON_COMPACT | JSON_ENCODE_ANY);
+	f.payload = payload;
+	f.headers = headers;
+	d = rb_dl_new(&f);
+	rb_dl_fill(d, &f, text, b);
+	free(payload);
+	free(headers);
+	return d;
+}
+
+static int
+mg_claim_send(struct rb_store *s, const struct rb_claim_opts *o, struct rb_error *err)
+{
+	struct mg_be *be = mg_be(s);
+	struct rb_claim_opts c = *o;
+	struct rb_sbuf b = { 0 };
+	json_t *v = NULL;
+	int n;
+
+	c.line_text = false;
+	c.apart = false;
+	drop_pending(be);
+	if ((n = mg_claim(s, &c, &v, err)) < 0)
+		return -1;
+	be->claimed = xcalloc((size_t)n + 1, sizeof *be->claimed);
+	for (int i = 0; i < n; i++)
+		be->claimed[i] = dl_of_object(json_array_get(v, (size_t)i), o->line_text, &b);
+	be->nclaimed = n;
+	be->claim_out = true;
+	free(b.s);
+	json_decref(v);
+	return 0;
+}
+
+static int
+mg_claim_recv(struct rb_store *s, bool wait, struct rb_dl ***out, struct rb_error *err)
+{
+	struct mg_be *be = mg_be(s);
+	int n = be->nclaimed;
+
+	(void)wait;
+	if (!be->claim_out)
+		return rb_seterr(err, RB_EXIT_SOFTWARE, "claim_recv: no claim is out");
+	*out = be->claimed;
+	be->claimed = NULL;
+	be->nclaimed = -1;
+	be->claim_out = false;
+	return n;
+}
+
+static int
+mg_fetch_send(struct rb_store *s, struct rb_dl *const *claimed, size_t n, bool line_text,
+    struct rb_error *err)
+{
+	(void)claimed;
+	(void)line_text;
+	(void)err;
+	mg_be(s)->fetch_n = (int)n;	/* (the claim read the events already) */
+	return 0;
+}
+
+static int
+mg_fetch_recv(struct rb_store *s, bool wait, struct rb_error *err)
+{
+	int n = mg_be(s)->fetch_n;
+
+	(void)wait;
+	if (n < 0)
+		return rb_seterr(err, RB_EXIT_SOFTWARE, "fetch_recv: no fetch is out");
+	mg_be(s)->fetch_n = -1;
+	return n;
+}
+
+static int
+mg_complete_send(struct rb_store *s, struct rb_dl *const *v, size_t n, bool apart, struct rb_error *err)
+{
+	struct mg_be *be = mg_be(s);
+	struct rb_complete_opts o = { .max_attempts = RB_DEFAULT_MAX_ATTEMPTS,
+	    .backoff = { 1000, 60000, 2.0 } };
+	json_t *results = json_array(), *outcomes = NULL;
+
+	(void)apart;
+	for (size_t i = 0; i < n; i++) {
+		json_t *r = rb_dl_result(v[i]);
+
+		json_object_set_new(r, "ok", json_true());
+		json_array_append_new(results, r);
+	}
+	free(be->outcome);
+	be->outcome = xcalloc(n + 1, 1);
+	be->noutcome = n;
+	be->complete_out = true;
+	be->complete_rc = mg_complete(s, &o, results, &outcomes, &be->complete_err);
+	if (be->complete_rc == 0)
+		for (size_t i = 0; i < n; i++) {
+			json_t *oc = json_array_get(outcomes, i);
+			const char *w = json_string_value(json_object_get(oc, "outcome"));
+
+			be->outcome[i] = w != NULL && strcmp(w, "completed") == 0 ? RB_DL_COMPLETED :
+			    json_is_true(json_object_get(oc, "missing")) ? RB_DL_MISSING : RB_DL_LOST;
+		}
+	json_decref(results);
+	json_decref(outcomes);
+	(void)err;
+	return 0;
+}
+
+static int
+mg_complete_recv(struct rb_store *s, bool wait, unsigned char *outcome, struct rb_error *err)
+{
+	struct mg_be *be = mg_be(s);
+
+	(void)wait;
+	if (!be->complete_out)
+		return rb_seterr(err, RB_EXIT_SOFTWARE, "complete_recv: no completion is out");
+	be->complete_out = false;
+	if (be->complete_rc < 0) {
+		*err = be->complete_err;
+		return -1;
+	}
+	memcpy(outcome, be->outcome, be->noutcome);
+	return 0;
+}
+
+const struct rb_store_ops rb_store_mongo_ops = {
+	.name = "mongodb",
+	.schemes = mg_schemes,
+	.version = mg_version,
+	.open = mg_open,
+	.close = mg_close,
+	.reconnect = mg_reconnect,
+	.broken = mg_broken,
+	.setup = mg_setup,
+	.schema_info = mg_schema_info,
+	.setup_script = NULL,
+	.publish = mg_publish,
+	.claim = mg_claim,
+	.claim_send = mg_claim_send,
+	.claim_recv = mg_claim_recv,
+	.fetch_send = mg_fetch_send,
+	.fetch_recv = mg_fetch_recv,
+	.complete_send = mg_complete_send,
+	.complete_recv = mg_complete_recv,
+	.complete = mg_complete,
+	.extend = mg_extend,
+	.relinquish = mg_relinquish,
+	.relinquish_owner = mg_relinquish_owner,
+	.relinquish_leases = mg_relinquish_leases,
+	.listen = mg_listen,
+	.notified = mg_notified,
+	.admin_stats = mg_admin_stats,
+	.admin_list = mg_admin_list,
+	.admin_show = mg_admin_show,
+	.admin_apply = mg_admin_apply,
+	.admin_purge = mg_admin_purge,
+	.admin_lanes = mg_admin_lanes,
+	.admin_subscriptions = mg_admin_subscriptions,
+};

@@ -1,0 +1,103 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * store_mongo_int.h: PRIVATE to the MongoDB backend (store_mongo*.c).
+ *
+ * The data model (relaybus(7) "MongoDB"): in the URL's database (default
+ * "relaybus"), collections named <schema>.<name>:
+ *   events        {_id: event id, name, key, payload, headers, handlers, createdAt}
+ *   deliveries    {_id: delivery id (int64), eventId, handler, laneId, key, seq,
+ *                  status: pending|dead, availableAt, attempts, claims, lastError,
+ *                  createdAt, updatedAt, lane: "ready"}
+ *   lanes         {_id: "<handler>/<lane>", handler, laneId, epoch, owner, holder,
+ *                  leaseExpiresAt, inFlight: [ids], lost: [ids]}
+ *   keys          {_id: key, seq}
+ *   counters      {_id: "deliveries", n}
+ *   subscriptions {handler, pattern, createdAt}
+ *   schema_version{_id: 1, installedAt}
+ *   completed_deliveries (rb-setup --completion-history)
+ */
+#ifndef STORE_MONGO_INT_H
+#define STORE_MONGO_INT_H
+
+#include <mongoc/mongoc.h>
+
+#include "store_int.h"
+
+#define MG_VERSION	1
+/* how long a wait for work sleeps between claims (no LISTEN on MongoDB) */
+#define MG_POLL_MS	200
+
+struct mg_be {
+	mongoc_uri_t		*uri;
+	mongoc_client_t		*client;
+	mongoc_database_t	*db;
+	char			 holder[40];	/* this store instance, kept across reconnects */
+	bool			 broken;
+	bool			 ready;		/* the schema is set up */
+	char			*seeded;	/* the handler whose lanes exist (checked once) */
+	/* the two-step calls of rb_store.h, done at once (no socket to poll) */
+	struct rb_dl		**claimed;
+	int			 nclaimed;	/* -1: none out */
+	bool			 claim_out;
+	int			 fetch_n;	/* -1: none out */
+	unsigned char		*outcome;
+	size_t			 noutcome;
+	bool			 complete_out;
+	int			 complete_rc;
+	struct rb_error		 complete_err;
+};
+
+static inline struct mg_be *
+mg_be(const struct rb_store *s)
+{
+	return s->be;
+}
+
+/* the collection <schema>.<name> (new, the caller destroys it) */
+mongoc_collection_t *mg_coll(struct rb_store *, const char *name);
+/* err from a failed libmongoc call: 69 unreachable, 75 transient, 70 else */
+int	mg_err(struct rb_store *, const bson_error_t *, const char *what, struct rb_error *);
+int64_t	mg_now(void);
+/* run fn in a transaction (retried on TransientTransactionError) */
+typedef bool (*mg_txn_fn)(mongoc_client_session_t *, void *ctx, bson_error_t *);
+int	mg_txn(struct rb_store *, mg_txn_fn, void *ctx, const char *what, struct rb_error *);
+/* opts with the session's lsid (init'ed here; bson_destroy it) */
+void	mg_sopts(mongoc_client_session_t *, bson_t *opts);
+/* JSON <-> BSON */
+void	mg_append_json(bson_t *, const char *key, const json_t *);
+json_t	*mg_iter_json(const bson_iter_t *);
+/* the text of a BSON value as JSON, new string */
+char	*mg_iter_json_text(const bson_iter_t *);
+/* RFC 3339 UTC with milliseconds */
+void	mg_fmt_time(int64_t ms, char buf[32]);
+int	mg_seed_lanes(struct rb_store *, const char *handler, struct rb_error *);
+bool	mg_history(struct rb_store *);
+/* 0 when s->schema is set up, else -1 + err (78, "run rb-setup") */
+int	mg_ready(struct rb_store *, const char *what, struct rb_error *);
+/* bson helpers */
+int64_t	mg_get_int(const bson_t *, const char *key, int64_t dflt);
+const char *mg_get_str(const bson_t *, const char *key);
+
+/* store_mongo_publish.c */
+int	mg_publish(struct rb_store *, const char *, size_t, struct rb_publish_acks *, struct rb_error *);
+
+/* store_mongo_lanes.c */
+int	mg_claim(struct rb_store *, const struct rb_claim_opts *, json_t **, struct rb_error *);
+int	mg_complete(struct rb_store *, const struct rb_complete_opts *, const json_t *, json_t **,
+	    struct rb_error *);
+int	mg_extend(struct rb_store *, const char *, const char *, int64_t, struct rb_error *);
+int	mg_relinquish(struct rb_store *, const char *, const char *, struct rb_error *);
+int	mg_relinquish_owner(struct rb_store *, const char *, const char *, struct rb_error *);
+int	mg_relinquish_leases(struct rb_store *, const json_t *, struct rb_error *);
+
+/* store_mongo_admin.c */
+int	mg_admin_stats(struct rb_store *, json_t **, struct rb_error *);
+int	mg_admin_list(struct rb_store *, const struct rb_admin_filter *, json_t **, struct rb_error *);
+int	mg_admin_show(struct rb_store *, const char *, json_t **, struct rb_error *);
+int	mg_admin_apply(struct rb_store *, enum rb_admin_action, const json_t *, const char *, json_t **,
+	    struct rb_error *);
+int	mg_admin_purge(struct rb_store *, enum rb_admin_purge, int64_t, int, struct rb_error *);
+int	mg_admin_lanes(struct rb_store *, const char *, bool, json_t **, struct rb_error *);
+int	mg_admin_subscriptions(struct rb_store *, const char *, json_t **, struct rb_error *);
+
+#endif
