@@ -27,10 +27,12 @@ catalog() {  # a stable description of the schema's tables, indexes and options
   [ "$status" -eq 0 ]
   [ "$output" = "relaybus_deliveries
 relaybus_events
+relaybus_grants
 relaybus_keys
 relaybus_lanes
 relaybus_schema_version
-relaybus_subscriptions" ]
+relaybus_subscriptions
+relaybus_worker_events" ]
   [ "$(q "SELECT version FROM relaybus_schema_version")" = 1 ]
   # events remember their handlers
   [ "$(q "SELECT data_type FROM information_schema.columns WHERE table_schema = '$RB_SCHEMA' AND table_name = 'relaybus_events' AND column_name = 'handlers'")" = ARRAY ]
