@@ -162,6 +162,31 @@ tables_of() {
   [ "$(q "SELECT count(*) FROM relaybus_deliveries")" = 2 ]
 }
 
+# calls of the schema's functions named (pg_stat_user_functions; a session
+# counts them with track_functions = all)
+calls() {  # funcname...
+  local l
+  l=$(printf "'%s'," "$@")
+  q "SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions WHERE schemaname = '$RB_SCHEMA' AND funcname IN (${l%,})"
+}
+
+@test "the owner's sessions claim through relaybus_claim itself; a worker's through the SECURITY DEFINER door" {
+  publish order.paid o1 o2
+  own0=$(calls relaybus_claim relaybus_claim_ids)
+  door0=$(calls relaybus_worker_claim relaybus_worker_claim_ids)
+  run --separate-stderr env PGOPTIONS="-c track_functions=all" rb-claim -H mailer -b 1
+  [ "$status" -eq 0 ]
+  [ "${#lines[@]}" -eq 1 ]
+  [ "$(calls relaybus_claim relaybus_claim_ids)" -gt "$own0" ]
+  [ "$(calls relaybus_worker_claim relaybus_worker_claim_ids)" = "$door0" ]
+  q "ALTER ROLE \"$R_WRK\" SET track_functions = 'all'"
+  run --separate-stderr as "$R_WRK" rb-claim -H mailer -b 1
+  q "ALTER ROLE \"$R_WRK\" RESET track_functions"
+  [ "$status" -eq 0 ]
+  [ "${#lines[@]}" -eq 1 ]
+  [ "$(calls relaybus_worker_claim relaybus_worker_claim_ids)" -gt "$door0" ]
+}
+
 @test "worker: claims, completes, fails, extends, relinquishes, listens (rb-claim, rb-complete, rb-dispatch); no publish, purge or table" {
   publish order.paid w1 w2 w3 w4 w5
   # claim and complete, and the lanes handed back after

@@ -284,3 +284,18 @@ teardown() {
   # libpq's version as its users write it (15.18, not 150018)
   [[ "$output" =~ \;\ libpq\ [0-9]+\.[0-9]+(\.[0-9]+)?,\ (libmongoc\ [0-9.]+,\ )?jansson\  ]]
 }
+
+@test "MongoDB: --grant and --revoke exit 69 (not supported by the backend) and set nothing up" {
+  need_pg
+  on_mongo || skip "MongoDB only (PostgreSQL's roles: roles.bats)"
+  run rb-setup --check
+  before="$status $output"
+  run --separate-stderr rb-setup -s 'h:x' --grant worker=w
+  [ "$status" -eq 69 ]
+  [ "$stderr" = "rb-setup: grant not supported by the mongodb backend" ]
+  run --separate-stderr rb-setup --revoke admin=a
+  [ "$status" -eq 69 ]
+  [ "$stderr" = "rb-setup: grant not supported by the mongodb backend" ]
+  run rb-setup --check
+  [ "$status $output" = "$before" ]
+}
