@@ -8,12 +8,14 @@ load test_helper
 
 setup_file() {
   drop_schema
+  on_mongo && return 0
   have_pg || return 0
   rb-setup -s h:ev
   q "CREATE TABLE business (event_id text PRIMARY KEY)"
 }
 teardown_file() { drop_schema; }
 setup() {
+  pg_only "relaybus_complete is a PostgreSQL function (relaybus(7), MONGODB)"
   need_pg
   q "TRUNCATE relaybus_events, relaybus_deliveries, relaybus_keys, business;
      UPDATE relaybus_lanes SET lease_owner = NULL, lease_expires_at = NULL, in_flight = '{}'"

@@ -26,6 +26,7 @@ drop_roles() {
 GRANTS=()
 setup_file() {
   drop_schema
+  on_mongo && return 0
   have_pg || return 0
   drop_roles
   for r in $ROLES; do q "CREATE ROLE \"$r\" LOGIN"; done
@@ -38,6 +39,7 @@ teardown_file() {
   [ -n "$_test_pg_url" ] && drop_roles "${RB_SCHEMA}_gone" || true
 }
 setup() {
+  pg_only "relaybus's roles are PostgreSQL's (MongoDB's --grant: setup.bats)"
   need_pg
   q "TRUNCATE relaybus_events, relaybus_deliveries, relaybus_keys, relaybus_completions;
      UPDATE relaybus_lanes SET lease_owner = NULL, lease_expires_at = NULL, in_flight = '{}'"
