@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * rb-setup: create or upgrade the relaybus schema (a relaybus 0.1.0 one
- * too), and manage subscriptions.  Reads nothing; writes nothing on stdout
+ * too), and manage subscriptions and the privileges of roles (--grant,
+ * --revoke).  Reads nothing; writes nothing on stdout
  * except with --print-sql, which renders the same statements as one script
  * instead of connecting, and --check, which prints the installed and the
  * expected schema version and changes nothing.  The set-up runs in one
@@ -24,11 +25,13 @@
 
 static const char usage_str[] =
 "usage: rb-setup [--db URL] [--schema NAME] [--subscribe HANDLER:PATTERN]...\n"
-"                [--unsubscribe HANDLER:PATTERN]... [--completion-history] [--print-sql]\n"
+"                [--unsubscribe HANDLER:PATTERN]... [--completion-history]\n"
+"                [--grant KIND=ROLE[:HANDLER,...]]... [--revoke KIND=ROLE[:HANDLER,...]]...\n"
+"                [--print-sql]\n"
 "       rb-setup --check [--db URL] [--schema NAME]\n"
 "\n"
 "Create or upgrade the relaybus schema (idempotent; a relaybus 0.1.0 schema is\n"
-"upgraded in place) and manage subscriptions.\n"
+"upgraded in place), manage subscriptions and roles.\n"
 "\n"
 "  -u, --db URL                   postgresql:// URL or conninfo (default: $RELAYBUS_URL, PG*)\n"
 "  -h, --host HOST                server host or socket folder (PGHOST)\n"
@@ -39,6 +42,12 @@ static const char usage_str[] =
 "  -s, --subscribe HANDLER:PATTERN    deliver events named PATTERN (exact or glob: order.*) to HANDLER\n"
 "      --unsubscribe HANDLER:PATTERN  remove that subscription\n"
 "      --completion-history       also create the append-only completion history table\n"
+"      --grant KIND=ROLE[:HANDLER,...]  give ROLE what KIND needs: publisher (publish),\n"
+"                                 worker (claim, complete, fail, extend, relinquish),\n"
+"                                 handler (relaybus_complete in its own transaction),\n"
+"                                 admin (rb-admin); workers and handlers only for the\n"
+"                                 HANDLERs named (default: every handler)\n"
+"      --revoke KIND=ROLE[:HANDLER,...]  take such a grant back\n"
 "      --print-sql                print the set-up as one SQL script; do not connect\n"
 "      --check                    print the installed and the expected schema version;\n"
 "                                 change nothing (exit 0 up to date, 79 upgrade due)\n"
@@ -53,7 +62,7 @@ static const char usage_str[] =
 "denied, 78 bad URL or schema name, or (--check) not set up, 79 (--check) an\n"
 "upgrade is due.\n";
 
-enum { OPT_UNSUBSCRIBE = RB_OPT_FIRST_PROGRAM, OPT_HISTORY, OPT_PRINT_SQL, OPT_CHECK };
+enum { OPT_UNSUBSCRIBE = RB_OPT_FIRST_PROGRAM, OPT_HISTORY, OPT_PRINT_SQL, OPT_CHECK, OPT_GRANT, OPT_REVOKE };
 
 static struct options {
 	struct rb_common	 common;
@@ -61,6 +70,10 @@ static struct options {
 	size_t			 n_subscribe;
 	const char		**unsubscribe;
 	size_t			 n_unsubscribe;
+	const char		**grant;
+	size_t			 n_grant;
+	const char		**revoke;
+	size_t			 n_revoke;
 	bool			 history;
 	bool			 print_sql;
 	bool			 check;
@@ -75,6 +88,8 @@ parse_args(int argc, char **argv)
 		{ "unsubscribe", required_argument, NULL, OPT_UNSUBSCRIBE },
 		{ "completion-history", no_argument, NULL, OPT_HISTORY },
 		{ "print-sql", no_argument, NULL, OPT_PRINT_SQL },
+		{ "grant", required_argument, NULL, OPT_GRANT },
+		{ "revoke", required_argument, NULL, OPT_REVOKE },
 		{ "check", no_argument, NULL, OPT_CHECK },
 		{ NULL, 0, NULL, 0 }
 	};
@@ -82,6 +97,8 @@ parse_args(int argc, char **argv)
 
 	opt.subscribe = xcalloc((size_t)argc, sizeof *opt.subscribe);
 	opt.unsubscribe = xcalloc((size_t)argc, sizeof *opt.unsubscribe);
+	opt.grant = xcalloc((size_t)argc, sizeof *opt.grant);
+	opt.revoke = xcalloc((size_t)argc, sizeof *opt.revoke);
 	while ((c = getopt_long(argc, argv, RB_COMMON_SHORTOPTS "s:", longopts, NULL)) != -1) {
 		if (rb_cli_common(c, optarg, &opt.common, usage_str))
 			continue;
@@ -97,6 +114,12 @@ parse_args(int argc, char **argv)
 			break;
 		case OPT_PRINT_SQL:
 			opt.print_sql = true;
+			break;
+		case OPT_GRANT:
+			opt.grant[opt.n_grant++] = optarg;
+			break;
+		case OPT_REVOKE:
+			opt.revoke[opt.n_revoke++] = optarg;
 			break;
 		case OPT_CHECK:
 			opt.check = true;
@@ -119,6 +142,16 @@ parse_args(int argc, char **argv)
 		if (rb_subscription_parse(spec, &buf, &h, &p, &err) < 0)
 			rb_cli_usage_error(usage_str, "%s: %s",
 			    i < opt.n_subscribe ? "--subscribe" : "--unsubscribe", err.msg);
+		free(buf);
+	}
+	for (size_t i = 0; i < opt.n_grant + opt.n_revoke; i++) {
+		struct rb_error err = { 0 };
+		char *buf;
+		const char *k, *r, *h;
+
+		if (rb_grant_parse(i < opt.n_grant ? opt.grant[i] : opt.revoke[i - opt.n_grant], &buf, &k, &r, &h,
+		    &err) < 0)
+			rb_cli_usage_error(usage_str, "%s: %s", i < opt.n_grant ? "--grant" : "--revoke", err.msg);
 		free(buf);
 	}
 }
@@ -171,6 +204,8 @@ main(int argc, char **argv)
 		.completion_history = opt.history,
 		.subscribe = opt.subscribe, .n_subscribe = opt.n_subscribe,
 		.unsubscribe = opt.unsubscribe, .n_unsubscribe = opt.n_unsubscribe,
+		.grant = opt.grant, .n_grant = opt.n_grant,
+		.revoke = opt.revoke, .n_revoke = opt.n_revoke,
 	};
 	if (opt.print_sql) {
 		/* the script of the backend --db picks, for the schema rb_store_open would use */
@@ -182,6 +217,8 @@ main(int argc, char **argv)
 		free(sql);
 		free(opt.subscribe);
 		free(opt.unsubscribe);
+		free(opt.grant);
+		free(opt.revoke);
 		if (fflush(stdout) != 0 || ferror(stdout)) {
 			/* a reader that went away (| head) is normal in a pipeline: say it only with -v */
 			if (errno == EPIPE) {
@@ -209,10 +246,12 @@ main(int argc, char **argv)
 	else if (info.state == RB_SCHEMA_OLDER)
 		rb_info("schema %s upgraded from version %d to %d", rb_store_schema(store),
 		    info.installed, info.expected);
-	rb_info("schema %s is set up (%zu subscribed, %zu unsubscribed)", rb_store_schema(store),
-	    opt.n_subscribe, opt.n_unsubscribe);
+	rb_info("schema %s is set up (%zu subscribed, %zu unsubscribed, %zu granted, %zu revoked)",
+	    rb_store_schema(store), opt.n_subscribe, opt.n_unsubscribe, opt.n_grant, opt.n_revoke);
 	rb_store_close(store);
 	free(opt.subscribe);
 	free(opt.unsubscribe);
+	free(opt.grant);
+	free(opt.revoke);
 	return RB_EXIT_OK;
 }

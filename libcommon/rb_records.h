@@ -13,7 +13,7 @@
  *   rb_admin_status_flags         the status words of rb_admin.h
  *
  * The public record functions (rb_event_validate, rb_result_validate,
- * rb_result_parse, rb_subscription_parse, rb_publish_acks_*, rb_dl_free,
+ * rb_result_parse, rb_subscription_parse, rb_grant_parse, rb_publish_acks_*, rb_dl_free,
  * rb_result_of, rb_outcome_*, rb_admin_status_valid) are declared in rb_store.h
  * and rb_admin.h and defined in records.c and delivery.c.  Nothing here
  * knows a store or a backend.  Allocation dies on out-of-memory

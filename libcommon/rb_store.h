@@ -80,11 +80,23 @@ struct rb_setup_opts {
 	size_t		 n_subscribe;
 	const char	*const *unsubscribe;
 	size_t		 n_unsubscribe;
+	const char	*const *grant;		/* "KIND=ROLE[:HANDLER,...]" (rb_grant_parse), n_grant of them */
+	size_t		 n_grant;
+	const char	*const *revoke;		/* the same, to take back */
+	size_t		 n_revoke;
 };
 
 /** Validate "handler:pattern"; on success split it (pointers into a copy in *buf, caller frees *buf). */
 int	rb_subscription_parse(const char *spec, char **buf, const char **handler,
 	    const char **pattern, struct rb_error *err);
+/**
+ * Validate "KIND=ROLE[:HANDLER,...]" (KIND publisher, worker, handler or
+ * admin; handlers only for worker and handler) and split it: pointers into
+ * a copy in *buf (caller frees *buf); *handlers NULL when none are named
+ * (every handler), else a "{h1,h2}" text[] literal.
+ */
+int	rb_grant_parse(const char *spec, char **buf, const char **kind, const char **role,
+	    const char **handlers, struct rb_error *err);
 /**
  * The set-up as one script (rb-setup --print-sql), from the backend url
  * picks (as rb_store_open: NULL for $RELAYBUS_URL, no URL or a conninfo

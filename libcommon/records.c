@@ -327,6 +327,99 @@ rb_subscription_parse(const char *spec, char **buf, const char **handler, const 
 	return 0;
 }
 
+/* ---- grants (rb-setup --grant, --revoke) ------------------------------ */
+
+static const char *const kinds[] = { "publisher", "worker", "handler", "admin", NULL };
+
+/* A role name as rb-setup takes it: [A-Za-z_][A-Za-z0-9_.-]*, at most 63
+ * bytes (NAMEDATALEN - 1), and not a name PostgreSQL reserves.  It is the
+ * exact name (quoted, never folded to lower case). */
+static bool
+role_valid(const char *r)
+{
+	size_t n;
+
+	if (!((r[0] >= 'a' && r[0] <= 'z') || (r[0] >= 'A' && r[0] <= 'Z') || r[0] == '_'))
+		return false;
+	for (n = 0; r[n] != '\0'; n++)
+		if (!((r[n] >= 'a' && r[n] <= 'z') || (r[n] >= 'A' && r[n] <= 'Z') ||
+		    (r[n] >= '0' && r[n] <= '9') || strchr("_.-", r[n]) != NULL))
+			return false;
+	return n <= 63 && strcmp(r, "public") != 0 && strcmp(r, "none") != 0 && strncmp(r, "pg_", 3) != 0;
+}
+
+int
+rb_grant_parse(const char *spec, char **buf, const char **kind, const char **role,
+    const char **handlers, struct rb_error *err)
+{
+	size_t len = strlen(spec);
+	char *copy, *eq, *colon, *lit, *h;
+	bool known = false;
+
+	*buf = NULL;
+	*handlers = NULL;
+	eq = strchr(spec, '=');
+	if (eq == NULL || eq == spec)
+		return rb_seterr(err, RB_EXIT_USAGE, "'%s' is not KIND=ROLE[:HANDLER,...]", spec);
+	/* the spec, cut at '=' and ':', then the handlers as a text[] literal */
+	copy = xmalloc(2 * len + 4);
+	memcpy(copy, spec, len + 1);
+	eq = copy + (eq - spec);
+	*eq = '\0';
+	for (int i = 0; kinds[i] != NULL; i++)
+		known = known || strcmp(copy, kinds[i]) == 0;
+	if (!known) {
+		rb_seterr(err, RB_EXIT_USAGE, "'%s': unknown kind '%s' (publisher, worker, handler or admin)",
+		    spec, copy);
+		goto fail;
+	}
+	colon = strchr(eq + 1, ':');
+	if (colon != NULL)
+		*colon = '\0';
+	if (!role_valid(eq + 1)) {
+		rb_seterr(err, RB_EXIT_USAGE, "'%s': invalid role name ([A-Za-z_][A-Za-z0-9_.-], at most 63; "
+		    "not public, none or pg_*)", spec);
+		goto fail;
+	}
+	if (colon != NULL) {
+		if (strcmp(copy, "worker") != 0 && strcmp(copy, "handler") != 0) {
+			rb_seterr(err, RB_EXIT_USAGE, "'%s': only worker and handler grants name handlers", spec);
+			goto fail;
+		}
+		lit = copy + len + 1;
+		lit[0] = '{';
+		lit[1] = '\0';
+		h = colon + 1;
+		for (;;) {
+			size_t hn = strcspn(h, ",");
+			char save = h[hn];
+
+			h[hn] = '\0';
+			if (!rb_handler_valid(h)) {
+				rb_seterr(err, RB_EXIT_USAGE, "'%s': invalid handler name '%s' ([A-Za-z0-9_.:-], "
+				    "at most 200)", spec, h);
+				goto fail;
+			}
+			/* (no quoting needed: a handler name has no ',', '"', '\\', brace or space) */
+			strcat(lit, h);
+			h[hn] = save;
+			if (save == '\0')
+				break;
+			strcat(lit, ",");
+			h += hn + 1;
+		}
+		strcat(lit, "}");
+		*handlers = lit;
+	}
+	*buf = copy;
+	*kind = copy;
+	*role = eq + 1;
+	return 0;
+fail:
+	free(copy);
+	return -1;
+}
+
 /* ---- admin statuses ---------------------------------------------------- */
 
 const char *const rb_admin_statuses[RB_ADMIN_NSTATUS] = { "pending", "processing", "dead", "completed" };

@@ -819,3 +819,467 @@ LANGUAGE sql AS $$
 $$;
 
 INSERT INTO @S@.relaybus_schema_version (version) VALUES (1) ON CONFLICT DO NOTHING;
+
+-- ---- Roles and the SQL-callable completion --------------------------------
+--
+-- rb-setup --grant KIND=ROLE[:HANDLER,...] records a grant in
+-- relaybus_grants; relaybus_apply_grants (run at the end of every set-up)
+-- turns the rows into privileges, so that they survive the functions being
+-- created again.  A role granted nothing here gets nothing: every relaybus
+-- function is revoked from PUBLIC, and no table is granted to anyone but
+-- admin roles.  What each kind gets:
+--   publisher  EXECUTE relaybus_publish, relaybus_publish_batch
+--   worker     EXECUTE on the functions of the delivery path (claim, fetch
+--              through relaybus_worker_events, complete, fail, extend,
+--              relinquish) and relaybus_complete; no table
+--   handler    EXECUTE relaybus_complete (the role a handler's own
+--              transaction runs as)
+--   admin      the table privileges rb-admin's statements need: read every
+--              table, change and delete deliveries, delete events and
+--              history, move a key's counter (requeue); no other INSERT,
+--              no subscriptions, no DDL
+-- The functions that run with more rights than their caller (the entry
+-- points below and in the list of relaybus_apply_grants) are SECURITY
+-- DEFINER, owned by the role that ran rb-setup, with a fixed search_path;
+-- every name in them is schema-qualified.
+-- A worker or handler grant names its handlers (none: every handler, '*').
+-- The delivery-path functions refuse a handler the calling role (its
+-- session_user) is not granted, with SQLSTATE 42501; a session whose user
+-- has the owner's privileges may work every handler.
+CREATE TABLE IF NOT EXISTS @S@.relaybus_grants (
+    grantee    text NOT NULL,
+    kind       text NOT NULL CHECK (kind IN ('publisher', 'worker', 'handler', 'admin')),
+    handler    text NOT NULL DEFAULT '*',
+    created_at timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT relaybus_grants_pkey PRIMARY KEY (grantee, kind, handler)
+);
+
+-- The handlers the session's user may work as one of p_kinds: NULL for
+-- every handler (the owner's privileges, or a grant for '*').
+-- (plpgsql, not sql: its statements' plans are kept; a SQL function that
+-- cannot be inlined is planned at every call, 50 us)
+CREATE OR REPLACE FUNCTION @S@.relaybus_allowed(p_kinds text[]) RETURNS text[]
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = @S@, pg_temp AS $$
+DECLARE
+    v_any boolean;
+    v_hs  text[];
+BEGIN
+    IF pg_catalog.pg_has_role(session_user, current_user, 'USAGE') THEN
+        RETURN NULL;
+    END IF;
+    SELECT coalesce(bool_or(g.handler = '*'), false), coalesce(array_agg(g.handler), '{}') INTO v_any, v_hs
+      FROM @S@.relaybus_grants g JOIN pg_catalog.pg_roles r ON r.rolname = g.grantee
+     WHERE g.kind = ANY (p_kinds) AND pg_catalog.pg_has_role(session_user, r.oid, 'USAGE');
+    RETURN CASE WHEN v_any THEN NULL ELSE v_hs END;
+END $$;
+
+-- Refuse (42501) when one of p_handlers is not the session user's to work.
+-- Called by the definer functions below, where current_user is the owner.
+CREATE OR REPLACE FUNCTION @S@.relaybus_check(p_kinds text[], p_handlers text[]) RETURNS void
+LANGUAGE plpgsql STABLE SET search_path = @S@, pg_temp AS $$
+DECLARE
+    v_allowed text[];
+    v_h       text;
+BEGIN
+    IF pg_catalog.pg_has_role(session_user, current_user, 'USAGE') THEN
+        RETURN;
+    END IF;
+    v_allowed := @S@.relaybus_allowed(p_kinds);
+    IF v_allowed IS NULL THEN
+        RETURN;
+    END IF;
+    SELECT h INTO v_h FROM unnest(p_handlers) h WHERE NOT (h = ANY (v_allowed)) LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'role "%" may not work handler "%" (rb-setup --grant %=%:%)',
+            session_user, v_h, p_kinds[1], session_user, v_h USING ERRCODE = '42501';
+    END IF;
+END $$;
+
+-- A worker role's claim and failure: the owner's functions (SECURITY
+-- INVOKER: the owner's own sessions run them as they are, at no cost),
+-- entered through these SECURITY DEFINER doors, which check the role's
+-- handlers once per call (per batch, not per row).  The programs take
+-- them, and the other relaybus_worker_* and lane functions below, when
+-- the session's user lacks the owner's privileges (store_pg.c).
+CREATE OR REPLACE FUNCTION @S@.relaybus_worker_claim(
+    p_handler text, p_owner text, p_batch integer, p_lease_ms bigint, p_max_attempts integer,
+    p_live bigint[], p_search boolean, p_chain integer, p_live_lanes smallint[] DEFAULT NULL,
+    p_holder bigint DEFAULT NULL, p_chain_early boolean DEFAULT false)
+RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigint, claims integer,
+               attempts integer, name text, key text, sequence bigint, payload jsonb, headers jsonb,
+               created_at text)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = @S@, pg_temp AS $$
+BEGIN
+    PERFORM @S@.relaybus_check('{worker}', ARRAY[p_handler]);  -- (rb-setup --grant worker=ROLE:HANDLER)
+    RETURN QUERY SELECT * FROM @S@.relaybus_claim(p_handler, p_owner, p_batch, p_lease_ms, p_max_attempts,
+        p_live, p_search, p_chain, p_live_lanes, p_holder, p_chain_early);
+END $$;
+
+CREATE OR REPLACE FUNCTION @S@.relaybus_worker_claim_ids(
+    p_handler text, p_owner text, p_batch integer, p_lease_ms bigint, p_max_attempts integer,
+    p_live bigint[], p_search boolean, p_chain integer, p_live_lanes smallint[],
+    p_holder bigint DEFAULT NULL, p_chain_early boolean DEFAULT false)
+RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigint, claims integer,
+               attempts integer, sequence bigint, created_at text)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = @S@, pg_temp AS $$
+BEGIN
+    PERFORM @S@.relaybus_check('{worker}', ARRAY[p_handler]);
+    RETURN QUERY SELECT * FROM @S@.relaybus_claim_ids(p_handler, p_owner, p_batch, p_lease_ms, p_max_attempts,
+        p_live, p_search, p_chain, p_live_lanes, p_holder, p_chain_early);
+END $$;
+
+CREATE OR REPLACE FUNCTION @S@.relaybus_worker_fail(
+    p_event_ids text[], p_handlers text[], p_lanes smallint[], p_epochs bigint[],
+    p_claims integer[], p_kinds text[], p_retry_ms bigint[], p_errors text[],
+    p_max_attempts integer, p_base_ms bigint, p_max_ms bigint, p_factor double precision)
+RETURNS TABLE (ord integer, outcome text, attempts integer, missing boolean)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = @S@, pg_temp AS $$
+BEGIN
+    PERFORM @S@.relaybus_check('{worker}', p_handlers);
+    RETURN QUERY SELECT * FROM @S@.relaybus_fail(p_event_ids, p_handlers, p_lanes, p_epochs, p_claims,
+        p_kinds, p_retry_ms, p_errors, p_max_attempts, p_base_ms, p_max_ms, p_factor);
+END $$;
+
+-- The events a worker reads (rb-dispatch reads the events of what it
+-- claimed here): those of its handlers.  security_barrier: no function of
+-- the caller's sees a row the filter refuses.
+CREATE OR REPLACE VIEW @S@.relaybus_worker_events WITH (security_barrier) AS
+    SELECT e.id, e.name, e.key, e.payload, e.headers, e.handlers, e.created_at
+      FROM @S@.relaybus_events e
+     WHERE (SELECT @S@.relaybus_allowed('{worker}') IS NULL)
+        OR e.handlers && (SELECT @S@.relaybus_allowed('{worker}'));
+
+-- The delivery path's statements, as functions (a worker role has no table
+-- privilege).  Each is the statement store_pg.c runs in the owner's
+-- sessions (store_pg_claim.c, store_pg_complete.c), unchanged.
+-- Complete (rb-dispatch, rb-complete): one statement, fenced by lane epoch,
+-- in_flight membership and the claims counter; returns the positions of
+-- the deliveries deleted, and writes their history rows when the schema
+-- keeps a completion history (decided here, not by the caller).  A result
+-- with its delivery id finds its row through the primary key (event_id and
+-- handler only checked: compared under "C" so that the planner cannot take
+-- the (event_id, handler) index instead, equality being the same under
+-- every deterministic collation); one without (p_ids element NULL) through
+-- (event_id, handler).  in_flight is tested with @> so that it cannot
+-- become an index condition (d.id = ANY (l.in_flight) made the planner read
+-- every in-flight row of the lane for each result: 5.4 ms -> 1.6 ms per
+-- 200).  l: each lane of the results read once, through its key, not once
+-- a result (a group of 200 has some 20 lanes; 7% less time a result).
+CREATE OR REPLACE FUNCTION @S@.relaybus_complete_batch(
+    p_event_ids text[], p_handlers text[], p_lanes smallint[], p_epochs bigint[],
+    p_claims integer[], p_ids bigint[])
+RETURNS TABLE (ord bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = @S@, pg_temp AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM @S@.relaybus_check('{worker}', p_handlers);
+    IF to_regclass('@S@.relaybus_completions') IS NOT NULL THEN
+        RETURN QUERY
+        WITH r AS (SELECT * FROM unnest(p_event_ids, p_handlers, p_lanes, p_epochs, p_claims, p_ids)
+                   WITH ORDINALITY AS r(event_id, handler, lane, epoch, claims, id, ord)),
+        l AS (SELECT x.handler, x.lane, x.epoch, x.in_flight FROM (SELECT DISTINCT handler, lane FROM r) u
+              CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_lanes y
+                                   WHERE y.handler = u.handler AND y.lane = u.lane OFFSET 0) x),
+        by_id AS (DELETE FROM @S@.relaybus_deliveries d USING r, l
+                   WHERE d.id = r.id AND d.event_id = r.event_id COLLATE "C" AND d.handler = r.handler COLLATE "C"
+                     AND d.lane = r.lane AND d.claims = r.claims AND d.status = 'pending'
+                     AND l.handler = r.handler AND l.lane = r.lane AND l.epoch = r.epoch
+                     AND l.in_flight @> ARRAY[d.id]
+                  RETURNING r.ord, d.event_id, d.handler, d.attempts),
+        by_key AS (DELETE FROM @S@.relaybus_deliveries d USING r, l
+                    WHERE r.id IS NULL AND d.event_id = r.event_id AND d.handler = r.handler
+                      AND d.lane = r.lane AND d.claims = r.claims AND d.status = 'pending'
+                      AND l.handler = r.handler AND l.lane = r.lane AND l.epoch = r.epoch
+                      AND l.in_flight @> ARRAY[d.id]
+                   RETURNING r.ord, d.event_id, d.handler, d.attempts),
+        del AS (SELECT * FROM by_id UNION ALL SELECT * FROM by_key),
+        hist AS (INSERT INTO @S@.relaybus_completions (event_id, handler, attempts)
+                 SELECT event_id, handler, attempts + 1 FROM del)
+        SELECT del.ord FROM del;
+    ELSE
+        RETURN QUERY
+        WITH r AS (SELECT * FROM unnest(p_event_ids, p_handlers, p_lanes, p_epochs, p_claims, p_ids)
+                   WITH ORDINALITY AS r(event_id, handler, lane, epoch, claims, id, ord)),
+        l AS (SELECT x.handler, x.lane, x.epoch, x.in_flight FROM (SELECT DISTINCT handler, lane FROM r) u
+              CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_lanes y
+                                   WHERE y.handler = u.handler AND y.lane = u.lane OFFSET 0) x),
+        by_id AS (DELETE FROM @S@.relaybus_deliveries d USING r, l
+                   WHERE d.id = r.id AND d.event_id = r.event_id COLLATE "C" AND d.handler = r.handler COLLATE "C"
+                     AND d.lane = r.lane AND d.claims = r.claims AND d.status = 'pending'
+                     AND l.handler = r.handler AND l.lane = r.lane AND l.epoch = r.epoch
+                     AND l.in_flight @> ARRAY[d.id]
+                  RETURNING r.ord),
+        by_key AS (DELETE FROM @S@.relaybus_deliveries d USING r, l
+                    WHERE r.id IS NULL AND d.event_id = r.event_id AND d.handler = r.handler
+                      AND d.lane = r.lane AND d.claims = r.claims AND d.status = 'pending'
+                      AND l.handler = r.handler AND l.lane = r.lane AND l.epoch = r.epoch
+                      AND l.in_flight @> ARRAY[d.id]
+                   RETURNING r.ord)
+        SELECT by_id.ord FROM by_id UNION ALL SELECT by_key.ord FROM by_key;
+    END IF;
+END $$;
+
+-- Renew every lease p_owner holds (as p_holder) on p_handler's lanes; the
+-- number renewed.
+CREATE OR REPLACE FUNCTION @S@.relaybus_extend(p_handler text, p_owner text, p_lease_ms bigint,
+    p_holder bigint)
+RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = @S@, pg_temp AS $$
+DECLARE
+    n integer;
+BEGIN
+    PERFORM @S@.relaybus_check('{worker}', ARRAY[p_handler]);
+    UPDATE @S@.relaybus_lanes SET lease_expires_at = clock_timestamp() + p_lease_ms * interval '1 millisecond'
+     WHERE handler = p_handler AND lease_owner = p_owner AND holder = p_holder;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END $$;
+
+-- Hand back p_owner's (p_holder's) lanes of p_handler that run nothing; the number.
+CREATE OR REPLACE FUNCTION @S@.relaybus_relinquish(p_handler text, p_owner text, p_holder bigint)
+RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = @S@, pg_temp AS $$
+DECLARE
+    n integer;
+BEGIN
+    PERFORM @S@.relaybus_check('{worker}', ARRAY[p_handler]);
+    UPDATE @S@.relaybus_lanes x SET lease_owner = NULL, holder = NULL, lease_expires_at = NULL, in_flight = '{}'
+     WHERE x.handler = p_handler AND x.lease_owner = p_owner AND x.holder = p_holder AND NOT EXISTS (
+        SELECT 1 FROM @S@.relaybus_deliveries d WHERE d.id = ANY (x.in_flight) AND d.status = 'pending');
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END $$;
+
+-- Hand back every lane of p_handler that p_owner holds (as p_holder), with a
+-- new epoch.
+CREATE OR REPLACE FUNCTION @S@.relaybus_relinquish_owner(p_handler text, p_owner text, p_holder bigint)
+RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = @S@, pg_temp AS $$
+DECLARE
+    n integer;
+BEGIN
+    PERFORM @S@.relaybus_check('{worker}', ARRAY[p_handler]);
+    UPDATE @S@.relaybus_lanes x SET epoch = x.epoch + 1, lease_owner = NULL, holder = NULL,
+           lease_expires_at = NULL, in_flight = '{}'
+     WHERE x.handler = p_handler AND x.lease_owner = p_owner AND x.holder = p_holder;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END $$;
+
+-- Hand back the lanes (handler, lane, epoch) that run nothing; the number.
+CREATE OR REPLACE FUNCTION @S@.relaybus_relinquish_leases(p_handlers text[], p_lanes smallint[],
+    p_epochs bigint[])
+RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = @S@, pg_temp AS $$
+DECLARE
+    n integer;
+BEGIN
+    PERFORM @S@.relaybus_check('{worker}', p_handlers);
+    UPDATE @S@.relaybus_lanes x SET lease_owner = NULL, holder = NULL, lease_expires_at = NULL, in_flight = '{}'
+      FROM unnest(p_handlers, p_lanes, p_epochs) AS r(handler, lane, epoch)
+     WHERE x.handler = r.handler AND x.lane = r.lane AND x.epoch = r.epoch
+       AND x.lease_owner IS NOT NULL AND NOT EXISTS (
+        SELECT 1 FROM @S@.relaybus_deliveries d WHERE d.id = ANY (x.in_flight) AND d.status = 'pending');
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END $$;
+
+-- KEY SHARE on a lane row at an epoch, until the transaction ends (the
+-- --sql completion of rb-dispatch and rb-complete); false: not at that epoch.
+CREATE OR REPLACE FUNCTION @S@.relaybus_lock_lane(p_handler text, p_lane smallint, p_epoch bigint)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = @S@, pg_temp AS $$
+BEGIN
+    PERFORM @S@.relaybus_check('{worker}', ARRAY[p_handler]);
+    PERFORM 1 FROM @S@.relaybus_lanes WHERE handler = p_handler AND lane = p_lane AND epoch = p_epoch
+        FOR KEY SHARE;
+    RETURN FOUND;
+END $$;
+
+-- Does the delivery (event, handler) exist (a lost completion's "missing")?
+CREATE OR REPLACE FUNCTION @S@.relaybus_delivery_exists(p_event_id text, p_handler text)
+RETURNS boolean
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = @S@, pg_temp AS $$
+BEGIN
+    PERFORM @S@.relaybus_check('{worker}', ARRAY[p_handler]);
+    RETURN EXISTS (SELECT 1 FROM @S@.relaybus_deliveries WHERE event_id = p_event_id AND handler = p_handler);
+END $$;
+
+-- Effectively-once: complete a delivery inside the handler's own
+-- transaction, as its last statement before COMMIT, with the lease,
+-- event_id and handler of its delivery line:
+--   BEGIN; INSERT INTO orders_mailed ...;
+--   SELECT relaybus_complete('17:3:0', 'order-42', 'mailer');   -- 'completed' or 'lost'
+--   COMMIT;   (ROLLBACK on 'lost': the delivery runs again elsewhere)
+-- KEY SHARE on the lane row at the lease's epoch, as the dispatcher's --sql
+-- completion: the weakest lock that conflicts with a takeover (FOR UPDATE),
+-- so a takeover skips the lane until this transaction ends, while the
+-- owner's claims and lease renewals (plain updates) go on.  Then the
+-- delivery is deleted under the dispatcher's fence (epoch, in_flight
+-- membership, claims counter) and, when the schema keeps a completion
+-- history, its row written (attempts + 1, as the dispatcher writes it).
+-- 'lost' (the fence failed: the lane changed hands, or the delivery is not
+-- that claim's) changes nothing.  The lane row is only read: in_flight
+-- keeps the id until the owner's next claim finds the delivery gone, and
+-- there is no NOTIFY.  Under REPEATABLE READ or SERIALIZABLE, a takeover
+-- committed after the transaction's snapshot makes the lock fail with
+-- SQLSTATE 40001: the lane changed hands, roll back (a retry returns
+-- 'lost').
+CREATE OR REPLACE FUNCTION @S@.relaybus_complete(p_lease text, p_event_id text, p_handler text)
+RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = @S@, pg_temp AS $$
+DECLARE
+    v_lane   smallint;
+    v_epoch  bigint;
+    v_claims integer;
+    v_flight bigint[];
+    v_att    integer;
+BEGIN
+    IF p_lease IS NULL OR p_event_id IS NULL OR p_handler IS NULL THEN
+        RAISE EXCEPTION 'relaybus_complete: lease, event_id and handler are required' USING ERRCODE = '22004';
+    END IF;
+    -- (the shape first: the casts below must not fail on other text)
+    IF p_lease !~ '^[0-9]{1,3}:[0-9]{1,19}:[0-9]{1,10}$' THEN
+        RAISE EXCEPTION 'relaybus_complete: "%" is not a lease token (lane:epoch:claims)', p_lease
+            USING ERRCODE = '22023';
+    END IF;
+    IF split_part(p_lease, ':', 1)::integer > 255
+       OR split_part(p_lease, ':', 2)::numeric > 9223372036854775807
+       OR split_part(p_lease, ':', 3)::bigint > 2147483647 THEN
+        RAISE EXCEPTION 'relaybus_complete: "%" is not a lease token (lane:epoch:claims)', p_lease
+            USING ERRCODE = '22023';
+    END IF;
+    v_lane := split_part(p_lease, ':', 1)::smallint;
+    v_epoch := split_part(p_lease, ':', 2)::bigint;
+    v_claims := split_part(p_lease, ':', 3)::integer;
+    PERFORM @S@.relaybus_check('{worker,handler}', ARRAY[p_handler]);
+    SELECT x.in_flight INTO v_flight FROM @S@.relaybus_lanes x
+     WHERE x.handler = p_handler AND x.lane = v_lane AND x.epoch = v_epoch
+       FOR KEY SHARE;
+    IF NOT FOUND THEN
+        RETURN 'lost';
+    END IF;
+    DELETE FROM @S@.relaybus_deliveries d
+     WHERE d.event_id = p_event_id AND d.handler = p_handler AND d.lane = v_lane
+       AND d.claims = v_claims AND d.status = 'pending' AND v_flight @> ARRAY[d.id]
+    RETURNING d.attempts INTO v_att;
+    IF NOT FOUND THEN
+        RETURN 'lost';
+    END IF;
+    IF to_regclass('@S@.relaybus_completions') IS NOT NULL THEN
+        INSERT INTO @S@.relaybus_completions (event_id, handler, attempts)
+        VALUES (p_event_id, p_handler, v_att + 1);
+    END IF;
+    RETURN 'completed';
+END $$;
+
+-- The same with the delivery line as it comes (a handler that has the
+-- line needs no JSON parser of its own):
+--   SELECT relaybus_complete(:'line')      -- psql -v line="$(cat)"
+CREATE OR REPLACE FUNCTION @S@.relaybus_complete(p_delivery jsonb) RETURNS text
+LANGUAGE sql SET search_path = @S@, pg_temp AS $$
+    SELECT @S@.relaybus_complete(p_delivery->>'lease', p_delivery->>'event_id', p_delivery->>'handler')
+$$;
+
+-- Record a grant (rb-setup --grant); relaybus_apply_grants applies it.
+CREATE OR REPLACE FUNCTION @S@.relaybus_grant(p_kind text, p_role text, p_handlers text[] DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql SET search_path = @S@, pg_temp AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = p_role) THEN
+        RAISE EXCEPTION 'role "%" does not exist', p_role USING ERRCODE = '42704';
+    END IF;
+    INSERT INTO @S@.relaybus_grants (grantee, kind, handler)
+    SELECT p_role, p_kind, h FROM unnest(coalesce(p_handlers, '{*}')) h
+    ON CONFLICT DO NOTHING;
+END $$;
+
+-- Remove grants (rb-setup --revoke; p_handlers NULL: all of that kind) and
+-- the role's relaybus privileges; relaybus_apply_grants then gives back
+-- what its other grants give.
+CREATE OR REPLACE FUNCTION @S@.relaybus_revoke(p_kind text, p_role text, p_handlers text[] DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql SET search_path = @S@, pg_temp AS $$
+DECLARE
+    f regprocedure;
+    t regclass;
+BEGIN
+    DELETE FROM @S@.relaybus_grants
+     WHERE grantee = p_role AND kind = p_kind AND (p_handlers IS NULL OR handler = ANY (p_handlers));
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = p_role) THEN
+        RETURN;
+    END IF;
+    FOR f IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
+              WHERE p.pronamespace = '@S@'::regnamespace AND p.proname LIKE 'relaybus\_%' LOOP
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM %I', f, p_role);
+    END LOOP;
+    FOR t IN SELECT c.oid::regclass FROM pg_catalog.pg_class c
+              WHERE c.relnamespace = '@S@'::regnamespace AND c.relname LIKE 'relaybus\_%'
+                AND c.relkind IN ('r', 'v') LOOP
+        EXECUTE format('REVOKE ALL ON %s FROM %I', t, p_role);
+    END LOOP;
+    IF NOT EXISTS (SELECT 1 FROM @S@.relaybus_grants WHERE grantee = p_role)
+       AND '@S@'::regnamespace::text <> 'public' THEN
+        EXECUTE format('REVOKE USAGE ON SCHEMA @S@ FROM %I', p_role);
+    END IF;
+END $$;
+
+-- Make the functions that run with more rights than their caller SECURITY
+-- DEFINER with a fixed search_path, revoke every relaybus function from
+-- PUBLIC, and grant what relaybus_grants says.  rb-setup runs it last, so
+-- that it covers every function the set-up (re)created; a role that no
+-- longer exists is passed over with a warning.
+CREATE OR REPLACE FUNCTION @S@.relaybus_apply_grants() RETURNS void
+LANGUAGE plpgsql SET search_path = @S@, pg_temp AS $$
+DECLARE
+    -- (the claim and the failure stay SECURITY INVOKER: workers enter
+    -- them through relaybus_worker_claim, _claim_ids and _fail)
+    c_definer CONSTANT text[] := '{relaybus_publish,relaybus_publish_batch}';
+    c_publisher CONSTANT text[] := '{relaybus_publish,relaybus_publish_batch}';
+    c_worker CONSTANT text[] := '{relaybus_worker_claim,relaybus_worker_claim_ids,relaybus_worker_fail,relaybus_complete_batch,'
+        'relaybus_extend,relaybus_relinquish,relaybus_relinquish_owner,relaybus_relinquish_leases,'
+        'relaybus_lock_lane,relaybus_delivery_exists,relaybus_complete,relaybus_allowed}';
+    c_handler CONSTANT text[] := '{relaybus_complete}';
+    c_admin CONSTANT text[] := '{relaybus_ts}';
+    f   record;
+    r   record;
+BEGIN
+    FOR f IN SELECT p.oid::regprocedure AS sig, p.proname FROM pg_catalog.pg_proc p
+              WHERE p.pronamespace = '@S@'::regnamespace AND p.proname LIKE 'relaybus\_%' LOOP
+        IF f.proname = ANY (c_definer) THEN
+            EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = @S@, pg_temp', f.sig);
+        END IF;
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f.sig);
+    END LOOP;
+    FOR r IN SELECT g.grantee, g.kind FROM @S@.relaybus_grants g GROUP BY g.grantee, g.kind ORDER BY 1, 2 LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = r.grantee) THEN
+            RAISE WARNING 'relaybus: role "%" (granted %) does not exist: passed over', r.grantee, r.kind;
+            CONTINUE;
+        END IF;
+        EXECUTE format('GRANT USAGE ON SCHEMA @S@ TO %I', r.grantee);
+        -- (every program reads the schema's version when it opens the store)
+        EXECUTE format('GRANT SELECT ON @S@.relaybus_schema_version TO %I', r.grantee);
+        FOR f IN SELECT p.oid::regprocedure AS sig FROM pg_catalog.pg_proc p
+                  WHERE p.pronamespace = '@S@'::regnamespace
+                    AND p.proname = ANY (CASE r.kind WHEN 'publisher' THEN c_publisher WHEN 'worker' THEN c_worker
+                                                     WHEN 'handler' THEN c_handler ELSE c_admin END) LOOP
+            EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', f.sig, r.grantee);
+        END LOOP;
+        IF r.kind = 'worker' THEN
+            EXECUTE format('GRANT SELECT ON @S@.relaybus_worker_events TO %I', r.grantee);
+        ELSIF r.kind = 'admin' THEN
+            -- (UPDATE of one column where rb-admin only locks rows: FOR
+            -- UPDATE needs the UPDATE privilege on a column of the table)
+            EXECUTE format('GRANT SELECT, UPDATE, DELETE ON @S@.relaybus_deliveries TO %I', r.grantee);
+            EXECUTE format('GRANT SELECT, DELETE, UPDATE (created_at) ON @S@.relaybus_events TO %I', r.grantee);
+            EXECUTE format('GRANT SELECT, UPDATE (lease_expires_at) ON @S@.relaybus_lanes TO %I', r.grantee);
+            EXECUTE format('GRANT SELECT ON @S@.relaybus_subscriptions TO %I', r.grantee);
+            -- (requeue puts a dead keyed delivery behind its key: the key's counter)
+            EXECUTE format('GRANT SELECT, INSERT, UPDATE (sequence) ON @S@.relaybus_keys TO %I', r.grantee);
+            IF to_regclass('@S@.relaybus_completions') IS NOT NULL THEN
+                EXECUTE format('GRANT SELECT, DELETE, UPDATE (completed_at) ON @S@.relaybus_completions TO %I',
+                               r.grantee);
+            END IF;
+        END IF;
+    END LOOP;
+END $$;

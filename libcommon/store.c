@@ -261,6 +261,8 @@ int
 rb_store_setup(struct rb_store *s, const struct rb_setup_opts *o, struct rb_error *err)
 {
 	NEED_OP(s, setup, err);
+	if (o->n_grant + o->n_revoke > 0)
+		NEED_OP(s, grant, err);
 	return s->ops->setup(s, o, err);
 }
 

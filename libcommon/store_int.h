@@ -82,6 +82,11 @@ struct rb_store_ops {
 	 * store or a connection (rb-setup --print-sql): a new string, or NULL
 	 * + err (a bad subscription: RB_EXIT_USAGE). */
 	char	*(*setup_script)(const char *schema, const struct rb_setup_opts *o, struct rb_error *err);
+	/* Record o's grants and revokes (rb-setup --grant, --revoke) and make
+	 * them privileges; setup calls it in its transaction.  NULL: the
+	 * backend knows no roles, and rb_store_setup refuses a set-up that
+	 * grants or revokes (RB_EXIT_UNAVAILABLE) before changing anything. */
+	int	(*grant)(struct rb_store *s, const struct rb_setup_opts *o, struct rb_error *err);
 	/* What s->schema holds (rb_store_schema_info, rb-setup --check, and
 	 * every other program once at start through rb_cli_open): info (not
 	 * zeroed by the front) receives the state, the version found (0 when

@@ -665,6 +665,7 @@ const struct rb_store_ops rb_store_mongo_ops = {
 	.setup = mg_setup,
 	.schema_info = mg_schema_info,
 	.setup_script = NULL,
+	.grant = NULL,		/* no roles yet: rb-setup --grant and --revoke exit 69 */
 	.publish = mg_publish,
 	.claim = mg_claim,
 	.complete = mg_complete,

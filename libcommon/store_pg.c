@@ -6,11 +6,14 @@
  * pg_service), each connection with what it has out (enum pg_job).  The work is in the
  * files by job (store_pg_int.h lists them) over one exec/error layer
  * (store_pg_exec.c); the set-up script and the server-side functions
- * (publish, claim, fail) are in schema_pg.sql.  The hot path is one round
+ * (publish, claim, complete, fail, extend, relinquish, and the roles' grants)
+ * are in schema_pg.sql.  The hot path is one round
  * trip per operation:
  *   publish  = SELECT relaybus_publish_batch($1)           (one transaction)
  *   claim    = SELECT relaybus_claim(...)                  (one transaction)
  *   complete = DELETE ... USING unnest($arrays), lanes     (one statement)
+ * A role rb-setup --grant made takes SECURITY DEFINER doors to the same
+ * statements instead (pg_be.worker; the owner's sessions pay nothing).
  */
 #include "config.h"
 
@@ -35,23 +38,24 @@
 #include "store_pg_int.h"
 #include "store_pg_url.h"
 
-/* Every statement of struct pg_be, rendered for the schema at open. */
+/* Every statement of struct pg_be, rendered for the schema at open: the
+ * owner's form, and the one a worker role takes (pg_be.worker). */
 static const struct {
 	size_t		 at;	/* offsetof the char * in struct pg_be */
-	const char	*tmpl;
+	const char	*tmpl, *wtmpl;
 } pg_statements[] = {
-	{ offsetof(struct pg_be, q_publish), pg_tmpl_publish },
-	{ offsetof(struct pg_be, q_claim), pg_tmpl_claim },
-	{ offsetof(struct pg_be, q_claim_ids), pg_tmpl_claim_ids },
-	{ offsetof(struct pg_be, q_fetch), pg_tmpl_fetch },
-	{ offsetof(struct pg_be, q_extend), pg_tmpl_extend },
-	{ offsetof(struct pg_be, q_complete), pg_tmpl_complete },
-	{ offsetof(struct pg_be, q_complete_hist), pg_tmpl_complete_hist },
-	{ offsetof(struct pg_be, q_fail), pg_tmpl_fail },
-	{ offsetof(struct pg_be, q_relinquish), pg_tmpl_relinquish },
-	{ offsetof(struct pg_be, q_relinquish_owner), pg_tmpl_relinquish_owner },
-	{ offsetof(struct pg_be, q_relinquish_leases), pg_tmpl_relinquish_leases },
-	{ offsetof(struct pg_be, q_lock_lane), pg_tmpl_lock_lane },
+	{ offsetof(struct pg_be, q_publish), pg_tmpl_publish, pg_tmpl_publish },
+	{ offsetof(struct pg_be, q_claim), pg_tmpl_claim, pg_tmpl_w_claim },
+	{ offsetof(struct pg_be, q_claim_ids), pg_tmpl_claim_ids, pg_tmpl_w_claim_ids },
+	{ offsetof(struct pg_be, q_fetch), pg_tmpl_fetch, pg_tmpl_w_fetch },
+	{ offsetof(struct pg_be, q_extend), pg_tmpl_extend, pg_tmpl_w_extend },
+	{ offsetof(struct pg_be, q_complete), pg_tmpl_complete, pg_tmpl_w_complete },
+	{ offsetof(struct pg_be, q_complete_hist), pg_tmpl_complete_hist, pg_tmpl_w_complete },
+	{ offsetof(struct pg_be, q_fail), pg_tmpl_fail, pg_tmpl_w_fail },
+	{ offsetof(struct pg_be, q_relinquish), pg_tmpl_relinquish, pg_tmpl_w_relinquish },
+	{ offsetof(struct pg_be, q_relinquish_owner), pg_tmpl_relinquish_owner, pg_tmpl_w_relinquish_owner },
+	{ offsetof(struct pg_be, q_relinquish_leases), pg_tmpl_relinquish_leases, pg_tmpl_w_relinquish_leases },
+	{ offsetof(struct pg_be, q_lock_lane), pg_tmpl_lock_lane, pg_tmpl_w_lock_lane },
 };
 #define N_STATEMENTS	(sizeof pg_statements / sizeof pg_statements[0])
 
@@ -63,11 +67,53 @@ statement(struct pg_be *be, size_t i)
 
 /* ---- connection ---------------------------------------------------------- */
 
+static void
+render_statements(struct rb_store *s)
+{
+	struct pg_be *be = pg_be(s);
+
+	for (size_t i = 0; i < N_STATEMENTS; i++) {
+		free(*statement(be, i));
+		*statement(be, i) = pg_render(be->worker ? pg_statements[i].wtmpl : pg_statements[i].tmpl,
+		    s->schema);
+	}
+}
+
+/* On the first connection: does the session's user lack the privileges of
+ * the schema's owner (the role that ran rb-setup)?  Then it is a role
+ * rb-setup --grant made, with no table privilege: its statements are the
+ * worker forms, through the SECURITY DEFINER doors of schema_pg.sql.  (No
+ * schema yet: the owner's forms; the version check says the rest.) */
+static const char worker_sql[] =
+    "SELECT NOT pg_catalog.pg_has_role(c.relowner, 'USAGE') FROM pg_catalog.pg_class c "
+    "WHERE c.oid = pg_catalog.to_regclass('@S@.relaybus_lanes')";
+
 static int
 pg_connect(struct rb_store *s, struct rb_error *err)
 {
-	pg_be(s)->prepared = 0;
-	return pg_connect_to(s, &pg_be(s)->conn, err);
+	struct pg_be *be = pg_be(s);
+	PGresult *res;
+	char *q;
+	bool worker;
+
+	be->prepared = 0;
+	if (pg_connect_to(s, &be->conn, err) < 0)
+		return -1;
+	if (be->worker_known)
+		return 0;
+	q = pg_render(worker_sql, s->schema);
+	res = pg_run_on(s, be->conn, q, 0, NULL, PGRES_TUPLES_OK, "connect", false, err);
+	free(q);
+	if (res == NULL)
+		return -1;
+	worker = PQntuples(res) == 1 && PQgetvalue(res, 0, 0)[0] == 't';
+	PQclear(res);
+	be->worker_known = true;
+	if (worker != be->worker) {
+		be->worker = worker;
+		render_statements(s);
+	}
+	return 0;
 }
 
 /* A new holder id: 64 random bits (the clock, pid and a count if
@@ -122,8 +168,7 @@ pg_open(struct rb_store *s, struct rb_error *err)
 		    getenv("RELAYBUS_PG_CONNECTIONS"));
 	rb_sb_init(&be->claim_live);
 	rb_sb_init(&be->claim_live_lanes);
-	for (size_t i = 0; i < N_STATEMENTS; i++)
-		*statement(be, i) = pg_render(pg_statements[i].tmpl, s->schema);
+	render_statements(s);
 	return pg_connect(s, err);
 }
 
@@ -327,6 +372,7 @@ const struct rb_store_ops rb_store_pg_ops = {
 	.server = pg_server,
 	.setup = pg_setup,
 	.setup_script = pg_setup_script,
+	.grant = pg_grants_setup,
 	.schema_info = pg_schema_info,
 	.publish = pg_publish,
 	.claim = pg_claim,

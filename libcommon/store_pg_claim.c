@@ -58,6 +58,33 @@ const char pg_tmpl_relinquish_leases[] =
     "  AND x.lease_owner IS NOT NULL AND NOT EXISTS ("
     "  SELECT 1 FROM @S@.relaybus_deliveries d WHERE d.id = ANY (x.in_flight) AND d.status = 'pending')";
 
+/*
+ * The same for a session whose user lacks the owner's privileges (a role
+ * rb-setup --grant worker=ROLE made; pg_open tells which): such a role has
+ * no table privilege, so it goes through the SECURITY DEFINER doors of
+ * schema_pg.sql ("Roles"), which check its handlers once per call and run
+ * the statements above; the lane functions return the number of lanes they
+ * changed (pg_run_affected).  The owner's sessions keep the statements
+ * above and pay nothing for the roles.
+ */
+const char pg_tmpl_w_claim[] =
+    "SELECT id, event_id, handler, lane, epoch, claims, attempts, name, key, sequence, "
+    "payload::text, headers::text, created_at "
+    "FROM @S@.relaybus_worker_claim($1, $2, $3::integer, $4::bigint, $5::integer, $6::bigint[], $7::boolean, "
+    "$8::integer, $9::smallint[], $10::bigint, $11::boolean)";
+const char pg_tmpl_w_claim_ids[] = "SELECT id, event_id, handler, lane, epoch, claims, attempts, sequence, created_at "
+    "FROM @S@.relaybus_worker_claim_ids($1, $2, $3::integer, $4::bigint, $5::integer, $6::bigint[], $7::boolean, "
+    "$8::integer, $9::smallint[], $10::bigint, $11::boolean)";
+const char pg_tmpl_w_fetch[] =
+    "SELECT p.o, e.name, e.key, e.payload::text, e.headers::text "
+    "FROM unnest($1::text[]) WITH ORDINALITY p(eid, o) "
+    "CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_worker_events ee WHERE ee.id = p.eid OFFSET 0) e";
+const char pg_tmpl_w_extend[] = "SELECT @S@.relaybus_extend($1, $2, $3::bigint, $4::bigint)";
+const char pg_tmpl_w_relinquish[] = "SELECT @S@.relaybus_relinquish($1, $2, $3::bigint)";
+const char pg_tmpl_w_relinquish_owner[] = "SELECT @S@.relaybus_relinquish_owner($1, $2, $3::bigint)";
+const char pg_tmpl_w_relinquish_leases[] =
+    "SELECT @S@.relaybus_relinquish_leases($1::text[], $2::smallint[], $3::bigint[])";
+
 /* ---- claim --------------------------------------------------------------- */
 
 /* relaybus_claim's parameters: handler, owner, batch, lease, max attempts,

@@ -69,6 +69,17 @@ const char pg_tmpl_lock_lane[] =
     "SELECT 1 FROM @S@.relaybus_lanes WHERE handler = $1 AND lane = $2::smallint AND epoch = $3::bigint "
     "FOR KEY SHARE";
 
+/* (the same for a worker role, store_pg_claim.c: relaybus_complete_batch
+ * writes the history rows itself when the schema keeps them) */
+const char pg_tmpl_w_complete[] =
+    "SELECT ord FROM @S@.relaybus_complete_batch($1::text[], $2::text[], $3::smallint[], $4::bigint[], "
+    "$5::integer[], $6::bigint[])";
+const char pg_tmpl_w_fail[] =
+    "SELECT ord, outcome, attempts, missing FROM @S@.relaybus_worker_fail($1::text[], $2::text[], "
+    "$3::smallint[], $4::bigint[], $5::integer[], $6::text[], $7::bigint[], $8::text[], "
+    "$9::integer, $10::bigint, $11::bigint, $12::double precision) ORDER BY ord";
+const char pg_tmpl_w_lock_lane[] = "SELECT 1 WHERE @S@.relaybus_lock_lane($1, $2::smallint, $3::bigint)";
+
 /* ---- the fence arrays ------------------------------------------------------ */
 
 struct pg_fence {
@@ -128,7 +139,8 @@ static int
 delivery_exists(struct rb_store *s, PGconn *c, const char *event_id, const char *handler,
     struct rb_error *err)
 {
-	char *q = pg_render("SELECT 1 FROM @S@.relaybus_deliveries WHERE event_id = $1 AND handler = $2", s->schema);
+	char *q = pg_render(pg_be(s)->worker ? "SELECT 1 WHERE @S@.relaybus_delivery_exists($1, $2)" :
+	    "SELECT 1 FROM @S@.relaybus_deliveries WHERE event_id = $1 AND handler = $2", s->schema);
 	const char *params[2] = { event_id, handler };
 	PGresult *res = pg_run_on(s, c, q, 2, params, PGRES_TUPLES_OK, "complete", false, err);
 	int n;

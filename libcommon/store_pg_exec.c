@@ -271,12 +271,16 @@ int
 pg_run_affected(struct rb_store *s, const char *sql, int n, const char *const *params, const char *what,
     struct rb_error *err)
 {
-	PGresult *res = pg_run(s, sql, n, params, PGRES_COMMAND_OK, what, true, err);
+	bool worker = pg_be(s)->worker;
+	PGresult *res = pg_run(s, sql, n, params, worker ? PGRES_TUPLES_OK : PGRES_COMMAND_OK, what, true, err);
 	int rows;
 
 	if (res == NULL)
 		return -1;
-	rows = atoi(PQcmdTuples(res));
+	if (worker)
+		rows = PQntuples(res) == 1 ? atoi(PQgetvalue(res, 0, 0)) : 0;
+	else
+		rows = atoi(PQcmdTuples(res));
 	PQclear(res);
 	return rows;
 }

@@ -65,6 +65,9 @@ struct pg_be {
 	 * $RELAYBUS_PG_CONNECTIONS, else 2 (pg_connections) */
 	int	 connections;
 	int	 history;	/* -1 unknown, 0 no completion history, 1 yes */
+	/* the session's user lacks the owner's privileges (a role rb-setup
+	 * --grant made): the statements are the pg_tmpl_w_* ones (pg_open) */
+	bool	 worker, worker_known;
 	/* rendered statements, built once per store (pg_statements in store_pg.c) */
 	char	*q_publish, *q_claim, *q_claim_ids, *q_fetch, *q_extend, *q_complete, *q_complete_hist,
 		*q_fail, *q_relinquish, *q_relinquish_owner, *q_relinquish_leases, *q_lock_lane;
@@ -171,7 +174,9 @@ PGresult *pg_run_on(struct rb_store *, PGconn *c, const char *sql, int n, const 
 /** pg_run_on the main connection. */
 PGresult *pg_run(struct rb_store *, const char *sql, int n, const char *const *params,
 	    ExecStatusType want, const char *what, bool retry, struct rb_error *err);
-/** pg_run of a command (retried); the number of rows it affected, or -1. */
+/** pg_run (retried) of a lane statement: an UPDATE, or for a worker role
+ * (pg_be.worker) a SELECT of the lane function of schema_pg.sql that
+ * returns the number of rows it changed; that number, or -1. */
 int	pg_run_affected(struct rb_store *, const char *sql, int n, const char *const *params,
 	    const char *what, struct rb_error *err);
 /**
@@ -259,6 +264,10 @@ extern const char pg_tmpl_publish[];
 extern const char pg_tmpl_claim[], pg_tmpl_claim_ids[], pg_tmpl_fetch[], pg_tmpl_extend[],
 	pg_tmpl_relinquish[], pg_tmpl_relinquish_owner[], pg_tmpl_relinquish_leases[];
 extern const char pg_tmpl_complete[], pg_tmpl_complete_hist[], pg_tmpl_fail[], pg_tmpl_lock_lane[];
+/* the same for a session without the owner's privileges (pg_be.worker) */
+extern const char pg_tmpl_w_claim[], pg_tmpl_w_claim_ids[], pg_tmpl_w_fetch[], pg_tmpl_w_extend[],
+	pg_tmpl_w_relinquish[], pg_tmpl_w_relinquish_owner[], pg_tmpl_w_relinquish_leases[];
+extern const char pg_tmpl_w_complete[], pg_tmpl_w_fail[], pg_tmpl_w_lock_lane[];
 
 /* ---- the slots, by file ------------------------------------------------ */
 
@@ -330,5 +339,16 @@ int	pg_admin_subscriptions(struct rb_store *, const char *handler, json_t **, st
 int	pg_inspect_lifecycle(struct rb_store *, const struct rb_inspect_opts *, json_t **,
 	    struct rb_error *);
 int	pg_inspect_sample(struct rb_store *, json_t **, struct rb_error *);
+
+struct rb_sbuf;
+
+/**
+ * rb-setup --grant/--revoke (store_pg_grants.c): record o's grants and
+ * revokes and apply every recorded grant (relaybus_apply_grants), in the
+ * set-up's transaction.  A granted role that does not exist: RB_EXIT_USAGE.
+ */
+int	pg_grants_setup(struct rb_store *, const struct rb_setup_opts *o, struct rb_error *err);
+/** The same as SQL statements for --print-sql, appended to b (o checked already). */
+void	pg_grants_script(struct rb_sbuf *b, const char *schema, const struct rb_setup_opts *o);
 
 #endif

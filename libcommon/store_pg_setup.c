@@ -6,7 +6,7 @@
  * lane function, the upgrade from relaybus 0.1.0, the version check),
  * plus the subscriptions: rb_store_setup runs it in one transaction with
  * the subscriptions as parameters, rb-setup --print-sql prints it with
- * them as literals.
+ * them as literals; then the grants (store_pg_grants.c).
  */
 #include "config.h"
 
@@ -122,6 +122,7 @@ setup_script(struct rb_sbuf *b, const char *schema, const struct rb_setup_opts *
 		rb_sb_puts(b, ";\n");
 		free(buf);
 	}
+	pg_grants_script(b, schema, o);	/* last: it covers every function made above */
 }
 
 static int
@@ -133,6 +134,15 @@ check_subscriptions(const struct rb_setup_opts *o, struct rb_error *err)
 		const char *h, *p;
 
 		if (rb_subscription_parse(spec, &buf, &h, &p, err) < 0)
+			return -1;
+		free(buf);
+	}
+	for (size_t i = 0; i < o->n_grant + o->n_revoke; i++) {
+		char *buf;
+		const char *k, *r, *h;
+
+		if (rb_grant_parse(i < o->n_grant ? o->grant[i] : o->revoke[i - o->n_grant], &buf, &k, &r, &h,
+		    err) < 0)
 			return -1;
 		free(buf);
 	}
@@ -208,6 +218,9 @@ pg_setup(struct rb_store *s, const struct rb_setup_opts *o, struct rb_error *err
 		if (!ok)
 			goto fail;
 	}
+	/* last: the privileges of every function made above */
+	if (pg_grants_setup(s, o, err) < 0)
+		goto fail;
 	if (pg_run_cmd(s, "COMMIT", "set-up", err) < 0)
 		goto out;
 	rc = 0;

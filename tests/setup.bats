@@ -27,10 +27,12 @@ catalog() {  # a stable description of the schema's tables, indexes and options
   [ "$status" -eq 0 ]
   [ "$output" = "relaybus_deliveries
 relaybus_events
+relaybus_grants
 relaybus_keys
 relaybus_lanes
 relaybus_schema_version
-relaybus_subscriptions" ]
+relaybus_subscriptions
+relaybus_worker_events" ]
   [ "$(q "SELECT version FROM relaybus_schema_version")" = 1 ]
   # events remember their handlers
   [ "$(q "SELECT data_type FROM information_schema.columns WHERE table_schema = '$RB_SCHEMA' AND table_name = 'relaybus_events' AND column_name = 'handlers'")" = ARRAY ]
@@ -281,4 +283,19 @@ teardown() {
   [[ "$output" == "rb-setup 0.1.0 (backends: postgresql"* ]]
   # libpq's version as its users write it (15.18, not 150018)
   [[ "$output" =~ \;\ libpq\ [0-9]+\.[0-9]+(\.[0-9]+)?,\ (libmongoc\ [0-9.]+,\ )?jansson\  ]]
+}
+
+@test "MongoDB: --grant and --revoke exit 69 (not supported by the backend) and set nothing up" {
+  need_pg
+  on_mongo || skip "MongoDB only (PostgreSQL's roles: roles.bats)"
+  run rb-setup --check
+  before="$status $output"
+  run --separate-stderr rb-setup -s 'h:x' --grant worker=w
+  [ "$status" -eq 69 ]
+  [ "$stderr" = "rb-setup: grant not supported by the mongodb backend" ]
+  run --separate-stderr rb-setup --revoke admin=a
+  [ "$status" -eq 69 ]
+  [ "$stderr" = "rb-setup: grant not supported by the mongodb backend" ]
+  run rb-setup --check
+  [ "$status $output" = "$before" ]
 }
