@@ -1269,10 +1269,12 @@ BEGIN
             EXECUTE format('GRANT SELECT ON @S@.relaybus_worker_events TO %I', r.grantee);
         ELSIF r.kind = 'admin' THEN
             -- (UPDATE of one column where rb-admin only locks rows: FOR
-            -- UPDATE needs the UPDATE privilege on a column of the table)
+            -- UPDATE needs the UPDATE privilege on a column of the table;
+            -- bury and purge add to the lanes' buried and completed_purged counters)
             EXECUTE format('GRANT SELECT, UPDATE, DELETE ON @S@.relaybus_deliveries TO %I', r.grantee);
             EXECUTE format('GRANT SELECT, DELETE, UPDATE (created_at) ON @S@.relaybus_events TO %I', r.grantee);
-            EXECUTE format('GRANT SELECT, UPDATE (lease_expires_at) ON @S@.relaybus_lanes TO %I', r.grantee);
+            EXECUTE format('GRANT SELECT, UPDATE (lease_expires_at, buried, completed_purged) ON @S@.relaybus_lanes TO %I',
+                           r.grantee);
             EXECUTE format('GRANT SELECT ON @S@.relaybus_subscriptions TO %I', r.grantee);
             -- (requeue puts a dead keyed delivery behind its key: the key's counter)
             EXECUTE format('GRANT SELECT, INSERT, UPDATE (sequence) ON @S@.relaybus_keys TO %I', r.grantee);
