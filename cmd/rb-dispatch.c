@@ -7,7 +7,7 @@
  *
  * One thread and one poll(2) loop: the handler's child processes (--exec:
  * one per delivery; --pipe: --procs long-running co-processes speaking
- * JSON lines), a self-pipe for SIGCHLD/SIGTERM/SIGINT and the database
+ * JSON lines), a self-pipe for SIGCHLD and the stop signals and the database
  * socket, which carries LISTEN/NOTIFY wake-ups (a latency hint; polling
  * every --poll stays the correctness path).  --sql runs a statement in
  * the transaction that deletes the delivery (effectively-once).
@@ -63,7 +63,8 @@ static const char usage_str[] =
 "                         or 3 database connections; relaybus(7))\n"
 "  -l, --lease DUR        lane lease, renewed every third of it (default 30s)\n"
 "  -t, --timeout DUR      kill (--exec) or fail (--pipe) an attempt after DUR (default 5m)\n"
-"      --grace DUR        on SIGTERM/SIGINT, let running handlers finish for DUR (default 30s)\n"
+"      --grace DUR        on SIGTERM/SIGINT/SIGHUP, let running handlers finish for DUR\n"
+"                         (default 30s; SIGQUIT: none; rb-dispatch(1) SIGNALS)\n"
 "  -m, --max-attempts N   a failure that reaches N attempts buries (default 10)\n"
 "      --backoff SPEC     retry delay BASE[,MAX[,FACTOR]]: BASE*FACTOR^(attempts-1), at most\n"
 "                         MAX (default 1s,5m,2)\n"

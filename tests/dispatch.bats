@@ -451,6 +451,51 @@ drain_cutting() {  # handler statement-prefix n [rb-dispatch args]
   [ "$(awk '$4 != 1' "$out" | wc -l)" = 0 ]
 }
 
+# rb-dispatch -H HANDLER ... runs until SIG: it exits 0 within SECS, no
+# handler process of OUT is left, and the deliveries are back, pending,
+# with no attempt charged, their lanes not held.
+stopped_cleanly() {  # sig secs handler out n
+  local t0=$SECONDS rc=0
+  kill -"$1" "$PIDS"
+  wait "$PIDS" || rc=$?
+  [ "$rc" = 0 ] || { echo "rb-dispatch exited $rc on SIG$1" >&2; return 1; }
+  [ $((SECONDS - t0)) -lt "$2" ] || { echo "SIG$1: took $((SECONDS - t0))s" >&2; return 1; }
+  sleep 0.2
+  ! pgrep -f "$4" >&2 || { echo "SIG$1: handler processes left" >&2; return 1; }
+  [ "$(q "SELECT count(*) FROM relaybus_deliveries WHERE handler = '$3' AND attempts = 0 AND status = 'pending'")" = "$5" ]
+  [ "$(q "SELECT count(*) FROM relaybus_lanes WHERE handler = '$3' AND lease_owner IS NOT NULL")" = 0 ]
+}
+
+@test "SIGHUP, SIGQUIT, SIGUSR1: no handler left behind, the deliveries released, the lanes handed back" {
+  need_pg
+  local out=$BATS_TEST_TMPDIR/hup.out
+  # SIGHUP: the graceful stop, --grace then the handlers killed
+  publish 3 hup sighup
+  rb-dispatch -H sighup --exec "rb-test-exec $out sleep:30" -c 3 --grace 300ms -v 2>"$BATS_TEST_TMPDIR/hup.err" 3>&- & PIDS=$!
+  wait_for 10 '[ "$(lines "$out.start")" -ge 3 ]'
+  stopped_cleanly HUP 5 sighup "$out" 3
+  grep -q "stopping on signal 1 (Hangup): waiting" "$BATS_TEST_TMPDIR/hup.err"
+  # SIGQUIT: the fast stop, no grace (30s by default)
+  out=$BATS_TEST_TMPDIR/quit.out
+  publish 3 quit sigquit
+  rb-dispatch -H sigquit --exec "rb-test-exec $out sleep:30" -c 3 -v 2>"$BATS_TEST_TMPDIR/quit.err" 3>&- & PIDS=$!
+  wait_for 10 '[ "$(lines "$out.start")" -ge 3 ]'
+  stopped_cleanly QUIT 5 sigquit "$out" 3
+  grep -q "stopping on signal .*: at once" "$BATS_TEST_TMPDIR/quit.err"
+  # SIGUSR1 with --pipe co-processes that never answer
+  out=$BATS_TEST_TMPDIR/usr1.out
+  publish 3 usr1 sigusr1
+  rb-dispatch -H sigusr1 --pipe "rb-test-pipe $out noreply" --procs 2 --grace 300ms 2>"$BATS_TEST_TMPDIR/usr1.err" 3>&- & PIDS=$!
+  wait_for 10 '[ "$(lines "$out")" -ge 3 ]'
+  stopped_cleanly USR1 5 sigusr1 "$out" 3
+  # and the work goes on at once elsewhere, each run once
+  run -0 rb-dispatch -H sighup --exec "rb-test-exec $out.2 ok" --drain
+  run -0 rb-dispatch -H sigquit --exec "rb-test-exec $out.2 ok" --drain
+  run -0 rb-dispatch -H sigusr1 --exec "rb-test-exec $out.2 ok" --drain
+  [ "$(lines "$out.2")" = 9 ]
+  [ "$(awk '$4 != 1' "$out.2" | wc -l)" = 0 ]
+}
+
 @test "a handler that hangs is killed at --timeout and retried; one that always fails ends dead" {
   need_pg
   local out=$BATS_TEST_TMPDIR/h.out f=$BATS_TEST_TMPDIR/f.out
