@@ -37,7 +37,8 @@
 
 static const char usage_str[] =
 "usage: rb-dispatch --handler H (--exec CMD | --pipe CMD | --sql SQL) [--concurrency N]\n"
-"                   [--batch N] [--chain N] [--procs N] [--connections N] [--lease DUR]\n"
+"                   [--batch N] [--chain N] [--strict-order] [--procs N] [--connections N]\n"
+"                   [--lease DUR]\n"
 "                   [--timeout DUR] [--grace DUR] [--max-attempts N]\n"
 "                   [--backoff BASE[,MAX[,FACTOR]]]\n"
 "                   [--poll DUR] [--window DUR] [--stats-every DUR] [--owner NAME] [--drain]\n"
@@ -58,6 +59,9 @@ static const char usage_str[] =
 "      --chain N          claim up to N deliveries of one key at once, run one after\n"
 "                         the other, each once the previous one is completed\n"
 "                         (default 32 with --pipe, else 8)\n"
+"      --strict-order     start a key's next delivery only once the completion of the\n"
+"                         one before it committed: a crash never runs a key's earlier\n"
+"                         delivery again after a later one (relaybus(7) Guarantees)\n"
 "      --procs N          --pipe co-processes (default 1)\n"
 "      --connections N    deprecated: RELAYBUS_PG_CONNECTIONS=N for this process (1, 2\n"
 "                         or 3 database connections; relaybus(7))\n"
@@ -94,7 +98,7 @@ static const char usage_str[] =
 
 enum { OPT_EXEC = RB_OPT_FIRST_PROGRAM, OPT_PIPE, OPT_SQL, OPT_PROCS, OPT_GRACE, OPT_BACKOFF,
 	OPT_POLL, OPT_WINDOW, OPT_STATS, OPT_OWNER, OPT_DRAIN, OPT_CHAIN, OPT_CONNS,
-	OPT_SETTLE };
+	OPT_SETTLE, OPT_STRICT };
 
 static struct options {
 	struct rb_common	common;
@@ -132,6 +136,7 @@ parse_args(int argc, char **argv)
 		{ "concurrency", required_argument, NULL, 'c' },
 		{ "batch", required_argument, NULL, 'b' },
 		{ "chain", required_argument, NULL, OPT_CHAIN },
+		{ "strict-order", no_argument, NULL, OPT_STRICT },
 		{ "connections", required_argument, NULL, OPT_CONNS },
 		{ "procs", required_argument, NULL, OPT_PROCS },
 		{ "lease", required_argument, NULL, 'l' },
@@ -177,6 +182,9 @@ parse_args(int argc, char **argv)
 			break;
 		case OPT_CHAIN:
 			o->chain = rb_cli_int(usage_str, "--chain", optarg, 1, 1000);
+			break;
+		case OPT_STRICT:
+			o->strict_order = true;
 			break;
 		case OPT_CONNS:
 			opt.connections = rb_cli_int(usage_str, "--connections", optarg, 1, 3);

@@ -451,6 +451,44 @@ drain_cutting() {  # handler statement-prefix n [rb-dispatch args]
   [ "$(awk '$4 != 1' "$out" | wc -l)" = 0 ]
 }
 
+# Key order under a crash: HANDLER's key gets events ID1..ID3; a
+# dispatcher with OPTS runs them until ID2's first run kills it (kill -9);
+# once its lease ended a second one drains.  Prints the run log's events.
+crash_replay() {  # handler id opts...
+  local h=$1 id=$2 out=$BATS_TEST_TMPDIR/$1.out; shift 2
+  for i in 1 2 3; do
+    printf '{"id":"%s%d","name":"t","key":"%sk","payload":{"i":%d},"handlers":["%s"]}\n' "$id" "$i" "$id" "$i" "$h"
+  done | rb-publish -q
+  rb-dispatch -H "$h" --exec "rb-test-exec $out crash-once:${id}2 || kill -9 \$PPID" --lease 1s "$@" \
+    2>"$BATS_TEST_TMPDIR/$h.err" 3>&- & PIDS=$!
+  local rc=0; wait "$PIDS" || rc=$?
+  [ "$rc" = 137 ] || { echo "$h: the first dispatcher exited $rc, not killed" >&2; return 1; }
+  sleep 1.2   # its lease ends
+  rb-dispatch -H "$h" --exec "rb-test-exec $out ok" --lease 1s "$@" --drain 2>>"$BATS_TEST_TMPDIR/$h.err" 3>&-
+  [ "$(pending "$h")" = 0 ]
+  cut -d' ' -f1 "$out" | tr '\n' ' '
+}
+
+@test "key order under kill -9: chains replay in order (i, i+1, i, i+1); --strict-order and --chain 1 never go back" {
+  need_pg
+  # the default: o2 starts once o1 succeeded, before o1's completion
+  # commits (--window 2s holds it back); the crash then replays both
+  run -0 crash_replay korder o --window 2s
+  [ "$output" = "o1 o2 o1 o2 o3 " ]
+  # --strict-order: o2 starts only once o1's completion committed; the
+  # crash replays o2 only
+  run -0 crash_replay kstrict s --window 200ms --strict-order
+  [ "$output" = "s1 s2 s2 s3 " ]
+  # --chain 1: one claim a delivery of a key, the same order
+  run -0 crash_replay kchain1 c --window 200ms --chain 1
+  [ "$output" = "c1 c2 c2 c3 " ]
+  # each replay ran as the attempt the takeover charged: o1 and o2 as
+  # their second; under --strict-order s3 never ran before, and is not charged
+  [ "$(awk '{ printf "%s:%s ", $1, $4 }' "$BATS_TEST_TMPDIR/korder.out")" = "o1:1 o2:1 o1:2 o2:2 o3:2 " ]
+  [ "$(awk '{ printf "%s:%s ", $1, $4 }' "$BATS_TEST_TMPDIR/kstrict.out")" = "s1:1 s2:1 s2:2 s3:1 " ]
+  [ "$(awk '{ printf "%s:%s ", $1, $4 }' "$BATS_TEST_TMPDIR/kchain1.out")" = "c1:1 c2:1 c2:2 c3:1 " ]
+}
+
 # rb-dispatch -H HANDLER ... runs until SIG: it exits 0 within SECS, no
 # handler process of OUT is left, and the deliveries are back, pending,
 # with no attempt charged, their lanes not held.
