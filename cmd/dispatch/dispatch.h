@@ -329,5 +329,6 @@ void	try_reconnect(struct dispatcher *, int64_t now);
 void	extend_leases(struct dispatcher *, int64_t now);
 void	retire_owners(struct dispatcher *);
 void	hand_back_lanes(struct dispatcher *);
+int	drain_leftovers(struct dispatcher *);
 
 #endif

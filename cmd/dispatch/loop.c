@@ -335,8 +335,19 @@ run(struct dispatcher *dp)
 			if (dp->stop_level > 0)
 				break;
 			if (dp->opt.drain && dp->idle_seen && !dp->db_down && dp->fatal_code == 0) {
-				rb_info("drained: nothing due, nothing in flight");
-				break;
+				/* never exit 0 with a claim of ours unfinished */
+				int left = drain_leftovers(dp);
+
+				if (left == 0) {
+					rb_info("drained: nothing due, nothing in flight");
+					break;
+				}
+				if (left > 0) {
+					rb_warn("drain: %d lanes held deliveries claimed here that never ran: "
+					    "handed back (no attempt charged), draining on", left);
+					dp->idle_seen = false;
+					dp->wake = dp->more_work = true;
+				}
 			}
 		}
 		/* stopped, handlers done, database gone: give up on what is queued */
