@@ -7,7 +7,7 @@
  *
  * One thread and one poll(2) loop: the handler's child processes (--exec:
  * one per delivery; --pipe: --procs long-running co-processes speaking
- * JSON lines), a self-pipe for SIGCHLD/SIGTERM/SIGINT and the database
+ * JSON lines), a self-pipe for SIGCHLD and the stop signals and the database
  * socket, which carries LISTEN/NOTIFY wake-ups (a latency hint; polling
  * every --poll stays the correctness path).  --sql runs a statement in
  * the transaction that deletes the delivery (effectively-once).
@@ -38,7 +38,8 @@
 
 static const char usage_str[] =
 "usage: rb-dispatch --handler H (--exec CMD | --pipe CMD | --sql SQL) [--concurrency N]\n"
-"                   [--batch N] [--chain N] [--procs N] [--connections N] [--lease DUR]\n"
+"                   [--batch N] [--chain N] [--strict-order] [--procs N] [--connections N]\n"
+"                   [--lease DUR]\n"
 "                   [--timeout DUR] [--grace DUR] [--max-attempts N]\n"
 "                   [--backoff BASE[,MAX[,FACTOR]]]\n"
 "                   [--poll DUR] [--window DUR] [--stats-every DUR] [--owner NAME] [--drain]\n"
@@ -59,12 +60,16 @@ static const char usage_str[] =
 "      --chain N          claim up to N deliveries of one key at once, run one after\n"
 "                         the other, each once the previous one is completed\n"
 "                         (default 32 with --pipe, else 8)\n"
+"      --strict-order     start a key's next delivery only once the completion of the\n"
+"                         one before it committed: a crash never runs a key's earlier\n"
+"                         delivery again after a later one (relaybus(7) Guarantees)\n"
 "      --procs N          --pipe co-processes (default 1)\n"
 "      --connections N    deprecated: RELAYBUS_PG_CONNECTIONS=N for this process (1, 2\n"
 "                         or 3 database connections; relaybus(7))\n"
 "  -l, --lease DUR        lane lease, renewed every third of it (default 30s)\n"
 "  -t, --timeout DUR      kill (--exec) or fail (--pipe) an attempt after DUR (default 5m)\n"
-"      --grace DUR        on SIGTERM/SIGINT, let running handlers finish for DUR (default 30s)\n"
+"      --grace DUR        on SIGTERM/SIGINT/SIGHUP, let running handlers finish for DUR\n"
+"                         (default 30s; SIGQUIT: none; rb-dispatch(1) SIGNALS)\n"
 "  -m, --max-attempts N   a failure that reaches N attempts buries (default 10)\n"
 "      --backoff SPEC     retry delay BASE[,MAX[,FACTOR]]: BASE*FACTOR^(attempts-1), at most\n"
 "                         MAX (default 1s,5m,2)\n"
@@ -94,7 +99,7 @@ static const char usage_str[] =
 
 enum { OPT_EXEC = RB_OPT_FIRST_PROGRAM, OPT_PIPE, OPT_SQL, OPT_PROCS, OPT_GRACE, OPT_BACKOFF,
 	OPT_POLL, OPT_WINDOW, OPT_STATS, OPT_OWNER, OPT_DRAIN, OPT_CHAIN, OPT_CONNS,
-	OPT_SETTLE };
+	OPT_SETTLE, OPT_STRICT };
 
 static struct options {
 	struct rb_common	common;
@@ -132,6 +137,7 @@ parse_args(int argc, char **argv)
 		{ "concurrency", required_argument, NULL, 'c' },
 		{ "batch", required_argument, NULL, 'b' },
 		{ "chain", required_argument, NULL, OPT_CHAIN },
+		{ "strict-order", no_argument, NULL, OPT_STRICT },
 		{ "connections", required_argument, NULL, OPT_CONNS },
 		{ "procs", required_argument, NULL, OPT_PROCS },
 		{ "lease", required_argument, NULL, 'l' },
@@ -177,6 +183,9 @@ parse_args(int argc, char **argv)
 			break;
 		case OPT_CHAIN:
 			o->chain = rb_cli_int(usage_str, "--chain", optarg, 1, 1000);
+			break;
+		case OPT_STRICT:
+			o->strict_order = true;
 			break;
 		case OPT_CONNS:
 			opt.connections = rb_cli_int(usage_str, "--connections", optarg, 1, 3);

@@ -13,7 +13,7 @@ _rb_opts_rb_setup="--subscribe= --unsubscribe= --completion-history --grant= --r
 _rb_opts_rb_publish="--batch= --flush= --output --keep-going --rejects= --max-line= --reconnect= $_rb_common"
 _rb_opts_rb_claim="--handler= --batch= --lease= --owner= --wait= --poll= --max-attempts= $_rb_common"
 _rb_opts_rb_complete="--max-attempts= --backoff= --sql= --window= --batch= --no-relinquish --output $_rb_common"
-_rb_opts_rb_dispatch="--handler= --exec= --pipe= --sql= --concurrency= --batch= --chain= --procs=
+_rb_opts_rb_dispatch="--handler= --exec= --pipe= --sql= --concurrency= --batch= --chain= --strict-order --procs=
   --connections= --lease= --timeout= --grace= --max-attempts= --backoff= --poll= --window=
   --stats-every= --owner= --drain --settle $_rb_common"
 _rb_opts_rb_pageinspect="--baseline --side-by-side --json --interval= --count= $_rb_common"

@@ -31,6 +31,7 @@
 #include <libpq-fe.h>
 
 #include "rb_exit.h"
+#include "rb_log.h"
 #include "rb_records.h"
 #include "rb_store.h"
 #include "rb_util.h"
@@ -149,6 +150,17 @@ connections_env(void)
 	return (v[0] >= '1' && v[0] <= '3' && v[1] == '\0') ? v[0] - '0' : -1;
 }
 
+/* $RELAYBUS_PG_POOLER: unset, empty or "session": 0; "transaction": 1; else -1. */
+static int
+pooler_env(void)
+{
+	const char *v = getenv("RELAYBUS_PG_POOLER");
+
+	if (v == NULL || *v == '\0' || strcmp(v, "session") == 0)
+		return 0;
+	return strcmp(v, "transaction") == 0 ? 1 : -1;
+}
+
 int
 pg_connections(const struct rb_store *s)
 {
@@ -166,6 +178,16 @@ pg_open(struct rb_store *s, struct rb_error *err)
 	if ((be->connections = connections_env()) < 0)
 		return rb_seterr(err, RB_EXIT_CONFIG, "invalid RELAYBUS_PG_CONNECTIONS '%s': use 1, 2 or 3",
 		    getenv("RELAYBUS_PG_CONNECTIONS"));
+	switch (pooler_env()) {
+	case 0:
+		break;
+	case 1:
+		be->pooler = true;
+		break;
+	default:
+		return rb_seterr(err, RB_EXIT_CONFIG, "invalid RELAYBUS_PG_POOLER '%s': use transaction or session",
+		    getenv("RELAYBUS_PG_POOLER"));
+	}
 	rb_sb_init(&be->claim_live);
 	rb_sb_init(&be->claim_live_lanes);
 	render_statements(s);
@@ -243,6 +265,12 @@ pg_listen(struct rb_store *s, const char *handler, struct rb_error *err)
 	if (handler != be->wake_for) {
 		free(be->wake_for);
 		be->wake_for = handler != NULL ? xstrdup(handler) : NULL;
+	}
+	/* behind a transaction pooler, the LISTEN would be some other
+	 * client's session's: no wake-ups, the caller polls (relaybus(7)) */
+	if (be->pooler) {
+		rb_debug("RELAYBUS_PG_POOLER=transaction: no LISTEN, polling");
+		return 0;
 	}
 	snprintf(sql, sizeof sql, "LISTEN relaybus_%s", s->schema);
 	pg_settle(s);

@@ -369,7 +369,10 @@ fetch_start(struct rb_store *s, struct pg_claimed got)
 
 	/* (with enable_seqscan off, as the claim runs: young tables have no
 	 * statistics; opening it forgets what was out there: nothing) */
-	if (pg_open_side(s, &be->conn2, pg_close_conn2, "SET enable_seqscan = off", "fetch", &err) < 0) {
+	/* (no session setting behind a transaction pooler: it would stay
+	 * with the server connection, for another client) */
+	if (pg_open_side(s, &be->conn2, pg_close_conn2, be->pooler ? NULL : "SET enable_seqscan = off", "fetch",
+	    &err) < 0) {
 		int dropped = (int)got.n;
 
 		claimed_free(&got);

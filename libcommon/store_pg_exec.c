@@ -198,7 +198,9 @@ prepared(struct pg_be *be, PGconn *c, const char *sql, int n)
 	for (int i = 0; i < (int)(sizeof names / sizeof names[0]) && which < 0; i++)
 		if (sql == qs[i])
 			which = i;
-	if (which < 0)
+	/* (a transaction pooler hands the next transaction to any server
+	 * connection: a named statement is not there) */
+	if (which < 0 || be->pooler)
 		return NULL;
 	if (*mask & (1u << which))
 		return names[which];

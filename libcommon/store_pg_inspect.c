@@ -643,6 +643,11 @@ pg_inspect_lifecycle(struct rb_store *s, const struct rb_inspect_opts *o, json_t
 	bool created = false;
 	int rc = -1;
 
+	/* (the demonstration's search_path, locks and second connection are
+	 * a session's: a transaction pooler keeps none of them) */
+	if (pg_be(s)->pooler)
+		return rb_seterr(err, RB_EXIT_CONFIG, "RELAYBUS_PG_POOLER=transaction: the demonstration needs a "
+		    "session of its own; give rb-pageinspect a direct URL (without a pooler), or use watch");
 	/* no NOTICEs of CREATE ... IF NOT EXISTS and DROP ... CASCADE on stderr */
 	if (pg_cmd_on(s, c, "SET client_min_messages = warning", 0, NULL, "set-up", err) < 0 ||
 	    use_pageinspect(s, c, schema, err) < 0)

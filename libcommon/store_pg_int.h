@@ -64,6 +64,10 @@ struct pg_be {
 	/* how many connections the calls without waiting may use (1..3):
 	 * $RELAYBUS_PG_CONNECTIONS, else 2 (pg_connections) */
 	int	 connections;
+	/* $RELAYBUS_PG_POOLER transaction: behind a transaction-pooling
+	 * PgBouncer, where a session's state does not outlive a transaction:
+	 * no named prepared statements, no LISTEN (polling), no SET */
+	bool	 pooler;
 	int	 history;	/* -1 unknown, 0 no completion history, 1 yes */
 	/* the session's user lacks the owner's privileges (a role rb-setup
 	 * --grant made): the statements are the pg_tmpl_w_* ones (pg_open) */

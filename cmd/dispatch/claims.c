@@ -275,8 +275,9 @@ maybe_claim(struct dispatcher *dp, int64_t now)
 	claim.n_live = live_ids(dp);
 	claim.chain = dp->opt.chain;
 	/* followers start early (finish_slot) unless the handler is the
-	 * completion (--sql): the claim's takeover rule must be the same */
-	claim.chain_early = dp->opt.complete.sql == NULL;
+	 * completion (--sql) or --strict-order: the claim's takeover rule
+	 * must be the same */
+	claim.chain_early = chain_early(dp);
 	/* (never NULL: NULL would mean "unknown", and the claim would take
 	 * whatever a lane lists as in flight for running) */
 	claim.live = dp->live != NULL ? dp->live : (const int64_t[]){ 0 };

@@ -117,6 +117,8 @@ struct dispatch_opts {
 	int			 concurrency;
 	int			 batch;
 	int			 chain;
+	bool			 strict_order;	/* --strict-order: a follower starts once the
+						 * one before it is committed */
 	int			 procs;
 	int64_t			 lease_ms;
 	int64_t			 timeout_ms;
@@ -298,6 +300,13 @@ void	owed_dropped(struct dispatcher *, int n);
  * handler that cannot start), but never as a success, so that does not
  * come back here: the recursion is one deep. */
 void	chain_next(struct dispatcher *, struct chain *followers, unsigned gen, bool go);
+/* Whether a chain's next delivery starts as soon as the one before it
+ * succeeded on its first attempt (else: once its completion committed). */
+static inline bool
+chain_early(const struct dispatcher *dp)
+{
+	return dp->opt.complete.sql == NULL && !dp->opt.strict_order;
+}
 void	chain_free(struct chain *);
 
 /* results.c */
@@ -320,5 +329,6 @@ void	try_reconnect(struct dispatcher *, int64_t now);
 void	extend_leases(struct dispatcher *, int64_t now);
 void	retire_owners(struct dispatcher *);
 void	hand_back_lanes(struct dispatcher *);
+int	drain_leftovers(struct dispatcher *);
 
 #endif

@@ -156,6 +156,35 @@ retire_owners(struct dispatcher *dp)
 	}
 }
 
+/*
+ * --drain found nothing due with nothing running here: hand back every
+ * lane, and return how many still listed a pending delivery claimed under
+ * one of this process's names (claimed, never run nor completed here: an
+ * answer that went missing), now fenced and due again without an attempt
+ * charged; the drain is then not over.  -1 on a database error.
+ */
+int
+drain_leftovers(struct dispatcher *dp)
+{
+	struct rb_error err = { 0 };
+	int left = 0;
+
+	for (int i = 0; i < NOWNERS; i++) {
+		struct owner *o = &dp->owners[i];
+		int n;
+
+		if (o->name == NULL)
+			continue;
+		if (rb_store_relinquish(dp->store, dp->opt.handler, o->name, &err) < 0 ||
+		    (n = rb_store_relinquish_owner(dp->store, dp->opt.handler, o->name, &err)) < 0) {
+			db_error(dp, &err, "relinquish");
+			return -1;
+		}
+		left += n;
+	}
+	return left;
+}
+
 void
 hand_back_lanes(struct dispatcher *dp)
 {

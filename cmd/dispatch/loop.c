@@ -39,6 +39,27 @@ enum { REF_SIGNALS = -1, REF_STORE = -2 };
 /* (the store's descriptors: rb_store_pollfds takes at most this many) */
 #define STORE_FDS	4
 
+static volatile sig_atomic_t stop_sig;	/* the first stop signal, for the log */
+
+/*
+ * Every signal whose default action ends the process, except those of a
+ * fault (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTRAP, SIGSYS: those
+ * are bugs) and SIGPIPE (ignored, rb_cli_init): a supervisor may send any
+ * of them, and dying of one would leave the handlers running in their own
+ * process groups and the leases held.  SIGQUIT is the fast path (like a
+ * second signal: no grace); the others start the graceful stop.
+ * rb-dispatch(1) SIGNALS.
+ */
+static const int stop_signals[] = { SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2,
+	SIGALRM, SIGVTALRM, SIGPROF, SIGXCPU, SIGXFSZ, SIGIO,
+#ifdef SIGPWR
+	SIGPWR,
+#endif
+#ifdef SIGSTKFLT
+	SIGSTKFLT,
+#endif
+};
+
 static void
 on_signal(int sig)
 {
@@ -47,8 +68,12 @@ on_signal(int sig)
 
 	if (sig == SIGCHLD)
 		got_child = 1;
-	else
-		got_stop++;
+	else {
+		if (stop_sig == 0)
+			stop_sig = sig;
+		/* (SIGQUIT: at once, as a second signal does) */
+		got_stop += sig == SIGQUIT && got_stop == 0 ? 2 : 1;
+	}
 	(void)!write(sigpipe_fd[1], &c, 1);
 	errno = e;
 }
@@ -65,8 +90,12 @@ setup_signals(void)
 	sa.sa_flags = SA_RESTART;
 	sigemptyset(&sa.sa_mask);
 	sigaction(SIGCHLD, &sa, NULL);
-	sigaction(SIGTERM, &sa, NULL);
-	sigaction(SIGINT, &sa, NULL);
+	for (size_t i = 0; i < sizeof stop_signals / sizeof stop_signals[0]; i++)
+		sigaction(stop_signals[i], &sa, NULL);
+#ifdef SIGRTMIN
+	for (int sig = SIGRTMIN; sig <= SIGRTMAX; sig++)
+		sigaction(sig, &sa, NULL);
+#endif
 }
 
 void
@@ -263,8 +292,13 @@ run(struct dispatcher *dp)
 		if (got_child)
 			reap(dp);
 		if (got_stop > 0 && dp->stop_level == 0) {
-			rb_info("stopping: waiting up to %" PRId64 "ms for %d running handlers",
-			    dp->opt.grace_ms, dp->running);
+			if (got_stop > 1)
+				rb_info("stopping on signal %d (%s): at once", (int)stop_sig,
+				    strsignal((int)stop_sig));
+			else
+				rb_info("stopping on signal %d (%s): waiting up to %" PRId64 "ms for %d "
+				    "running handlers", (int)stop_sig, strsignal((int)stop_sig),
+				    dp->opt.grace_ms, dp->running);
 			dp->stop_level = 1;
 			dp->grace_deadline = now + dp->opt.grace_ms;
 			notify_stopping();
@@ -301,8 +335,19 @@ run(struct dispatcher *dp)
 			if (dp->stop_level > 0)
 				break;
 			if (dp->opt.drain && dp->idle_seen && !dp->db_down && dp->fatal_code == 0) {
-				rb_info("drained: nothing due, nothing in flight");
-				break;
+				/* never exit 0 with a claim of ours unfinished */
+				int left = drain_leftovers(dp);
+
+				if (left == 0) {
+					rb_info("drained: nothing due, nothing in flight");
+					break;
+				}
+				if (left > 0) {
+					rb_warn("drain: %d lanes held deliveries claimed here that never ran: "
+					    "handed back (no attempt charged), draining on", left);
+					dp->idle_seen = false;
+					dp->wake = dp->more_work = true;
+				}
 			}
 		}
 		/* stopped, handlers done, database gone: give up on what is queued */

@@ -75,10 +75,11 @@ finish_slot(struct dispatcher *dp, struct slot *s, struct verdict v)
 	unsigned gen = s->gen;
 	/* the rest of its chain goes on once it succeeded, when this was its
 	 * first attempt; else (and with --sql, where the handler is the
-	 * completion) only once its completion committed, see queue_applied:
+	 * completion, and --strict-order) only once its completion committed,
+	 * see queue_applied:
 	 * a takeover then knows the followers behind it never ran
 	 * (rb_claim_opts.chain_early, set by maybe_claim from the same test) */
-	bool go = followers != NULL && dp->opt.complete.sql == NULL && d->attempt == 1 &&
+	bool go = followers != NULL && chain_early(dp) && d->attempt == 1 &&
 	    v.v == RB_VERDICT_OK && dp->stop_level == 0;
 
 	queue_result(dp, d, v, gen, go ? NULL : followers);
