@@ -76,6 +76,12 @@ CREATE TABLE IF NOT EXISTS @S@.relaybus_lanes (
 -- index on either: lane updates stay HOT.
 ALTER TABLE @S@.relaybus_lanes ADD COLUMN IF NOT EXISTS holder bigint;
 ALTER TABLE @S@.relaybus_lanes ADD COLUMN IF NOT EXISTS chain_early boolean;
+-- holder_live: the holder keeps the session-level advisory lock whose key
+-- is the holder (relaybus_hold), so a claimer can tell a dead holder from
+-- a live one long before the lease ends (relaybus_claim_ids, step 2).
+-- NULL or false: the lease alone decides (rb-claim | ... | rb-complete,
+-- relaybus.liveness off, a session that could not take the lock).
+ALTER TABLE @S@.relaybus_lanes ADD COLUMN IF NOT EXISTS holder_live boolean;
 -- (relaybus 0.1 made it 50: a lane row grows from 60 bytes to 600 with
 -- its in-flight ids, and at 40 rows to a page its updates stopped being HOT)
 ALTER TABLE @S@.relaybus_lanes SET (fillfactor = 10);
@@ -103,6 +109,27 @@ $$ SELECT to_char(t AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"') $$;
 
 -- relaybus_lane(text), the lane of a delivery, is in lane_pg.sql: rb-setup
 -- runs it before this script (the 0.1.0 upgrade fills lanes with it).
+
+-- Take the liveness lock of holder p_holder for this session (a
+-- long-lived holder, rb-dispatch, calls it on every new connection before
+-- it renews): true when held, false when it could not be had within
+-- 250 ms (the backend of this holder's previous connection may not have
+-- ended yet, or a claimer is probing it: try again later), NULL when the
+-- setting relaybus.liveness is off (a transaction-pooling PgBouncer,
+-- where a session lock would stay on a server connection shared by
+-- others: ALTER ROLE app SET relaybus.liveness = off).  The lock is
+-- pg_advisory_lock(p_holder); holders are random 63-bit numbers.
+CREATE OR REPLACE FUNCTION @S@.relaybus_hold(p_holder bigint) RETURNS boolean
+LANGUAGE plpgsql SET lock_timeout = '250ms' AS $$
+BEGIN
+    IF coalesce(lower(current_setting('relaybus.liveness', true)), '') IN ('off', 'false', '0', 'no') THEN
+        RETURN NULL;
+    END IF;
+    PERFORM pg_advisory_lock(p_holder);
+    RETURN true;
+EXCEPTION WHEN lock_not_available THEN
+    RETURN false;
+END $$;
 
 CREATE OR REPLACE FUNCTION @S@.relaybus_seed_lanes(p_handler text) RETURNS void
 LANGUAGE sql AS $$
@@ -366,6 +393,14 @@ $$;
 -- is someone else's until its lease expires, and is then taken over like
 -- any other.  NULL (a claim typed in psql) matches lanes held without one.
 -- p_chain_early: see p_chain.
+-- p_holder_live: this session holds p_holder's liveness lock
+-- (relaybus_hold); the lanes this claim writes say so (holder_live).
+-- A claim that looks for more lanes probes the liveness lock of every
+-- other holder that has one: a free lock means its process died (or its
+-- connection dropped: it takes the lock again and renews at once), and
+-- the lease of its lanes is cut to c_grace from now, not taken at once.
+-- A live holder's renewal restores it; a dead holder's lanes are free
+-- when it ends and are taken over like any expired lane.
 --
 -- relaybus_claim_ids returns the claimed delivery rows with their lane's
 -- epoch, in the order to start them (each lane's together, a key's in
@@ -376,10 +411,11 @@ $$;
 DROP FUNCTION IF EXISTS @S@.relaybus_claim_ids(text, text, integer, bigint, integer, bigint[], boolean, integer);
 DROP FUNCTION IF EXISTS @S@.relaybus_claim_ids(text, text, integer, bigint, integer, bigint[], boolean, integer, smallint[]);
 DROP FUNCTION IF EXISTS @S@.relaybus_deliveries_by_id(bigint[], bigint[]);
+DROP FUNCTION IF EXISTS @S@.relaybus_claim_ids(text, text, integer, bigint, integer, bigint[], boolean, integer, smallint[], bigint, boolean);
 CREATE OR REPLACE FUNCTION @S@.relaybus_claim_ids(
     p_handler text, p_owner text, p_batch integer, p_lease_ms bigint, p_max_attempts integer,
     p_live bigint[], p_search boolean, p_chain integer, p_live_lanes smallint[],
-    p_holder bigint DEFAULT NULL, p_chain_early boolean DEFAULT false)
+    p_holder bigint DEFAULT NULL, p_chain_early boolean DEFAULT false, p_holder_live boolean DEFAULT false)
 RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigint, claims integer,
                attempts integer, sequence bigint, created_at text)
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
@@ -436,6 +472,8 @@ DECLARE
     v_po       integer[] := array_fill(1, ARRAY[256], ARRAY[0]);
     v_pc       integer[] := array_fill(0, ARRAY[256], ARRAY[0]);
     v_back     smallint[];
+    -- what is left of a lease whose holder's liveness lock is free
+    c_grace    CONSTANT interval := interval '1500 milliseconds';
     l          record;
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM @S@.relaybus_lanes x WHERE x.handler = p_handler AND x.lane = 0) THEN
@@ -504,6 +542,22 @@ BEGIN
     -- spread over the lanes); none when this owner holds them all, which
     -- costs one scan of the lane rows instead of 256 probes
     IF cardinality(v_picked) < p_batch AND (p_search OR cardinality(v_held) = 0) THEN
+        -- the holders with a liveness lock whose lock is free: their
+        -- leases end c_grace from now (a probe of one shared lock per
+        -- holder, released when this transaction ends; lane rows some
+        -- transaction has locked are left for the next claim)
+        FOR l IN SELECT DISTINCT y.holder FROM @S@.relaybus_lanes y
+                  WHERE y.handler = p_handler AND y.holder_live AND y.holder IS DISTINCT FROM p_holder
+                    AND y.lease_expires_at > v_now + c_grace LOOP
+            IF pg_try_advisory_xact_lock_shared(l.holder) THEN
+                UPDATE @S@.relaybus_lanes x SET lease_expires_at = v_now + c_grace
+                 WHERE x.handler = p_handler AND x.lane IN (
+                        SELECT y.lane FROM @S@.relaybus_lanes y
+                         WHERE y.handler = p_handler AND y.holder = l.holder AND y.holder_live
+                           AND y.lease_expires_at > v_now + c_grace
+                         FOR NO KEY UPDATE SKIP LOCKED);
+            END IF;
+        END LOOP;
         -- (after the last lane held, counting from there: the lanes before
         -- it were looked at by earlier searches, and those that ran dry were
         -- handed back; looking at them first again would cost every search)
@@ -630,6 +684,7 @@ BEGIN
            SET epoch = CASE WHEN x.lane = ANY (v_acquired) THEN x.epoch + 1 ELSE x.epoch END,
                lease_owner = p_owner,
                holder = p_holder,
+               holder_live = p_holder_live,
                chain_early = p_chain_early,
                lease_expires_at = v_expires,
                in_flight = CASE WHEN x.lane = ANY (v_acquired) THEN '{}'::bigint[]
@@ -649,13 +704,14 @@ BEGIN
     END LOOP;
     IF cardinality(v_charged) > 0 THEN
         UPDATE @S@.relaybus_lanes x
-           SET epoch = x.epoch + 1, lease_owner = NULL, holder = NULL, lease_expires_at = NULL, in_flight = '{}'
+           SET epoch = x.epoch + 1, lease_owner = NULL, holder = NULL, holder_live = NULL,
+               lease_expires_at = NULL, in_flight = '{}'
          WHERE x.handler = p_handler AND x.lane = ANY (v_charged) AND NOT (x.lane = ANY (v_used));
     END IF;
     v_back := ARRAY(SELECT u FROM unnest(v_scanned) u WHERE NOT (u = ANY (v_used)));
     IF cardinality(v_back) > 0 THEN
         UPDATE @S@.relaybus_lanes x
-           SET lease_owner = NULL, holder = NULL, lease_expires_at = NULL, in_flight = '{}'
+           SET lease_owner = NULL, holder = NULL, holder_live = NULL, lease_expires_at = NULL, in_flight = '{}'
          WHERE x.handler = p_handler AND x.lane = ANY (v_back) AND x.lease_owner = p_owner
            AND x.holder IS NOT DISTINCT FROM p_holder
            AND CASE WHEN v_lc IS NULL THEN NOT (x.in_flight && v_live)
@@ -674,10 +730,11 @@ END $$;
 -- what one types in psql).
 DROP FUNCTION IF EXISTS @S@.relaybus_claim(text, text, integer, bigint, integer, bigint[], boolean, integer);
 DROP FUNCTION IF EXISTS @S@.relaybus_claim(text, text, integer, bigint, integer, bigint[], boolean, integer, smallint[]);
+DROP FUNCTION IF EXISTS @S@.relaybus_claim(text, text, integer, bigint, integer, bigint[], boolean, integer, smallint[], bigint, boolean);
 CREATE OR REPLACE FUNCTION @S@.relaybus_claim(
     p_handler text, p_owner text, p_batch integer, p_lease_ms bigint, p_max_attempts integer,
     p_live bigint[], p_search boolean, p_chain integer, p_live_lanes smallint[] DEFAULT NULL,
-    p_holder bigint DEFAULT NULL, p_chain_early boolean DEFAULT false)
+    p_holder bigint DEFAULT NULL, p_chain_early boolean DEFAULT false, p_holder_live boolean DEFAULT false)
 RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigint, claims integer,
                attempts integer, name text, key text, sequence bigint, payload jsonb, headers jsonb,
                created_at text)
@@ -697,7 +754,7 @@ BEGIN
       INTO v_id, v_ev, v_h, v_lane, v_epoch, v_claims, v_att, v_seq, v_ts
       FROM @S@.relaybus_claim_ids(p_handler, p_owner, p_batch, p_lease_ms, p_max_attempts,
                                   p_live, p_search, p_chain, p_live_lanes, p_holder,
-                                  p_chain_early) WITH ORDINALITY c(id, event_id, handler,
+                                  p_chain_early, p_holder_live) WITH ORDINALITY c(id, event_id, handler,
                                   lane, epoch, claims, attempts, sequence, created_at, o);
     RETURN QUERY
         SELECT c.id, c.event_id, c.handler, c.lane, c.epoch, c.claims, c.attempts,

@@ -52,6 +52,7 @@ static const struct {
 	{ offsetof(struct pg_be, q_relinquish_owner), pg_tmpl_relinquish_owner },
 	{ offsetof(struct pg_be, q_relinquish_leases), pg_tmpl_relinquish_leases },
 	{ offsetof(struct pg_be, q_lock_lane), pg_tmpl_lock_lane },
+	{ offsetof(struct pg_be, q_hold), pg_tmpl_hold },
 };
 #define N_STATEMENTS	(sizeof pg_statements / sizeof pg_statements[0])
 
@@ -67,6 +68,7 @@ static int
 pg_connect(struct rb_store *s, struct rb_error *err)
 {
 	pg_be(s)->prepared = 0;
+	pg_be(s)->live = PG_LIVE_UNTRIED;	/* a session lock goes with its session */
 	return pg_connect_to(s, &pg_be(s)->conn, err);
 }
 

@@ -277,6 +277,8 @@ maybe_claim(struct dispatcher *dp, int64_t now)
 	/* followers start early (finish_slot) unless the handler is the
 	 * completion (--sql): the claim's takeover rule must be the same */
 	claim.chain_early = dp->opt.complete.sql == NULL;
+	/* rb-dispatch outlives its claims: its death can be seen at once */
+	claim.liveness = true;
 	/* (never NULL: NULL would mean "unknown", and the claim would take
 	 * whatever a lane lists as in flight for running) */
 	claim.live = dp->live != NULL ? dp->live : (const int64_t[]){ 0 };
