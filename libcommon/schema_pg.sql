@@ -324,7 +324,10 @@ RETURNS TABLE (id bigint, event_id text, claims integer, attempts integer, seque
 -- over 256 held lanes went from 1.3 to 0.7 ms).  Every scan here is meant to go
 -- through an index: relaybus_claim runs with enable_seqscan off, which the
 -- inlined query inherits (a table created moments ago has no statistics,
--- and a seq scan inside the nested loop would turn 3 ms into 30 ms)
+-- and a seq scan inside the nested loop would turn 3 ms into 30 ms), and
+-- with jit off: enable_seqscan off adds 1e10 to the cost of any seq scan
+-- left, far above jit_above_cost, and compiling costs a claim 10-100 ms
+-- (Debian's PostgreSQL 15 has jit on)
 LANGUAGE sql STABLE AS $$
     (SELECT d.id, d.event_id, d.claims, d.attempts, d.sequence, d.created_at FROM @S@.relaybus_deliveries d
       WHERE d.handler = p_handler AND d.lane = p_lane AND d.status = 'pending' AND d.key IS NULL
@@ -418,7 +421,7 @@ CREATE OR REPLACE FUNCTION @S@.relaybus_claim_ids(
     p_holder bigint DEFAULT NULL, p_chain_early boolean DEFAULT false, p_holder_live boolean DEFAULT false)
 RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigint, claims integer,
                attempts integer, sequence bigint, created_at text)
-LANGUAGE plpgsql SET enable_seqscan = off AS $$
+LANGUAGE plpgsql SET enable_seqscan = off SET jit = off AS $$
 DECLARE
     v_now      timestamptz := clock_timestamp();
     v_expires  timestamptz := v_now + p_lease_ms * interval '1 millisecond';
@@ -582,12 +585,17 @@ BEGIN
                  WHERE NOT (g.ln = ANY (v_held))
                    AND y.handler = p_handler AND y.lane = g.ln
                    AND (y.lease_owner IS NULL OR y.lease_expires_at <= v_now)
+                   -- (OFFSET 0: a probe per lane, always.  Without it the
+                   -- planner may run an EXISTS as a hashed subplan, which
+                   -- reads every due delivery of the handler: it did when
+                   -- the statistics said the table was empty, 9,000 rows
+                   -- and 30 ms for a claim of 4, until the next analyze)
                    AND (EXISTS (SELECT 1 FROM @S@.relaybus_deliveries d
                                  WHERE d.handler = p_handler AND d.lane = y.lane AND d.key IS NULL
-                                   AND d.status = 'pending' AND d.available_at <= v_now)
+                                   AND d.status = 'pending' AND d.available_at <= v_now OFFSET 0)
                         OR EXISTS (SELECT 1 FROM @S@.relaybus_deliveries d
                                  WHERE d.handler = p_handler AND d.lane = y.lane AND d.key IS NOT NULL
-                                   AND d.status = 'pending' AND d.available_at <= v_now))
+                                   AND d.status = 'pending' AND d.available_at <= v_now OFFSET 0))
                  FOR UPDATE SKIP LOCKED) x
              LIMIT v_take
         LOOP
@@ -613,7 +621,8 @@ BEGIN
                         SELECT 1 FROM @S@.relaybus_deliveries e
                          WHERE e.handler = d.handler AND e.lane = d.lane AND e.key = d.key
                            AND e.status = 'pending' AND e.sequence < d.sequence
-                           AND (NOT l.chain_early OR e.attempts > 0 OR NOT (e.id = ANY (l.in_flight)))));
+                           AND (NOT l.chain_early OR e.attempts > 0 OR NOT (e.id = ANY (l.in_flight)))
+                         OFFSET 0));
                 v_charged := v_charged || l.lane;
             END IF;
             v_new := v_new || l.lane;
@@ -742,7 +751,7 @@ RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigi
 -- claim; one statement would read them with the snapshot it began with,
 -- older than the claim's own, and leave out a delivery whose event was
 -- committed in between: claimed, in flight, and never returned)
-LANGUAGE plpgsql SET enable_seqscan = off AS $$
+LANGUAGE plpgsql SET enable_seqscan = off SET jit = off AS $$
 DECLARE
     v_id bigint[]; v_ev text[]; v_h text[]; v_lane smallint[]; v_epoch bigint[];
     v_claims integer[]; v_att integer[]; v_seq bigint[]; v_ts text[];
@@ -774,7 +783,7 @@ CREATE OR REPLACE FUNCTION @S@.relaybus_fail(
     p_claims integer[], p_kinds text[], p_retry_ms bigint[], p_errors text[],
     p_max_attempts integer, p_base_ms bigint, p_max_ms bigint, p_factor double precision)
 RETURNS TABLE (ord integer, outcome text, attempts integer, missing boolean)
-LANGUAGE plpgsql SET enable_seqscan = off AS $$
+LANGUAGE plpgsql SET enable_seqscan = off SET jit = off AS $$
 DECLARE
     i     integer;
     v_id  bigint;
@@ -840,7 +849,7 @@ CREATE OR REPLACE FUNCTION @S@.relaybus_claim(
 RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigint, claims integer,
                attempts integer, name text, key text, sequence bigint, payload jsonb, headers jsonb,
                created_at text)
-LANGUAGE sql AS $$
+LANGUAGE sql SET jit = off AS $$
     SELECT * FROM @S@.relaybus_claim(p_handler, p_owner, p_batch, p_lease_ms, p_max_attempts, NULL::bigint[], true, 1)
 $$;
 

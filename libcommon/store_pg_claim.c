@@ -35,7 +35,8 @@ const char pg_tmpl_claim_ids[] = "SELECT id, event_id, handler, lane, epoch, cla
 /* the events of what a claim took, on the second connection, by the
  * position of their event id in $1 (the connection runs with
  * enable_seqscan off, as the claim does: young tables have no
- * statistics) */
+ * statistics; and with jit off, as the claim does: see
+ * relaybus_lane_candidates) */
 const char pg_tmpl_fetch[] =
     "SELECT p.o, e.name, e.key, e.payload::text, e.headers::text "
     "FROM unnest($1::text[]) WITH ORDINALITY p(eid, o) "
@@ -377,7 +378,7 @@ fetch_start(struct rb_store *s, struct pg_claimed got)
 
 	/* (with enable_seqscan off, as the claim runs: young tables have no
 	 * statistics; opening it forgets what was out there: nothing) */
-	if (pg_open_side(s, &be->conn2, pg_close_conn2, "SET enable_seqscan = off", "fetch", &err) < 0) {
+	if (pg_open_side(s, &be->conn2, pg_close_conn2, "SET enable_seqscan = off; SET jit = off", "fetch", &err) < 0) {
 		int dropped = (int)got.n;
 
 		claimed_free(&got);
