@@ -99,11 +99,11 @@ now_ms() { date +%s%3N; }
   need_pg
   local a=$BATS_TEST_TMPDIR/a.out b=$BATS_TEST_TMPDIR/b.out
   publish 4 s slow
-  rb-dispatch -H slow --lease 1s -c 4 --exec "rb-test-exec $a sleep:4" 2>"$BATS_TEST_TMPDIR/a.err" 3>&- & PIDS=$!
+  rb-dispatch -H slow --lease 2s -c 4 --exec "rb-test-exec $a sleep:7" 2>"$BATS_TEST_TMPDIR/a.err" 3>&- & PIDS=$!
   wait_for 20 '[ "$(lines "$a.start")" = 4 ]'
   # a second dispatcher looks for work every 50 ms while the first one's
-  # handlers run four times its lease
-  rb-dispatch -H slow --lease 1s -c 4 --poll 50ms --exec "rb-test-exec $b ok" 2>"$BATS_TEST_TMPDIR/b.err" 3>&- &
+  # handlers run three times its lease and more
+  rb-dispatch -H slow --lease 2s -c 4 --poll 50ms --exec "rb-test-exec $b ok" 2>"$BATS_TEST_TMPDIR/b.err" 3>&- &
   PIDS="$PIDS $!"
   wait_for 20 '[ "$(lines "$a")" = 4 ]'
   wait_for 10 '[ "$(pending slow)" = 0 ]'
