@@ -219,6 +219,13 @@ struct rb_claim_opts {
 	 * attempt. */
 	int		 chain;
 	bool		 chain_early;
+	/* a long-lived holder (rb-dispatch): PostgreSQL keeps a session lock
+	 * of this process's holder on the connection, taken again after every
+	 * reconnect, so that another claimer can take the lanes over about
+	 * 1.5 s after this process died instead of when their lease ends.
+	 * Not for a claim whose deliveries are completed by another process
+	 * after it exits (rb-claim | ... | rb-complete).  Ignored by MongoDB. */
+	bool		 liveness;
 };
 #define RB_LINE_TEXT_KEY	"_line"
 

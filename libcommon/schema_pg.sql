@@ -86,6 +86,12 @@ ALTER TABLE @S@.relaybus_lanes ADD COLUMN IF NOT EXISTS chain_early boolean;
 ALTER TABLE @S@.relaybus_lanes ADD COLUMN IF NOT EXISTS failed bigint NOT NULL DEFAULT 0;
 ALTER TABLE @S@.relaybus_lanes ADD COLUMN IF NOT EXISTS buried bigint NOT NULL DEFAULT 0;
 ALTER TABLE @S@.relaybus_lanes ADD COLUMN IF NOT EXISTS completed_purged bigint NOT NULL DEFAULT 0;
+-- holder_live: the holder keeps the session-level advisory lock whose key
+-- is the holder (relaybus_hold), so a claimer can tell a dead holder from
+-- a live one long before the lease ends (relaybus_claim_ids, step 2).
+-- NULL or false: the lease alone decides (rb-claim | ... | rb-complete,
+-- relaybus.liveness off, a session that could not take the lock).
+ALTER TABLE @S@.relaybus_lanes ADD COLUMN IF NOT EXISTS holder_live boolean;
 -- (relaybus 0.1 made it 50: a lane row grows from 60 bytes to 600 with
 -- its in-flight ids, and at 40 rows to a page its updates stopped being HOT)
 ALTER TABLE @S@.relaybus_lanes SET (fillfactor = 10);
@@ -113,6 +119,27 @@ $$ SELECT to_char(t AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"') $$;
 
 -- relaybus_lane(text), the lane of a delivery, is in lane_pg.sql: rb-setup
 -- runs it before this script (the 0.1.0 upgrade fills lanes with it).
+
+-- Take the liveness lock of holder p_holder for this session (a
+-- long-lived holder, rb-dispatch, calls it on every new connection before
+-- it renews): true when held, false when it could not be had within
+-- 250 ms (the backend of this holder's previous connection may not have
+-- ended yet, or a claimer is probing it: try again later), NULL when the
+-- setting relaybus.liveness is off (a transaction-pooling PgBouncer,
+-- where a session lock would stay on a server connection shared by
+-- others: ALTER ROLE app SET relaybus.liveness = off).  The lock is
+-- pg_advisory_lock(p_holder); holders are random 63-bit numbers.
+CREATE OR REPLACE FUNCTION @S@.relaybus_hold(p_holder bigint) RETURNS boolean
+LANGUAGE plpgsql SET lock_timeout = '250ms' AS $$
+BEGIN
+    IF coalesce(lower(current_setting('relaybus.liveness', true)), '') IN ('off', 'false', '0', 'no') THEN
+        RETURN NULL;
+    END IF;
+    PERFORM pg_advisory_lock(p_holder);
+    RETURN true;
+EXCEPTION WHEN lock_not_available THEN
+    RETURN false;
+END $$;
 
 CREATE OR REPLACE FUNCTION @S@.relaybus_seed_lanes(p_handler text) RETURNS void
 LANGUAGE sql AS $$
@@ -307,7 +334,10 @@ RETURNS TABLE (id bigint, event_id text, claims integer, attempts integer, seque
 -- over 256 held lanes went from 1.3 to 0.7 ms).  Every scan here is meant to go
 -- through an index: relaybus_claim runs with enable_seqscan off, which the
 -- inlined query inherits (a table created moments ago has no statistics,
--- and a seq scan inside the nested loop would turn 3 ms into 30 ms)
+-- and a seq scan inside the nested loop would turn 3 ms into 30 ms), and
+-- with jit off: enable_seqscan off adds 1e10 to the cost of any seq scan
+-- left, far above jit_above_cost, and compiling costs a claim 10-100 ms
+-- (Debian's PostgreSQL 15 has jit on)
 LANGUAGE sql STABLE AS $$
     (SELECT d.id, d.event_id, d.claims, d.attempts, d.sequence, d.created_at FROM @S@.relaybus_deliveries d
       WHERE d.handler = p_handler AND d.lane = p_lane AND d.status = 'pending' AND d.key IS NULL
@@ -376,6 +406,14 @@ $$;
 -- is someone else's until its lease expires, and is then taken over like
 -- any other.  NULL (a claim typed in psql) matches lanes held without one.
 -- p_chain_early: see p_chain.
+-- p_holder_live: this session holds p_holder's liveness lock
+-- (relaybus_hold); the lanes this claim writes say so (holder_live).
+-- A claim that looks for more lanes probes the liveness lock of every
+-- other holder that has one: a free lock means its process died (or its
+-- connection dropped: it takes the lock again and renews at once), and
+-- the lease of its lanes is cut to c_grace from now, not taken at once.
+-- A live holder's renewal restores it; a dead holder's lanes are free
+-- when it ends and are taken over like any expired lane.
 --
 -- relaybus_claim_ids returns the claimed delivery rows with their lane's
 -- epoch, in the order to start them (each lane's together, a key's in
@@ -386,13 +424,14 @@ $$;
 DROP FUNCTION IF EXISTS @S@.relaybus_claim_ids(text, text, integer, bigint, integer, bigint[], boolean, integer);
 DROP FUNCTION IF EXISTS @S@.relaybus_claim_ids(text, text, integer, bigint, integer, bigint[], boolean, integer, smallint[]);
 DROP FUNCTION IF EXISTS @S@.relaybus_deliveries_by_id(bigint[], bigint[]);
+DROP FUNCTION IF EXISTS @S@.relaybus_claim_ids(text, text, integer, bigint, integer, bigint[], boolean, integer, smallint[], bigint, boolean);
 CREATE OR REPLACE FUNCTION @S@.relaybus_claim_ids(
     p_handler text, p_owner text, p_batch integer, p_lease_ms bigint, p_max_attempts integer,
     p_live bigint[], p_search boolean, p_chain integer, p_live_lanes smallint[],
-    p_holder bigint DEFAULT NULL, p_chain_early boolean DEFAULT false)
+    p_holder bigint DEFAULT NULL, p_chain_early boolean DEFAULT false, p_holder_live boolean DEFAULT false)
 RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigint, claims integer,
                attempts integer, sequence bigint, created_at text)
-LANGUAGE plpgsql SET enable_seqscan = off AS $$
+LANGUAGE plpgsql SET enable_seqscan = off SET jit = off AS $$
 DECLARE
     v_now      timestamptz := clock_timestamp();
     v_expires  timestamptz := v_now + p_lease_ms * interval '1 millisecond';
@@ -450,6 +489,8 @@ DECLARE
     v_po       integer[] := array_fill(1, ARRAY[256], ARRAY[0]);
     v_pc       integer[] := array_fill(0, ARRAY[256], ARRAY[0]);
     v_back     smallint[];
+    -- what is left of a lease whose holder's liveness lock is free
+    c_grace    CONSTANT interval := interval '1500 milliseconds';
     l          record;
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM @S@.relaybus_lanes x WHERE x.handler = p_handler AND x.lane = 0) THEN
@@ -518,6 +559,22 @@ BEGIN
     -- spread over the lanes); none when this owner holds them all, which
     -- costs one scan of the lane rows instead of 256 probes
     IF cardinality(v_picked) < p_batch AND (p_search OR cardinality(v_held) = 0) THEN
+        -- the holders with a liveness lock whose lock is free: their
+        -- leases end c_grace from now (a probe of one shared lock per
+        -- holder, released when this transaction ends; lane rows some
+        -- transaction has locked are left for the next claim)
+        FOR l IN SELECT DISTINCT y.holder FROM @S@.relaybus_lanes y
+                  WHERE y.handler = p_handler AND y.holder_live AND y.holder IS DISTINCT FROM p_holder
+                    AND y.lease_expires_at > v_now + c_grace LOOP
+            IF pg_try_advisory_xact_lock_shared(l.holder) THEN
+                UPDATE @S@.relaybus_lanes x SET lease_expires_at = v_now + c_grace
+                 WHERE x.handler = p_handler AND x.lane IN (
+                        SELECT y.lane FROM @S@.relaybus_lanes y
+                         WHERE y.handler = p_handler AND y.holder = l.holder AND y.holder_live
+                           AND y.lease_expires_at > v_now + c_grace
+                         FOR NO KEY UPDATE SKIP LOCKED);
+            END IF;
+        END LOOP;
         -- (after the last lane held, counting from there: the lanes before
         -- it were looked at by earlier searches, and those that ran dry were
         -- handed back; looking at them first again would cost every search)
@@ -542,12 +599,17 @@ BEGIN
                  WHERE NOT (g.ln = ANY (v_held))
                    AND y.handler = p_handler AND y.lane = g.ln
                    AND (y.lease_owner IS NULL OR y.lease_expires_at <= v_now)
+                   -- (OFFSET 0: a probe per lane, always.  Without it the
+                   -- planner may run an EXISTS as a hashed subplan, which
+                   -- reads every due delivery of the handler: it did when
+                   -- the statistics said the table was empty, 9,000 rows
+                   -- and 30 ms for a claim of 4, until the next analyze)
                    AND (EXISTS (SELECT 1 FROM @S@.relaybus_deliveries d
                                  WHERE d.handler = p_handler AND d.lane = y.lane AND d.key IS NULL
-                                   AND d.status = 'pending' AND d.available_at <= v_now)
+                                   AND d.status = 'pending' AND d.available_at <= v_now OFFSET 0)
                         OR EXISTS (SELECT 1 FROM @S@.relaybus_deliveries d
                                  WHERE d.handler = p_handler AND d.lane = y.lane AND d.key IS NOT NULL
-                                   AND d.status = 'pending' AND d.available_at <= v_now))
+                                   AND d.status = 'pending' AND d.available_at <= v_now OFFSET 0))
                  FOR UPDATE SKIP LOCKED) x
              LIMIT v_take
         LOOP
@@ -574,7 +636,8 @@ BEGIN
                         SELECT 1 FROM @S@.relaybus_deliveries e
                          WHERE e.handler = d.handler AND e.lane = d.lane AND e.key = d.key
                            AND e.status = 'pending' AND e.sequence < d.sequence
-                           AND (NOT l.chain_early OR e.attempts > 0 OR NOT (e.id = ANY (l.in_flight)))))
+                           AND (NOT l.chain_early OR e.attempts > 0 OR NOT (e.id = ANY (l.in_flight)))
+                         OFFSET 0))
                 RETURNING d.status)
                 SELECT count(*), count(*) FILTER (WHERE c.status = 'dead') INTO v_nf, v_nb FROM c;
                 IF v_nf > 0 THEN
@@ -656,6 +719,7 @@ BEGIN
            SET epoch = CASE WHEN x.lane = ANY (v_acquired) THEN x.epoch + 1 ELSE x.epoch END,
                lease_owner = p_owner,
                holder = p_holder,
+               holder_live = p_holder_live,
                chain_early = p_chain_early,
                lease_expires_at = v_expires,
                failed = x.failed + coalesce(v_cf[x.lane], 0),
@@ -677,14 +741,15 @@ BEGIN
     END LOOP;
     IF cardinality(v_charged) > 0 THEN
         UPDATE @S@.relaybus_lanes x
-           SET epoch = x.epoch + 1, lease_owner = NULL, holder = NULL, lease_expires_at = NULL, in_flight = '{}',
+           SET epoch = x.epoch + 1, lease_owner = NULL, holder = NULL, holder_live = NULL,
+               lease_expires_at = NULL, in_flight = '{}',
                failed = x.failed + coalesce(v_cf[x.lane], 0), buried = x.buried + coalesce(v_cb[x.lane], 0)
          WHERE x.handler = p_handler AND x.lane = ANY (v_charged) AND NOT (x.lane = ANY (v_used));
     END IF;
     v_back := ARRAY(SELECT u FROM unnest(v_scanned) u WHERE NOT (u = ANY (v_used)));
     IF cardinality(v_back) > 0 THEN
         UPDATE @S@.relaybus_lanes x
-           SET lease_owner = NULL, holder = NULL, lease_expires_at = NULL, in_flight = '{}'
+           SET lease_owner = NULL, holder = NULL, holder_live = NULL, lease_expires_at = NULL, in_flight = '{}'
          WHERE x.handler = p_handler AND x.lane = ANY (v_back) AND x.lease_owner = p_owner
            AND x.holder IS NOT DISTINCT FROM p_holder
            AND CASE WHEN v_lc IS NULL THEN NOT (x.in_flight && v_live)
@@ -703,10 +768,11 @@ END $$;
 -- what one types in psql).
 DROP FUNCTION IF EXISTS @S@.relaybus_claim(text, text, integer, bigint, integer, bigint[], boolean, integer);
 DROP FUNCTION IF EXISTS @S@.relaybus_claim(text, text, integer, bigint, integer, bigint[], boolean, integer, smallint[]);
+DROP FUNCTION IF EXISTS @S@.relaybus_claim(text, text, integer, bigint, integer, bigint[], boolean, integer, smallint[], bigint, boolean);
 CREATE OR REPLACE FUNCTION @S@.relaybus_claim(
     p_handler text, p_owner text, p_batch integer, p_lease_ms bigint, p_max_attempts integer,
     p_live bigint[], p_search boolean, p_chain integer, p_live_lanes smallint[] DEFAULT NULL,
-    p_holder bigint DEFAULT NULL, p_chain_early boolean DEFAULT false)
+    p_holder bigint DEFAULT NULL, p_chain_early boolean DEFAULT false, p_holder_live boolean DEFAULT false)
 RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigint, claims integer,
                attempts integer, name text, key text, sequence bigint, payload jsonb, headers jsonb,
                created_at text)
@@ -714,7 +780,7 @@ RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigi
 -- claim; one statement would read them with the snapshot it began with,
 -- older than the claim's own, and leave out a delivery whose event was
 -- committed in between: claimed, in flight, and never returned)
-LANGUAGE plpgsql SET enable_seqscan = off AS $$
+LANGUAGE plpgsql SET enable_seqscan = off SET jit = off AS $$
 DECLARE
     v_id bigint[]; v_ev text[]; v_h text[]; v_lane smallint[]; v_epoch bigint[];
     v_claims integer[]; v_att integer[]; v_seq bigint[]; v_ts text[];
@@ -726,7 +792,7 @@ BEGIN
       INTO v_id, v_ev, v_h, v_lane, v_epoch, v_claims, v_att, v_seq, v_ts
       FROM @S@.relaybus_claim_ids(p_handler, p_owner, p_batch, p_lease_ms, p_max_attempts,
                                   p_live, p_search, p_chain, p_live_lanes, p_holder,
-                                  p_chain_early) WITH ORDINALITY c(id, event_id, handler,
+                                  p_chain_early, p_holder_live) WITH ORDINALITY c(id, event_id, handler,
                                   lane, epoch, claims, attempts, sequence, created_at, o);
     RETURN QUERY
         SELECT c.id, c.event_id, c.handler, c.lane, c.epoch, c.claims, c.attempts,
@@ -746,7 +812,7 @@ CREATE OR REPLACE FUNCTION @S@.relaybus_fail(
     p_claims integer[], p_kinds text[], p_retry_ms bigint[], p_errors text[],
     p_max_attempts integer, p_base_ms bigint, p_max_ms bigint, p_factor double precision)
 RETURNS TABLE (ord integer, outcome text, attempts integer, missing boolean)
-LANGUAGE plpgsql SET enable_seqscan = off AS $$
+LANGUAGE plpgsql SET enable_seqscan = off SET jit = off AS $$
 DECLARE
     i     integer;
     v_id  bigint;
@@ -814,7 +880,7 @@ CREATE OR REPLACE FUNCTION @S@.relaybus_claim(
 RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigint, claims integer,
                attempts integer, name text, key text, sequence bigint, payload jsonb, headers jsonb,
                created_at text)
-LANGUAGE sql AS $$
+LANGUAGE sql SET jit = off AS $$
     SELECT * FROM @S@.relaybus_claim(p_handler, p_owner, p_batch, p_lease_ms, p_max_attempts, NULL::bigint[], true, 1)
 $$;
 
@@ -901,10 +967,12 @@ END $$;
 -- handlers once per call (per batch, not per row).  The programs take
 -- them, and the other relaybus_worker_* and lane functions below, when
 -- the session's user lacks the owner's privileges (store_pg.c).
+DROP FUNCTION IF EXISTS @S@.relaybus_worker_claim(text, text, integer, bigint, integer, bigint[], boolean, integer,
+    smallint[], bigint, boolean);
 CREATE OR REPLACE FUNCTION @S@.relaybus_worker_claim(
     p_handler text, p_owner text, p_batch integer, p_lease_ms bigint, p_max_attempts integer,
     p_live bigint[], p_search boolean, p_chain integer, p_live_lanes smallint[] DEFAULT NULL,
-    p_holder bigint DEFAULT NULL, p_chain_early boolean DEFAULT false)
+    p_holder bigint DEFAULT NULL, p_chain_early boolean DEFAULT false, p_holder_live boolean DEFAULT false)
 RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigint, claims integer,
                attempts integer, name text, key text, sequence bigint, payload jsonb, headers jsonb,
                created_at text)
@@ -912,20 +980,22 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = @S@, pg_temp AS $$
 BEGIN
     PERFORM @S@.relaybus_check('{worker}', ARRAY[p_handler]);  -- (rb-setup --grant worker=ROLE:HANDLER)
     RETURN QUERY SELECT * FROM @S@.relaybus_claim(p_handler, p_owner, p_batch, p_lease_ms, p_max_attempts,
-        p_live, p_search, p_chain, p_live_lanes, p_holder, p_chain_early);
+        p_live, p_search, p_chain, p_live_lanes, p_holder, p_chain_early, p_holder_live);
 END $$;
 
+DROP FUNCTION IF EXISTS @S@.relaybus_worker_claim_ids(text, text, integer, bigint, integer, bigint[], boolean,
+    integer, smallint[], bigint, boolean);
 CREATE OR REPLACE FUNCTION @S@.relaybus_worker_claim_ids(
     p_handler text, p_owner text, p_batch integer, p_lease_ms bigint, p_max_attempts integer,
     p_live bigint[], p_search boolean, p_chain integer, p_live_lanes smallint[],
-    p_holder bigint DEFAULT NULL, p_chain_early boolean DEFAULT false)
+    p_holder bigint DEFAULT NULL, p_chain_early boolean DEFAULT false, p_holder_live boolean DEFAULT false)
 RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigint, claims integer,
                attempts integer, sequence bigint, created_at text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = @S@, pg_temp AS $$
 BEGIN
     PERFORM @S@.relaybus_check('{worker}', ARRAY[p_handler]);
     RETURN QUERY SELECT * FROM @S@.relaybus_claim_ids(p_handler, p_owner, p_batch, p_lease_ms, p_max_attempts,
-        p_live, p_search, p_chain, p_live_lanes, p_holder, p_chain_early);
+        p_live, p_search, p_chain, p_live_lanes, p_holder, p_chain_early, p_holder_live);
 END $$;
 
 CREATE OR REPLACE FUNCTION @S@.relaybus_worker_fail(
@@ -1021,15 +1091,17 @@ END $$;
 
 -- Renew every lease p_owner holds (as p_holder) on p_handler's lanes; the
 -- number renewed.
+DROP FUNCTION IF EXISTS @S@.relaybus_extend(text, text, bigint, bigint);
 CREATE OR REPLACE FUNCTION @S@.relaybus_extend(p_handler text, p_owner text, p_lease_ms bigint,
-    p_holder bigint)
+    p_holder bigint, p_holder_live boolean DEFAULT false)
 RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = @S@, pg_temp AS $$
 DECLARE
     n integer;
 BEGIN
     PERFORM @S@.relaybus_check('{worker}', ARRAY[p_handler]);
-    UPDATE @S@.relaybus_lanes SET lease_expires_at = clock_timestamp() + p_lease_ms * interval '1 millisecond'
+    UPDATE @S@.relaybus_lanes SET lease_expires_at = clock_timestamp() + p_lease_ms * interval '1 millisecond',
+           holder_live = p_holder_live
      WHERE handler = p_handler AND lease_owner = p_owner AND holder = p_holder;
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
@@ -1238,7 +1310,7 @@ DECLARE
     c_publisher CONSTANT text[] := '{relaybus_publish,relaybus_publish_batch}';
     c_worker CONSTANT text[] := '{relaybus_worker_claim,relaybus_worker_claim_ids,relaybus_worker_fail,relaybus_complete_batch,'
         'relaybus_extend,relaybus_relinquish,relaybus_relinquish_owner,relaybus_relinquish_leases,'
-        'relaybus_lock_lane,relaybus_delivery_exists,relaybus_complete,relaybus_allowed}';
+        'relaybus_lock_lane,relaybus_delivery_exists,relaybus_complete,relaybus_allowed,relaybus_hold}';
     c_handler CONSTANT text[] := '{relaybus_complete}';
     c_admin CONSTANT text[] := '{relaybus_ts}';
     f   record;

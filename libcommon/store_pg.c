@@ -57,6 +57,7 @@ static const struct {
 	{ offsetof(struct pg_be, q_relinquish_owner), pg_tmpl_relinquish_owner, pg_tmpl_w_relinquish_owner },
 	{ offsetof(struct pg_be, q_relinquish_leases), pg_tmpl_relinquish_leases, pg_tmpl_w_relinquish_leases },
 	{ offsetof(struct pg_be, q_lock_lane), pg_tmpl_lock_lane, pg_tmpl_w_lock_lane },
+	{ offsetof(struct pg_be, q_hold), pg_tmpl_hold, pg_tmpl_hold },
 };
 #define N_STATEMENTS	(sizeof pg_statements / sizeof pg_statements[0])
 
@@ -98,6 +99,7 @@ pg_connect(struct rb_store *s, struct rb_error *err)
 	bool worker;
 
 	be->prepared = 0;
+	be->live = PG_LIVE_UNTRIED;	/* a session lock goes with its session */
 	if (pg_connect_to(s, &be->conn, err) < 0)
 		return -1;
 	if (be->worker_known)

@@ -27,22 +27,28 @@ const char pg_tmpl_claim[] =
     "SELECT id, event_id, handler, lane, epoch, claims, attempts, name, key, sequence, "
     "payload::text, headers::text, created_at "
     "FROM @S@.relaybus_claim($1, $2, $3::integer, $4::bigint, $5::integer, $6::bigint[], $7::boolean, $8::integer, "
-    "$9::smallint[], $10::bigint, $11::boolean)";
+    "$9::smallint[], $10::bigint, $11::boolean, $12::boolean)";
 /* the claim without events, for the second connection to read them */
 const char pg_tmpl_claim_ids[] = "SELECT id, event_id, handler, lane, epoch, claims, attempts, sequence, created_at "
     "FROM @S@.relaybus_claim_ids($1, $2, $3::integer, $4::bigint, $5::integer, $6::bigint[], $7::boolean, $8::integer, "
-    "$9::smallint[], $10::bigint, $11::boolean)";
+    "$9::smallint[], $10::bigint, $11::boolean, $12::boolean)";
 /* the events of what a claim took, on the second connection, by the
  * position of their event id in $1 (the connection runs with
  * enable_seqscan off, as the claim does: young tables have no
- * statistics) */
+ * statistics; and with jit off, as the claim does: see
+ * relaybus_lane_candidates) */
 const char pg_tmpl_fetch[] =
     "SELECT p.o, e.name, e.key, e.payload::text, e.headers::text "
     "FROM unnest($1::text[]) WITH ORDINALITY p(eid, o) "
     "CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_events ee WHERE ee.id = p.eid OFFSET 0) e";
+/* (holder_live: whether this session holds the holder's liveness lock
+ * now; a lane that says so while it does not would be cut short) */
 const char pg_tmpl_extend[] =
-    "UPDATE @S@.relaybus_lanes SET lease_expires_at = clock_timestamp() + $3::bigint * interval '1 millisecond' "
+    "UPDATE @S@.relaybus_lanes SET lease_expires_at = clock_timestamp() + $3::bigint * interval '1 millisecond', "
+    "holder_live = $5::boolean "
     "WHERE handler = $1 AND lease_owner = $2 AND holder = $4::bigint";
+/* the holder's liveness lock for this session (relaybus_hold) */
+const char pg_tmpl_hold[] = "SELECT @S@.relaybus_hold($1::bigint)";
 const char pg_tmpl_relinquish[] =
     "UPDATE @S@.relaybus_lanes x SET lease_owner = NULL, holder = NULL, lease_expires_at = NULL, in_flight = '{}' "
     "WHERE x.handler = $1 AND x.lease_owner = $2 AND x.holder = $3::bigint AND NOT EXISTS ("
@@ -71,15 +77,15 @@ const char pg_tmpl_w_claim[] =
     "SELECT id, event_id, handler, lane, epoch, claims, attempts, name, key, sequence, "
     "payload::text, headers::text, created_at "
     "FROM @S@.relaybus_worker_claim($1, $2, $3::integer, $4::bigint, $5::integer, $6::bigint[], $7::boolean, "
-    "$8::integer, $9::smallint[], $10::bigint, $11::boolean)";
+    "$8::integer, $9::smallint[], $10::bigint, $11::boolean, $12::boolean)";
 const char pg_tmpl_w_claim_ids[] = "SELECT id, event_id, handler, lane, epoch, claims, attempts, sequence, created_at "
     "FROM @S@.relaybus_worker_claim_ids($1, $2, $3::integer, $4::bigint, $5::integer, $6::bigint[], $7::boolean, "
-    "$8::integer, $9::smallint[], $10::bigint, $11::boolean)";
+    "$8::integer, $9::smallint[], $10::bigint, $11::boolean, $12::boolean)";
 const char pg_tmpl_w_fetch[] =
     "SELECT p.o, e.name, e.key, e.payload::text, e.headers::text "
     "FROM unnest($1::text[]) WITH ORDINALITY p(eid, o) "
     "CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_worker_events ee WHERE ee.id = p.eid OFFSET 0) e";
-const char pg_tmpl_w_extend[] = "SELECT @S@.relaybus_extend($1, $2, $3::bigint, $4::bigint)";
+const char pg_tmpl_w_extend[] = "SELECT @S@.relaybus_extend($1, $2, $3::bigint, $4::bigint, $5::boolean)";
 const char pg_tmpl_w_relinquish[] = "SELECT @S@.relaybus_relinquish($1, $2, $3::bigint)";
 const char pg_tmpl_w_relinquish_owner[] = "SELECT @S@.relaybus_relinquish_owner($1, $2, $3::bigint)";
 const char pg_tmpl_w_relinquish_leases[] =
@@ -88,10 +94,10 @@ const char pg_tmpl_w_relinquish_leases[] =
 /* ---- claim --------------------------------------------------------------- */
 
 /* relaybus_claim's parameters: handler, owner, batch, lease, max attempts,
- * live ids, search, chain, live lanes, holder, chain early */
-enum { CLAIM_NPARAMS = 11 };
+ * live ids, search, chain, live lanes, holder, chain early, holder live */
+enum { CLAIM_NPARAMS = 12 };
 
-/* The claim's eleven parameters, from what claim_params keeps for a retry
+/* The claim's twelve parameters, from what claim_params keeps for a retry
  * (the tenth, the holder, is the store's for its whole life). */
 static void
 claim_param_list(const struct pg_be *be, const char *params[CLAIM_NPARAMS])
@@ -104,6 +110,30 @@ claim_param_list(const struct pg_be *be, const char *params[CLAIM_NPARAMS])
 	params[8] = be->claim_lanes_known ? be->claim_live_lanes.s : NULL;
 	params[9] = be->holder;
 	params[10] = be->claim_early ? "true" : "false";
+	params[11] = be->live == PG_LIVE_HELD ? "true" : "false";
+}
+
+/* ---- the liveness lock ---------------------------------------------------- */
+
+/* A long-lived holder (rb_claim_opts.liveness) keeps its liveness lock on
+ * the first connection: taken before the first claim or renewal on every
+ * new connection, tried again before each while it could not be had.
+ * Returns -1 when the connection failed. */
+static int
+live_ensure(struct rb_store *s, struct rb_error *err)
+{
+	struct pg_be *be = pg_be(s);
+	const char *params[1] = { be->holder };
+	PGresult *res;
+
+	if (!be->want_live || be->live == PG_LIVE_HELD || be->live == PG_LIVE_OFF)
+		return 0;
+	if ((res = pg_run(s, be->q_hold, 1, params, PGRES_TUPLES_OK, "hold", true, err)) == NULL)
+		return -1;
+	be->live = PQgetisnull(res, 0, 0) ? PG_LIVE_OFF :
+	    *PQgetvalue(res, 0, 0) == 't' ? PG_LIVE_HELD : PG_LIVE_BUSY;
+	PQclear(res);
+	return 0;
 }
 
 /* The claim's parameters, as text, in be->claim_params (the caller checked
@@ -210,6 +240,9 @@ pg_claim(struct rb_store *s, const struct rb_claim_opts *o, struct rb_dl ***out,
 	PGresult *res;
 	int n;
 
+	be->want_live = o->liveness;
+	if (live_ensure(s, err) < 0)
+		return -1;
 	claim_params(be, o, params);
 	res = pg_run(s, be->q_claim, CLAIM_NPARAMS, params, PGRES_TUPLES_OK, "claim", true, err);
 	if (res == NULL)
@@ -251,6 +284,9 @@ pg_claim_start(struct rb_store *s, const struct rb_claim_opts *o, bool wait, str
 	}
 	if (!pg_claim_ready(s))
 		return rb_seterr(err, RB_EXIT_SOFTWARE, "claim: a statement is out already");
+	be->want_live = o->liveness;
+	if (live_ensure(s, err) < 0)
+		return -1;
 	claim_params(be, o, params);
 	be->claim_tries = 1;
 	/* (with a second connection, it reads the events of what this claim
@@ -371,8 +407,8 @@ fetch_start(struct rb_store *s, struct pg_claimed got)
 	 * statistics; opening it forgets what was out there: nothing) */
 	/* (no session setting behind a transaction pooler: it would stay
 	 * with the server connection, for another client) */
-	if (pg_open_side(s, &be->conn2, pg_close_conn2, be->pooler ? NULL : "SET enable_seqscan = off", "fetch",
-	    &err) < 0) {
+	if (pg_open_side(s, &be->conn2, pg_close_conn2, be->pooler ? NULL : "SET enable_seqscan = off; SET jit = off",
+	    "fetch", &err) < 0) {
 		int dropped = (int)got.n;
 
 		claimed_free(&got);
@@ -489,11 +525,16 @@ pg_extend(struct rb_store *s, const char *handler, const char *owner, int64_t le
     struct rb_error *err)
 {
 	char lease[32];
-	const char *params[4] = { handler, owner, lease, pg_be(s)->holder };
+	const char *params[5] = { handler, owner, lease, pg_be(s)->holder, NULL };
 
 	snprintf(lease, sizeof lease, "%" PRId64, lease_ms);
 	pg_settle(s);
-	return pg_run_affected(s, pg_be(s)->q_extend, 4, params, "extend", err);
+	/* the lock first: a claimer that found it free meanwhile cut the
+	 * lease short, and this renewal is what restores it */
+	if (live_ensure(s, err) < 0)
+		return -1;
+	params[4] = pg_be(s)->live == PG_LIVE_HELD ? "true" : "false";
+	return pg_run_affected(s, pg_be(s)->q_extend, 5, params, "extend", err);
 }
 
 /* ---- handing lanes back -------------------------------------------------- */

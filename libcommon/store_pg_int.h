@@ -58,6 +58,10 @@ struct pg_be {
 	 * open and kept across reconnects: claims, renewals and hand-backs by
 	 * owner name touch only the lanes held under it */
 	char	 holder[24];
+	/* its liveness lock (relaybus_hold) on the first connection: wanted
+	 * (the last claim asked for it), and whether this connection has it */
+	bool	 want_live;
+	enum { PG_LIVE_UNTRIED, PG_LIVE_HELD, PG_LIVE_BUSY, PG_LIVE_OFF } live;
 	bool	 listening;
 	char	*wake_for;	/* rb_store_listen's handler; NULL: any */
 	bool	 woken;		/* a notification for it came, not reported yet */
@@ -74,7 +78,7 @@ struct pg_be {
 	bool	 worker, worker_known;
 	/* rendered statements, built once per store (pg_statements in store_pg.c) */
 	char	*q_publish, *q_claim, *q_claim_ids, *q_fetch, *q_extend, *q_complete, *q_complete_hist,
-		*q_fail, *q_relinquish, *q_relinquish_owner, *q_relinquish_leases, *q_lock_lane;
+		*q_fail, *q_relinquish, *q_relinquish_owner, *q_relinquish_leases, *q_lock_lane, *q_hold;
 	unsigned prepared;		/* hot statements prepared on this connection (bits) */
 	/* the second connection, for reading what a claim took (opened on
 	 * first use), and the third, for completions beside the claims */
@@ -266,7 +270,7 @@ json_t	*pg_jjson(const PGresult *res, int i, int j);
 
 extern const char pg_tmpl_publish[];
 extern const char pg_tmpl_claim[], pg_tmpl_claim_ids[], pg_tmpl_fetch[], pg_tmpl_extend[],
-	pg_tmpl_relinquish[], pg_tmpl_relinquish_owner[], pg_tmpl_relinquish_leases[];
+	pg_tmpl_relinquish[], pg_tmpl_relinquish_owner[], pg_tmpl_relinquish_leases[], pg_tmpl_hold[];
 extern const char pg_tmpl_complete[], pg_tmpl_complete_hist[], pg_tmpl_fail[], pg_tmpl_lock_lane[];
 /* the same for a session without the owner's privileges (pg_be.worker) */
 extern const char pg_tmpl_w_claim[], pg_tmpl_w_claim_ids[], pg_tmpl_w_fetch[], pg_tmpl_w_extend[],

@@ -127,7 +127,7 @@ tables_of() {
   [ "$(q "SELECT count(*) FROM pg_proc p WHERE p.pronamespace = '$RB_SCHEMA'::regnamespace AND p.prosecdef
            AND NOT ('search_path=$RB_SCHEMA, pg_temp' = ANY (p.proconfig) OR 'search_path=\"$RB_SCHEMA\", pg_temp' = ANY (p.proconfig))")" = 0 ]
   [ "$(executes "$R_PUB")" = "relaybus_publish relaybus_publish_batch" ]
-  [ "$(executes "$R_WRK")" = "relaybus_allowed relaybus_complete relaybus_complete_batch relaybus_delivery_exists relaybus_extend relaybus_lock_lane relaybus_relinquish relaybus_relinquish_leases relaybus_relinquish_owner relaybus_worker_claim relaybus_worker_claim_ids relaybus_worker_fail" ]
+  [ "$(executes "$R_WRK")" = "relaybus_allowed relaybus_complete relaybus_complete_batch relaybus_delivery_exists relaybus_extend relaybus_hold relaybus_lock_lane relaybus_relinquish relaybus_relinquish_leases relaybus_relinquish_owner relaybus_worker_claim relaybus_worker_claim_ids relaybus_worker_fail" ]
   [ "$(executes "$R_WM")" = "$(executes "$R_WRK")" ]
   [ "$(executes "$R_HM")" = relaybus_complete ]
   [ "$(executes "$R_ADM")" = relaybus_ts ]

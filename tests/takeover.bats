@@ -1,0 +1,139 @@
+#!/usr/bin/env bats
+# Takeovers at the speed of the fault (PostgreSQL): rb-dispatch keeps a
+# session-level liveness lock; a claimer that finds the lock of a lane's
+# holder free cuts its lease to 1.5 s.  Real processes, kill -9 and
+# pg_terminate_backend.  The handlers in tests/bin record
+# "event_id key seq attempt" per delivery they ran.
+
+load test_helper
+
+setup() {
+  if [ -n "${RELAYBUS_TEST_PG_URL:-}" ]; then
+    drop_schema
+    setup_schema
+  fi
+}
+
+teardown() {
+  local p
+  for p in ${PIDS:-}; do kill -9 "$p" 2>/dev/null || true; done
+  drop_schema
+}
+
+publish() {  # n prefix handler
+  awk -v n="$1" -v p="$2" -v h="$3" 'BEGIN {
+    for (i = 1; i <= n; i++)
+      printf "{\"id\":\"%s%d\",\"name\":\"t\",\"payload\":{\"i\":%d},\"handlers\":[\"%s\"]}\n", p, i, i, h
+  }' | rb-publish -q
+}
+
+wait_for() {  # secs cond...
+  local end=$(( $(date +%s) + $1 )); shift
+  until eval "$*"; do
+    [ "$(date +%s)" -lt "$end" ] || { echo "timed out waiting for: $*" >&2; return 1; }
+    sleep 0.05
+  done
+}
+
+lines() { [ -f "$1" ] && wc -l <"$1" || echo 0; }
+pending() { q "SELECT count(*) FROM relaybus_deliveries WHERE handler = '$1'"; }
+now_ms() { date +%s%3N; }
+
+@test "kill -9 of one of two dispatchers (--lease 30s): the other takes its lanes over in seconds, attempts charged" {
+  pg_only
+  need_pg
+  local a=$BATS_TEST_TMPDIR/a.out b=$BATS_TEST_TMPDIR/b.out t0 t1
+  publish 80 k fast
+  rb-dispatch -H fast --lease 30s -c 4 --exec "rb-test-exec $a sleep:0.05" 2>"$BATS_TEST_TMPDIR/a.err" 3>&- & PIDS=$!
+  rb-dispatch -H fast --lease 30s -c 4 --exec "rb-test-exec $b sleep:0.05" 2>"$BATS_TEST_TMPDIR/b.err" 3>&- &
+  PIDS="$PIDS $!"
+  wait_for 20 '[ "$(lines "$a")" -ge 8 ] && [ "$(lines "$b")" -ge 1 ]'
+  kill -9 "${PIDS%% *}"
+  t0=$(now_ms)
+  # the dead one still holds lanes with work: its lease would keep them 30 s
+  [ "$(q "SELECT count(*) FROM relaybus_lanes WHERE handler = 'fast' AND lease_owner IS NOT NULL
+            AND lease_expires_at > now() + interval '20 seconds'")" -gt 0 ]
+  [ "$(pending fast)" -gt 0 ]
+  wait_for 40 '[ "$(pending fast)" = 0 ]'
+  t1=$(now_ms)
+  echo "nothing pending $((t1 - t0)) ms after the kill" >&3
+  [ $((t1 - t0)) -lt 10000 ]
+  # every event ran; what ran twice ran second on attempt 2 (charged once)
+  [ "$(cat "$a" "$b" | cut -d' ' -f1 | sort -u | wc -l)" = 80 ]
+  [ "$(awk '$4 != 1 && $4 != 2' "$a" "$b" | wc -l)" = 0 ]
+  [ "$(awk '$4 == 2' "$b" | cut -d' ' -f1 | sort | uniq -d | wc -l)" = 0 ]
+}
+
+@test "the backends of one of two dispatchers terminated twice a second while they drain: exact, no attempt charged, no takeover" {
+  pg_only
+  need_pg
+  local out=$BATS_TEST_TMPDIR/t.out url cut=0 n p1 p2
+  case $RELAYBUS_URL in *\?*) url="$RELAYBUS_URL&application_name=rbtermcut" ;; *) url="$RELAYBUS_URL?application_name=rbtermcut" ;; esac
+  publish 300 t termcut
+  rb-dispatch --db "$url" -H termcut --lease 30s -c 4 --drain --exec "rb-test-exec $out sleep:0.05" \
+    2>"$BATS_TEST_TMPDIR/t1.err" 3>&- & p1=$!
+  # the other one, never cut, looks for lanes every 50 ms: it finds the
+  # first one's liveness lock free between a cut and its reconnect
+  rb-dispatch -H termcut --lease 30s -c 4 --drain --poll 50ms --exec "rb-test-exec $out sleep:0.05" \
+    2>"$BATS_TEST_TMPDIR/t2.err" 3>&- & p2=$!
+  PIDS="$p1 $p2"
+  while kill -0 "$p1" 2>/dev/null || kill -0 "$p2" 2>/dev/null; do
+    n=$(q "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+           WHERE application_name = 'rbtermcut' AND pid <> pg_backend_pid()")
+    cut=$((cut + n))
+    sleep 0.5
+  done
+  wait "$p1"
+  wait "$p2"
+  echo "$cut backends terminated" >&3
+  [ "$cut" -ge 3 ]
+  [ "$(grep -c reconnected "$BATS_TEST_TMPDIR/t1.err")" -ge 3 ]
+  [ "$(pending termcut)" = 0 ]
+  [ "$(cut -d' ' -f1 "$out" | sort -u | wc -l)" = 300 ]
+  # each ran once, on its first attempt: no lane was taken over
+  [ "$(wc -l <"$out")" = 300 ]
+  [ "$(awk '$4 != 1' "$out" | wc -l)" = 0 ]
+}
+
+@test "a handler that runs longer than --lease keeps its lane through renewals: a second dispatcher does not take it over" {
+  need_pg
+  local a=$BATS_TEST_TMPDIR/a.out b=$BATS_TEST_TMPDIR/b.out
+  publish 4 s slow
+  rb-dispatch -H slow --lease 2s -c 4 --exec "rb-test-exec $a sleep:7" 2>"$BATS_TEST_TMPDIR/a.err" 3>&- & PIDS=$!
+  wait_for 20 '[ "$(lines "$a.start")" = 4 ]'
+  # a second dispatcher looks for work every 50 ms while the first one's
+  # handlers run three times its lease and more
+  rb-dispatch -H slow --lease 2s -c 4 --poll 50ms --exec "rb-test-exec $b ok" 2>"$BATS_TEST_TMPDIR/b.err" 3>&- &
+  PIDS="$PIDS $!"
+  wait_for 20 '[ "$(lines "$a")" = 4 ]'
+  wait_for 10 '[ "$(pending slow)" = 0 ]'
+  [ "$(lines "$b")" = 0 ]
+  [ "$(awk '$4 != 1' "$a" | wc -l)" = 0 ]
+}
+
+# A dispatcher (ARGS... before the handler form) takes 4 deliveries with a
+# handler that runs 60 s, and is killed; rb-claim claims at once, then
+# again 2 s later.  Prints what the second claim took.
+claim_after_kill() {  # handler [rb-dispatch args]
+  local h=$1 out=$BATS_TEST_TMPDIR/$1.out; shift
+  publish 4 "$h" "$h"
+  # (its handlers outlive it: none may hold the caller's $(...) open)
+  rb-dispatch "$@" -H "$h" --lease 30s -c 4 --exec "rb-test-exec $out sleep:60" >/dev/null 2>&1 3>&- & PIDS=$!
+  wait_for 20 '[ "$(lines "$out.start")" = 4 ]'
+  kill -9 "$PIDS"
+  rb-claim -q -H "$h" >/dev/null || true
+  sleep 2
+  rb-claim -q -H "$h" | wc -l
+}
+
+@test "rb-claim takes a killed dispatcher's lanes over after 1.5 s; with relaybus.liveness off (transaction pooling) only after the lease" {
+  pg_only
+  need_pg
+  [ "$(claim_after_kill live)" = 4 ]
+  [ "$(q "SELECT count(*) FROM relaybus_deliveries WHERE handler = 'live' AND attempts = 1")" = 4 ]
+  local url
+  case $RELAYBUS_URL in *\?*) url="$RELAYBUS_URL&options=-c%20relaybus.liveness%3Doff" ;; *) url="$RELAYBUS_URL?options=-c%20relaybus.liveness%3Doff" ;; esac
+  [ "$(claim_after_kill pooled --db "$url")" = 0 ]
+  [ "$(q "SELECT count(*) FROM relaybus_lanes WHERE handler = 'pooled' AND lease_owner IS NOT NULL
+            AND lease_expires_at > now() + interval '20 seconds'")" -gt 0 ]
+}
