@@ -128,8 +128,14 @@ live_ensure(struct rb_store *s, struct rb_error *err)
 
 	if (!be->want_live || be->live == PG_LIVE_HELD || be->live == PG_LIVE_OFF)
 		return 0;
-	if ((res = pg_run(s, be->q_hold, 1, params, PGRES_TUPLES_OK, "hold", true, err)) == NULL)
-		return -1;
+	if ((res = pg_run(s, be->q_hold, 1, params, PGRES_TUPLES_OK, "hold", true, err)) == NULL) {
+		/* a role that may not take it (not a worker): the lease rule,
+		 * and the claim says what the role may not do */
+		if (err->exit_code != RB_EXIT_NOPERM)
+			return -1;
+		be->live = PG_LIVE_OFF;
+		return 0;
+	}
 	be->live = PQgetisnull(res, 0, 0) ? PG_LIVE_OFF :
 	    *PQgetvalue(res, 0, 0) == 't' ? PG_LIVE_HELD : PG_LIVE_BUSY;
 	PQclear(res);
