@@ -27,12 +27,12 @@ struct res {
 	const char	*event_id, *handler;
 	struct rb_lease	 l;
 	int64_t		 id;		/* 0: not given */
-	int		 kind;		/* 0 ok, 1 retry, 2 bury, 3 release */
+	enum rb_verdict	 verdict;
 	/* found in the transaction */
 	bool		 exists, fenced;
 	int64_t		 did;
 	int		 attempts;
-	const char	*outcome;
+	enum rb_outcome	 outcome;
 	int		 new_attempts;
 };
 
@@ -232,27 +232,27 @@ fail_txn(mongoc_client_session_t *cs, void *ctx, bson_error_t *e)
 		bson_t *q, u = BSON_INITIALIZER, set, inc;
 		char id[128];
 
-		r->outcome = "lost";
+		r->outcome = RB_OUTCOME_LOST;
 		if (!r->fenced)
 			continue;
 		q = BCON_NEW("_id", BCON_INT64(r->did), "claims", BCON_INT64(r->l.claims));
 		BSON_APPEND_DOCUMENT_BEGIN(&u, "$inc", &inc);
 		BSON_APPEND_INT64(&inc, "claims", 1);
-		if (r->kind != 3)
+		if (r->verdict != RB_VERDICT_RELEASE)
 			BSON_APPEND_INT32(&inc, "attempts", 1);
 		bson_append_document_end(&u, &inc);
 		BSON_APPEND_DOCUMENT_BEGIN(&u, "$set", &set);
 		BSON_APPEND_DATE_TIME(&set, "updatedAt", now);
-		if (r->kind == 3) {
-			r->outcome = "released";
+		if (r->verdict == RB_VERDICT_RELEASE) {
+			r->outcome = RB_OUTCOME_RELEASED;
 			r->new_attempts = r->attempts;
 		} else {
 			const char *er = r->r->error;
 			double delay;
-			bool dead = r->kind == 2 || r->attempts + 1 >= c->o->max_attempts;
+			bool dead = r->verdict == RB_VERDICT_DEAD || r->attempts + 1 >= c->o->max_attempts;
 
 			r->new_attempts = r->attempts + 1;
-			r->outcome = dead ? "buried" : "rescheduled";
+			r->outcome = dead ? RB_OUTCOME_BURIED : RB_OUTCOME_RESCHEDULED;
 			if (r->r->retry_ms >= 0)
 				delay = (double)r->r->retry_ms;
 			else {
@@ -313,9 +313,8 @@ mg_complete(struct rb_store *s, const struct rb_complete_opts *o, struct rb_resu
 		x->handler = r->handler;
 		x->l = r->lease;
 		x->id = r->delivery_id > 0 ? r->delivery_id : 0;
-		x->kind = r->verdict == RB_VERDICT_OK ? 0 : r->verdict == RB_VERDICT_RELEASE ? 3 :
-		    r->verdict == RB_VERDICT_DEAD ? 2 : 1;
-		if (x->kind == 0) {
+		x->verdict = r->verdict;
+		if (x->verdict == RB_VERDICT_OK) {
 			okat[nok] = i;
 			ok[nok++] = *x;
 		} else {
@@ -342,10 +341,10 @@ mg_complete(struct rb_store *s, const struct rb_complete_opts *o, struct rb_resu
 	for (size_t i = 0; i < n; i++) {
 		struct res *x = &v[i];
 		struct rb_result *r = &results[i];
+		bool done = x->verdict == RB_VERDICT_OK;
 
-		r->outcome = x->kind == 0 ? (x->fenced ? RB_OUTCOME_COMPLETED : RB_OUTCOME_LOST) :
-		    rb_outcome_of(x->outcome);
-		if (x->kind != 0 && x->fenced)
+		r->outcome = done ? (x->fenced ? RB_OUTCOME_COMPLETED : RB_OUTCOME_LOST) : x->outcome;
+		if (!done && x->fenced)
 			r->attempts = x->new_attempts;
 		r->missing = !x->fenced && !x->exists;
 	}
