@@ -71,10 +71,10 @@ fence(struct cctx *c, mongoc_client_session_t *cs, bson_error_t *e)
 	BSON_APPEND_DOCUMENT_BEGIN(&q, "_id", &in);
 	BSON_APPEND_ARRAY_BEGIN(&in, "$in", &arr);
 	for (size_t i = 0; i < c->n; i++) {
-		char ks[16], id[128];
+		char ks[16], id[MG_LANE_ID_LEN];
 		const char *kp;
 
-		snprintf(id, sizeof id, "%s/%d", c->v[i].handler, c->v[i].l.lane);
+		mg_lane_id(id, c->v[i].handler, c->v[i].l.lane);
 		bson_uint32_to_string((uint32_t)i, &kp, ks, sizeof ks);
 		bson_append_utf8(&arr, kp, -1, id, -1);
 	}
@@ -116,11 +116,11 @@ fence(struct cctx *c, mongoc_client_session_t *cs, bson_error_t *e)
 	for (size_t i = 0; ok && i < c->n; i++) {
 		struct res *r = &c->v[i];
 		const bson_t *ld = NULL, *dd = NULL;
-		char id[128];
+		char id[MG_LANE_ID_LEN];
 		const char *st;
 
 		r->exists = r->fenced = false;
-		snprintf(id, sizeof id, "%s/%d", r->handler, r->l.lane);
+		mg_lane_id(id, r->handler, r->l.lane);
 		for (size_t k = 0; k < nl && ld == NULL; k++)
 			if (mg_get_str(lanes[k], "_id") != NULL && strcmp(mg_get_str(lanes[k], "_id"), id) == 0)
 				ld = lanes[k];
@@ -230,7 +230,7 @@ fail_txn(mongoc_client_session_t *cs, void *ctx, bson_error_t *e)
 	for (size_t i = 0; ok && i < c->n; i++) {
 		struct res *r = &c->v[i];
 		bson_t *q, u = BSON_INITIALIZER, set, inc;
-		char id[128];
+		char id[MG_LANE_ID_LEN];
 
 		r->outcome = RB_OUTCOME_LOST;
 		if (!r->fenced)
@@ -274,7 +274,7 @@ fail_txn(mongoc_client_session_t *cs, void *ctx, bson_error_t *e)
 		if (ok) {
 			bson_t *lq, *lu;
 
-			snprintf(id, sizeof id, "%s/%d", r->handler, r->l.lane);
+			mg_lane_id(id, r->handler, r->l.lane);
 			lq = BCON_NEW("_id", BCON_UTF8(id));
 			lu = BCON_NEW("$pull", "{", "inFlight", BCON_INT64(r->did), "}");
 			ok = mongoc_collection_update_one(lc, lq, lu, &opts, NULL, e);
@@ -485,12 +485,12 @@ mg_relinquish_leases(struct rb_store *s, const struct rb_result *v, size_t nv, s
 	for (size_t i = 0; i < nv; i++) {
 		const char *h = v[i].handler;
 		struct rb_lease l = v[i].lease;
-		char id[128];
+		char id[MG_LANE_ID_LEN];
 		int n;
 
 		if (h == NULL || !rb_handler_valid(h))
 			continue;
-		snprintf(id, sizeof id, "%s/%d", h, l.lane);
+		mg_lane_id(id, h, l.lane);
 		n = hand_back(s, BCON_NEW("_id", BCON_UTF8(id), "epoch", BCON_INT64(l.epoch),
 		    "owner", "{", "$ne", BCON_NULL, "}"), err);
 		if (n < 0)
