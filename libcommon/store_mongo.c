@@ -453,9 +453,9 @@ mg_seed_lanes(struct rb_store *s, const char *handler, struct rb_error *err)
 		bson_t reply;
 
 		for (int l = 0; l < RB_LANES; l++) {
-			char id[128];
+			char id[MG_LANE_ID_LEN];
 
-			snprintf(id, sizeof id, "%s/%d", handler, l);
+			mg_lane_id(id, handler, l);
 			bson_t *d = BCON_NEW("_id", BCON_UTF8(id), "handler", BCON_UTF8(handler),
 			    "laneId", BCON_INT32(l), "epoch", BCON_INT64(0), "owner", BCON_NULL,
 			    "holder", BCON_NULL, "leaseExpiresAt", BCON_NULL, "inFlight", "[", "]",

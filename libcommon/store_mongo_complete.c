@@ -27,12 +27,12 @@ struct res {
 	const char	*event_id, *handler;
 	struct rb_lease	 l;
 	int64_t		 id;		/* 0: not given */
-	int		 kind;		/* 0 ok, 1 retry, 2 bury, 3 release */
+	enum rb_verdict	 verdict;
 	/* found in the transaction */
 	bool		 exists, fenced;
 	int64_t		 did;
 	int		 attempts;
-	const char	*outcome;
+	enum rb_outcome	 outcome;
 	int		 new_attempts;
 };
 
@@ -71,10 +71,10 @@ fence(struct cctx *c, mongoc_client_session_t *cs, bson_error_t *e)
 	BSON_APPEND_DOCUMENT_BEGIN(&q, "_id", &in);
 	BSON_APPEND_ARRAY_BEGIN(&in, "$in", &arr);
 	for (size_t i = 0; i < c->n; i++) {
-		char ks[16], id[128];
+		char ks[16], id[MG_LANE_ID_LEN];
 		const char *kp;
 
-		snprintf(id, sizeof id, "%s/%d", c->v[i].handler, c->v[i].l.lane);
+		mg_lane_id(id, c->v[i].handler, c->v[i].l.lane);
 		bson_uint32_to_string((uint32_t)i, &kp, ks, sizeof ks);
 		bson_append_utf8(&arr, kp, -1, id, -1);
 	}
@@ -116,11 +116,11 @@ fence(struct cctx *c, mongoc_client_session_t *cs, bson_error_t *e)
 	for (size_t i = 0; ok && i < c->n; i++) {
 		struct res *r = &c->v[i];
 		const bson_t *ld = NULL, *dd = NULL;
-		char id[128];
+		char id[MG_LANE_ID_LEN];
 		const char *st;
 
 		r->exists = r->fenced = false;
-		snprintf(id, sizeof id, "%s/%d", r->handler, r->l.lane);
+		mg_lane_id(id, r->handler, r->l.lane);
 		for (size_t k = 0; k < nl && ld == NULL; k++)
 			if (mg_get_str(lanes[k], "_id") != NULL && strcmp(mg_get_str(lanes[k], "_id"), id) == 0)
 				ld = lanes[k];
@@ -230,29 +230,29 @@ fail_txn(mongoc_client_session_t *cs, void *ctx, bson_error_t *e)
 	for (size_t i = 0; ok && i < c->n; i++) {
 		struct res *r = &c->v[i];
 		bson_t *q, u = BSON_INITIALIZER, set, inc;
-		char id[128];
+		char id[MG_LANE_ID_LEN];
 
-		r->outcome = "lost";
+		r->outcome = RB_OUTCOME_LOST;
 		if (!r->fenced)
 			continue;
 		q = BCON_NEW("_id", BCON_INT64(r->did), "claims", BCON_INT64(r->l.claims));
 		BSON_APPEND_DOCUMENT_BEGIN(&u, "$inc", &inc);
 		BSON_APPEND_INT64(&inc, "claims", 1);
-		if (r->kind != 3)
+		if (r->verdict != RB_VERDICT_RELEASE)
 			BSON_APPEND_INT32(&inc, "attempts", 1);
 		bson_append_document_end(&u, &inc);
 		BSON_APPEND_DOCUMENT_BEGIN(&u, "$set", &set);
 		BSON_APPEND_DATE_TIME(&set, "updatedAt", now);
-		if (r->kind == 3) {
-			r->outcome = "released";
+		if (r->verdict == RB_VERDICT_RELEASE) {
+			r->outcome = RB_OUTCOME_RELEASED;
 			r->new_attempts = r->attempts;
 		} else {
 			const char *er = r->r->error;
 			double delay;
-			bool dead = r->kind == 2 || r->attempts + 1 >= c->o->max_attempts;
+			bool dead = r->verdict == RB_VERDICT_DEAD || r->attempts + 1 >= c->o->max_attempts;
 
 			r->new_attempts = r->attempts + 1;
-			r->outcome = dead ? "buried" : "rescheduled";
+			r->outcome = dead ? RB_OUTCOME_BURIED : RB_OUTCOME_RESCHEDULED;
 			if (r->r->retry_ms >= 0)
 				delay = (double)r->r->retry_ms;
 			else {
@@ -274,7 +274,7 @@ fail_txn(mongoc_client_session_t *cs, void *ctx, bson_error_t *e)
 		if (ok) {
 			bson_t *lq, *lu;
 
-			snprintf(id, sizeof id, "%s/%d", r->handler, r->l.lane);
+			mg_lane_id(id, r->handler, r->l.lane);
 			lq = BCON_NEW("_id", BCON_UTF8(id));
 			lu = BCON_NEW("$pull", "{", "inFlight", BCON_INT64(r->did), "}");
 			ok = mongoc_collection_update_one(lc, lq, lu, &opts, NULL, e);
@@ -313,9 +313,8 @@ mg_complete(struct rb_store *s, const struct rb_complete_opts *o, struct rb_resu
 		x->handler = r->handler;
 		x->l = r->lease;
 		x->id = r->delivery_id > 0 ? r->delivery_id : 0;
-		x->kind = r->verdict == RB_VERDICT_OK ? 0 : r->verdict == RB_VERDICT_RELEASE ? 3 :
-		    r->verdict == RB_VERDICT_DEAD ? 2 : 1;
-		if (x->kind == 0) {
+		x->verdict = r->verdict;
+		if (x->verdict == RB_VERDICT_OK) {
 			okat[nok] = i;
 			ok[nok++] = *x;
 		} else {
@@ -342,10 +341,10 @@ mg_complete(struct rb_store *s, const struct rb_complete_opts *o, struct rb_resu
 	for (size_t i = 0; i < n; i++) {
 		struct res *x = &v[i];
 		struct rb_result *r = &results[i];
+		bool done = x->verdict == RB_VERDICT_OK;
 
-		r->outcome = x->kind == 0 ? (x->fenced ? RB_OUTCOME_COMPLETED : RB_OUTCOME_LOST) :
-		    rb_outcome_of(x->outcome);
-		if (x->kind != 0 && x->fenced)
+		r->outcome = done ? (x->fenced ? RB_OUTCOME_COMPLETED : RB_OUTCOME_LOST) : x->outcome;
+		if (!done && x->fenced)
 			r->attempts = x->new_attempts;
 		r->missing = !x->fenced && !x->exists;
 	}
@@ -486,12 +485,12 @@ mg_relinquish_leases(struct rb_store *s, const struct rb_result *v, size_t nv, s
 	for (size_t i = 0; i < nv; i++) {
 		const char *h = v[i].handler;
 		struct rb_lease l = v[i].lease;
-		char id[128];
+		char id[MG_LANE_ID_LEN];
 		int n;
 
 		if (h == NULL || !rb_handler_valid(h))
 			continue;
-		snprintf(id, sizeof id, "%s/%d", h, l.lane);
+		mg_lane_id(id, h, l.lane);
 		n = hand_back(s, BCON_NEW("_id", BCON_UTF8(id), "epoch", BCON_INT64(l.epoch),
 		    "owner", "{", "$ne", BCON_NULL, "}"), err);
 		if (n < 0)

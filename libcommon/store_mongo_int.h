@@ -19,6 +19,8 @@
 #ifndef STORE_MONGO_INT_H
 #define STORE_MONGO_INT_H
 
+#include <stdio.h>
+
 #include <mongoc/mongoc.h>
 
 #include "store_int.h"
@@ -61,6 +63,13 @@ char	*mg_iter_json_text(const bson_iter_t *);
 /* RFC 3339 UTC with milliseconds */
 void	mg_fmt_time(int64_t ms, char buf[32]);
 int	mg_seed_lanes(struct rb_store *, const char *handler, struct rb_error *);
+/* a lane document's _id, "handler/lane" (a handler name is at most 200 bytes) */
+#define MG_LANE_ID_LEN	208
+static inline void
+mg_lane_id(char buf[MG_LANE_ID_LEN], const char *handler, int lane)
+{
+	snprintf(buf, MG_LANE_ID_LEN, "%s/%d", handler, lane);
+}
 bool	mg_history(struct rb_store *);
 /* 0 when s->schema is set up, else -1 + err (78, "run rb-setup") */
 int	mg_ready(struct rb_store *, const char *what, struct rb_error *);

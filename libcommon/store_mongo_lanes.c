@@ -121,12 +121,6 @@ lane_free(struct lane *l)
 	free(l->picks.v);
 }
 
-static void
-lane_id(char *buf, size_t len, const char *handler, int lane)
-{
-	snprintf(buf, len, "%s/%d", handler, lane);
-}
-
 static char *
 dup_str(const bson_t *d, const char *key)
 {
@@ -254,7 +248,7 @@ take_over(struct claim *c, int ln, struct rb_error *err)
 	struct lane *l = &c->l[ln];
 	mongoc_collection_t *coll = mg_coll(c->s, "lanes");
 	struct ids lost = { 0 };
-	char id[128];
+	char id[MG_LANE_ID_LEN];
 	bson_t q = BSON_INITIALIZER, u, set, reply;
 	bson_error_t e;
 	int rc = 0;
@@ -265,7 +259,7 @@ take_over(struct claim *c, int ln, struct rb_error *err)
 	for (size_t i = 0; i < l->inflight.n; i++)
 		if (!ids_has(&lost, l->inflight.v[i]))
 			ids_add(&lost, l->inflight.v[i]);
-	lane_id(id, sizeof id, c->o->handler, ln);
+	mg_lane_id(id, c->o->handler, ln);
 	BSON_APPEND_UTF8(&q, "_id", id);
 	BSON_APPEND_INT64(&q, "epoch", l->epoch);
 	BSON_APPEND_DOCUMENT_BEGIN(&u, "$set", &set);
@@ -540,13 +534,13 @@ record(struct claim *c, const bool *read_all, struct rb_error *err)
 	for (int ln = 0; ln < RB_LANES; ln++) {
 		struct lane *l = &c->l[ln];
 		bson_t q = BSON_INITIALIZER, u = BSON_INITIALIZER, set;
-		char id[128];
+		char id[MG_LANE_ID_LEN];
 
 		if (l->kind == L_OTHER || (l->kind == L_FREE && l->picks.n == 0))
 			continue;
 		if (l->kind == L_HELD && l->picks.n == 0 && !(read_all[ln] && l->live.n == 0))
 			continue;
-		lane_id(id, sizeof id, c->o->handler, ln);
+		mg_lane_id(id, c->o->handler, ln);
 		BSON_APPEND_UTF8(&q, "_id", id);
 		BSON_APPEND_INT64(&q, "epoch", l->epoch);
 		if (l->kind == L_FREE) {

@@ -387,6 +387,26 @@ pg_complete_answer(struct rb_store *s, bool wait)
 	}
 }
 
+/* The answer of a statement that fences r (res, cleared here): 1 it
+ * matched a row; 0 none (rolled back, r lost); -1 it failed (rolled back). */
+static int
+fenced(struct rb_store *s, PGresult *res, struct rb_result *r)
+{
+	int n;
+
+	if (res == NULL) {
+		pg_rollback_quietly(s);
+		return -1;
+	}
+	n = PQntuples(res);
+	PQclear(res);
+	if (n == 0) {
+		pg_rollback_quietly(s);
+		r->outcome = RB_OUTCOME_LOST;
+	}
+	return n > 0;
+}
+
 /* Complete one result with the caller's SQL in the same transaction: 0
  * (its outcome set), 1 (the SQL failed: r->sql_error set, it takes the
  * failure path) or -1. */
@@ -398,7 +418,7 @@ complete_sql(struct rb_store *s, const struct rb_complete_opts *o, struct rb_res
 	char lane[16], epoch[32];
 	const char *lp[3] = { r->handler, lane, epoch };
 	PGresult *res;
-	int hist = pg_history(s, pg_be(s)->conn, "complete", err);
+	int rc, hist = pg_history(s, pg_be(s)->conn, "complete", err);
 
 	if (hist < 0)
 		return -1;
@@ -409,15 +429,8 @@ complete_sql(struct rb_store *s, const struct rb_complete_opts *o, struct rb_res
 	/* KEY SHARE on the lane row: a takeover (FOR UPDATE) skips the lane
 	 * until this transaction ends; the owner's claims do not wait */
 	res = pg_run(s, be->q_lock_lane, 3, lp, PGRES_TUPLES_OK, "complete", false, err);
-	if (res == NULL)
-		goto fail;
-	if (PQntuples(res) == 0) {
-		PQclear(res);
-		pg_rollback_quietly(s);
-		r->outcome = RB_OUTCOME_LOST;
-		return 0;
-	}
-	PQclear(res);
+	if ((rc = fenced(s, res, r)) <= 0)
+		return rc;
 	const char *sp[1] = { r->json };
 	res = PQexecParams(be->conn, o->sql, strstr(o->sql, "$1") != NULL ? 1 : 0, NULL, sp, NULL, NULL, 0);
 	if (res == NULL || (PQresultStatus(res) != PGRES_COMMAND_OK && PQresultStatus(res) != PGRES_TUPLES_OK)) {
@@ -446,23 +459,13 @@ complete_sql(struct rb_store *s, const struct rb_complete_opts *o, struct rb_res
 		    PGRES_TUPLES_OK, "complete", false, err);
 		fa_free(&a);
 	}
-	if (res == NULL)
-		goto fail;
-	if (PQntuples(res) == 0) {
-		/* fenced out: the SQL's effect must not commit either */
-		PQclear(res);
-		pg_rollback_quietly(s);
-		r->outcome = RB_OUTCOME_LOST;
-		return 0;
-	}
-	PQclear(res);
+	/* fenced out: the SQL's effect must not commit either */
+	if ((rc = fenced(s, res, r)) <= 0)
+		return rc;
 	if (pg_run_cmd(s, "COMMIT", "complete", err) < 0)
 		return -1;
 	r->outcome = RB_OUTCOME_COMPLETED;
 	return 0;
-fail:
-	pg_rollback_quietly(s);
-	return -1;
 }
 
 static const char *

@@ -73,6 +73,18 @@ z 44" ]
   [ "$(rbq count deliveries)" = 0 ]
 }
 
+@test "a handler name of 200 characters (the longest allowed): 256 lanes, every delivery claimed and completed" {
+  h=$(printf 'h%.0s' {1..200})
+  rb-setup -s "$h:long.*"
+  [ "$(rbq count lanes "{\"handler\":\"$h\"}")" = 256 ]
+  [ "$(rbq count lanes "{\"_id\":\"$h/255\",\"laneId\":255}")" = 1 ]
+  gen_events 40 long.x | rb-publish -q
+  rb-claim -H "$h" --owner w1 --batch 40 | ok_all | rb-complete -o >"$BATS_TEST_TMPDIR/o"
+  [ "$(grep -c '"outcome":"completed"' "$BATS_TEST_TMPDIR/o")" = 40 ]
+  [ "$(rbq count deliveries)" = 0 ]
+  rb-setup --unsubscribe "$h:long.*"
+}
+
 @test "two concurrent claimers never get the same delivery" {
   gen_events 300 job.x | rb-publish -q
   for w in a b c; do rb-claim -q -H h1 --owner "w$w" --batch 100 >"$BATS_TEST_TMPDIR/$w" & done
