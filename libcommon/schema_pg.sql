@@ -788,3 +788,78 @@ LANGUAGE sql AS $$
 $$;
 
 INSERT INTO @S@.relaybus_schema_version (version) VALUES (1) ON CONFLICT DO NOTHING;
+
+-- Effectively-once: complete a delivery inside the handler's own
+-- transaction, as its last statement before COMMIT, with the lease,
+-- event_id and handler of its delivery line:
+--   BEGIN; INSERT INTO orders_mailed ...;
+--   SELECT relaybus_complete('17:3:0', 'order-42', 'mailer');   -- 'completed' or 'lost'
+--   COMMIT;   (ROLLBACK on 'lost': the delivery runs again elsewhere)
+-- KEY SHARE on the lane row at the lease's epoch, as the dispatcher's --sql
+-- completion: the weakest lock that conflicts with a takeover (FOR UPDATE),
+-- so a takeover skips the lane until this transaction ends, while the
+-- owner's claims and lease renewals (plain updates) go on.  Then the
+-- delivery is deleted under the dispatcher's fence (epoch, in_flight
+-- membership, claims counter) and, when the schema keeps a completion
+-- history, its row written (attempts + 1, as the dispatcher writes it).
+-- 'lost' (the fence failed: the lane changed hands, or the delivery is not
+-- that claim's) changes nothing.  The lane row is only read: in_flight
+-- keeps the id until the owner's next claim finds the delivery gone, and
+-- there is no NOTIFY.  Under REPEATABLE READ or SERIALIZABLE, a takeover
+-- committed after the transaction's snapshot makes the lock fail with
+-- SQLSTATE 40001: the lane changed hands, roll back (a retry returns
+-- 'lost').
+CREATE OR REPLACE FUNCTION @S@.relaybus_complete(p_lease text, p_event_id text, p_handler text)
+RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = @S@, pg_temp AS $$
+DECLARE
+    v_lane   smallint;
+    v_epoch  bigint;
+    v_claims integer;
+    v_flight bigint[];
+    v_att    integer;
+BEGIN
+    IF p_lease IS NULL OR p_event_id IS NULL OR p_handler IS NULL THEN
+        RAISE EXCEPTION 'relaybus_complete: lease, event_id and handler are required' USING ERRCODE = '22004';
+    END IF;
+    -- (the shape first: the casts below must not fail on other text)
+    IF p_lease !~ '^[0-9]{1,3}:[0-9]{1,19}:[0-9]{1,10}$' THEN
+        RAISE EXCEPTION 'relaybus_complete: "%" is not a lease token (lane:epoch:claims)', p_lease
+            USING ERRCODE = '22023';
+    END IF;
+    IF split_part(p_lease, ':', 1)::integer > 255
+       OR split_part(p_lease, ':', 2)::numeric > 9223372036854775807
+       OR split_part(p_lease, ':', 3)::bigint > 2147483647 THEN
+        RAISE EXCEPTION 'relaybus_complete: "%" is not a lease token (lane:epoch:claims)', p_lease
+            USING ERRCODE = '22023';
+    END IF;
+    v_lane := split_part(p_lease, ':', 1)::smallint;
+    v_epoch := split_part(p_lease, ':', 2)::bigint;
+    v_claims := split_part(p_lease, ':', 3)::integer;
+    SELECT x.in_flight INTO v_flight FROM @S@.relaybus_lanes x
+     WHERE x.handler = p_handler AND x.lane = v_lane AND x.epoch = v_epoch
+       FOR KEY SHARE;
+    IF NOT FOUND THEN
+        RETURN 'lost';
+    END IF;
+    DELETE FROM @S@.relaybus_deliveries d
+     WHERE d.event_id = p_event_id AND d.handler = p_handler AND d.lane = v_lane
+       AND d.claims = v_claims AND d.status = 'pending' AND v_flight @> ARRAY[d.id]
+    RETURNING d.attempts INTO v_att;
+    IF NOT FOUND THEN
+        RETURN 'lost';
+    END IF;
+    IF to_regclass('@S@.relaybus_completions') IS NOT NULL THEN
+        INSERT INTO @S@.relaybus_completions (event_id, handler, attempts)
+        VALUES (p_event_id, p_handler, v_att + 1);
+    END IF;
+    RETURN 'completed';
+END $$;
+
+-- The same with the delivery line as it comes (a handler that has the
+-- line needs no JSON parser of its own):
+--   SELECT relaybus_complete(:'line')      -- psql -v line="$(cat)"
+CREATE OR REPLACE FUNCTION @S@.relaybus_complete(p_delivery jsonb) RETURNS text
+LANGUAGE sql SET search_path = @S@, pg_temp AS $$
+    SELECT @S@.relaybus_complete(p_delivery->>'lease', p_delivery->>'event_id', p_delivery->>'handler')
+$$;
