@@ -154,8 +154,14 @@ delivery_state(struct rb_store *s, PGconn *c, const struct rb_result *r, bool *e
 	return 0;
 }
 
-/* r came back lost: missing when its delivery is gone, or completed by
- * the handler when it is gone while the lease still holds. */
+/*
+ * r came back lost: missing when its delivery is gone, or, for a failure or
+ * release (the handler crashed, or failed past its commit), completed by
+ * the handler when it is gone while the lease still holds.  (Not for a
+ * success: relaybus itself may have completed it already, a result given
+ * twice or a completion sent again after a reconnect; such a handler says
+ * "completed": true.)
+ */
 static int
 lost_gone(struct rb_store *s, PGconn *c, struct rb_result *r, struct rb_error *err)
 {
@@ -163,7 +169,7 @@ lost_gone(struct rb_store *s, PGconn *c, struct rb_result *r, struct rb_error *e
 
 	if (delivery_state(s, c, r, &ex, &held, err) < 0)
 		return -1;
-	if (!ex && held) {
+	if (!ex && held && r->verdict != RB_VERDICT_OK) {
 		r->outcome = RB_OUTCOME_COMPLETED;
 		r->by_handler = true;
 		r->missing = false;
