@@ -37,7 +37,8 @@ static const char usage_str[] =
 "\n"
 "Apply delivery results read as JSON lines: complete, reschedule, bury or release.\n"
 "A result is a delivery line plus \"ok\" (default true), \"error\", \"retry_ms\",\n"
-"\"dead\" (bury now) or \"release\" (give back, no attempt charged).\n"
+"\"dead\" (bury now), \"release\" (give back, no attempt charged) or \"completed\"\n"
+"(the handler completed it itself with relaybus_complete: checked, not completed again).\n"
 "\n"
 "  -m, --max-attempts N   a failure that reaches N attempts buries (default 10)\n"
 "      --backoff SPEC     retry delay BASE[,MAX[,FACTOR]]: BASE*FACTOR^(attempts-1), at most\n"
@@ -201,9 +202,10 @@ group_clear(void)
 /* What a result line is read for (rb_result_parse): the rest, a payload
  * echoed back, is only checked to be JSON, never interpreted. */
 static const char *const result_members[] = { "event_id", "handler", "lease", "delivery_id", "ok",
-	"error", "retry_ms", "dead", "release", NULL };
+	"error", "retry_ms", "dead", "release", "completed", NULL };
 
 static long counts[RB_NOUTCOMES + 1];	/* by outcome, then bad lines */
+static long by_handler;			/* of the completed: by the handler */
 #define BAD_LINES	counts[RB_NOUTCOMES]
 
 /* The outcome line of r (input line number line). */
@@ -219,6 +221,8 @@ outcome_line(const struct rb_result *r, long line)
 		json_object_set_new(o, "attempts", json_integer(r->attempts));
 	if (r->missing)
 		json_object_set_new(o, "missing", json_true());
+	if (r->by_handler)
+		json_object_set_new(o, "by", json_string("handler"));
 	if (r->sql_error != NULL)
 		json_object_set_new(o, "error", json_string(r->sql_error));
 	json_object_set_new(o, "line", json_integer(line));
@@ -256,6 +260,7 @@ apply(struct rb_store *store)
 		int rc, e;
 
 		counts[r->outcome]++;
+		by_handler += r->by_handler;
 		if (r->missing)
 			rb_warn("stdin:%ld: delivery %s of %s does not exist (completed elsewhere, or never "
 			    "published): not applied", line, r->event_id, r->handler);
@@ -357,9 +362,9 @@ main(int argc, char **argv)
 	}
 	if (exit_code == RB_EXIT_OK && bad)
 		exit_code = RB_EXIT_DATAERR;
-	rb_info("%ld completed, %ld rescheduled, %ld buried, %ld released, %ld lost, %ld bad lines",
-	    counts[RB_OUTCOME_COMPLETED], counts[RB_OUTCOME_RESCHEDULED], counts[RB_OUTCOME_BURIED],
-	    counts[RB_OUTCOME_RELEASED], counts[RB_OUTCOME_LOST], BAD_LINES);
+	rb_info("%ld completed (%ld by the handler), %ld rescheduled, %ld buried, %ld released, %ld lost, "
+	    "%ld bad lines", counts[RB_OUTCOME_COMPLETED], by_handler, counts[RB_OUTCOME_RESCHEDULED],
+	    counts[RB_OUTCOME_BURIED], counts[RB_OUTCOME_RELEASED], counts[RB_OUTCOME_LOST], BAD_LINES);
 	group_clear();
 	json_decref(group.objs);
 	free(group.v);

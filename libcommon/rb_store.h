@@ -269,6 +269,9 @@ enum rb_verdict {
 	RB_VERDICT_FAIL,	/* failed: retry with backoff, or bury at max_attempts */
 	RB_VERDICT_DEAD,	/* failed for good: bury now */
 	RB_VERDICT_RELEASE,	/* not run: give it back, no attempt charged */
+	RB_VERDICT_DONE,	/* "completed": true: the handler completed it itself, in its own
+				 * transaction (relaybus_complete); verified (the delivery is
+				 * gone), never completed again */
 };
 
 /* What a completion did with a result.  rb_outcome_name: the word of the JSON lines. */
@@ -302,6 +305,9 @@ struct rb_result {
 	/* ---- the outcome ---- */
 	enum rb_outcome	 outcome;
 	bool		 missing;	/* lost, and the delivery no longer exists */
+	bool		 by_handler;	/* completed by the handler (relaybus_complete): its line
+					 * said so, or its delivery was found gone while the lease
+					 * still held (the handler committed, its answer was lost) */
 	int		 attempts;	/* a failure's attempts so far, as recorded; -1: not told */
 	char		*sql_error;	/* the sql statement failed (the result then took the
 					 * failure path): why, a new string the caller frees */

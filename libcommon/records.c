@@ -225,6 +225,13 @@ verdict_check(const json_t *r, struct rb_error *err)
 	v = json_object_get(r, "release");
 	if (v != NULL && !json_is_boolean(v))
 		return rb_seterr(err, RB_EXIT_DATAERR, "field 'release' must be true or false");
+	v = json_object_get(r, "completed");
+	if (v != NULL && !json_is_boolean(v))
+		return rb_seterr(err, RB_EXIT_DATAERR, "field 'completed' must be true or false");
+	if (json_is_true(v) && (json_is_false(json_object_get(r, "ok")) || json_is_true(json_object_get(r, "dead")) ||
+	    json_is_true(json_object_get(r, "release"))))
+		return rb_seterr(err, RB_EXIT_DATAERR,
+		    "field 'completed' is true, but 'ok' is false or 'dead' or 'release' true");
 	v = json_object_get(r, "retry_ms");
 	if (v != NULL && !json_is_null(v) && (!json_is_integer(v) || json_integer_value(v) < 0))
 		return rb_seterr(err, RB_EXIT_DATAERR, "field 'retry_ms' must be a whole number >= 0");
@@ -281,9 +288,12 @@ rb_result_verdict(const json_t *r, struct rb_result *out, struct rb_error *err)
 	out->retry_ms = -1;
 	out->outcome = RB_OUTCOME_LOST;
 	out->missing = false;
+	out->by_handler = false;
 	out->attempts = -1;
 	out->sql_error = NULL;
-	if (json_is_true(json_object_get(r, "release")))
+	if (json_is_true(json_object_get(r, "completed")))
+		out->verdict = RB_VERDICT_DONE;
+	else if (json_is_true(json_object_get(r, "release")))
 		out->verdict = RB_VERDICT_RELEASE;
 	else if (json_is_true(json_object_get(r, "dead")))
 		out->verdict = RB_VERDICT_DEAD;

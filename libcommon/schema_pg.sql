@@ -1177,6 +1177,37 @@ BEGIN
     RETURN EXISTS (SELECT 1 FROM @S@.relaybus_deliveries WHERE event_id = p_event_id AND handler = p_handler);
 END $$;
 
+-- The same with the lane: is the delivery there, and is its lane still at
+-- the lease's epoch (a failure whose delivery the handler completed)?
+CREATE OR REPLACE FUNCTION @S@.relaybus_delivery_state(p_event_id text, p_handler text, p_lane smallint,
+    p_epoch bigint)
+RETURNS TABLE (present boolean, held boolean)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = @S@, pg_temp AS $$
+BEGIN
+    PERFORM @S@.relaybus_check('{worker}', ARRAY[p_handler]);
+    RETURN QUERY SELECT EXISTS (SELECT 1 FROM @S@.relaybus_deliveries WHERE event_id = p_event_id AND handler = p_handler),
+        EXISTS (SELECT 1 FROM @S@.relaybus_lanes WHERE handler = p_handler AND lane = p_lane AND epoch = p_epoch);
+END $$;
+
+-- Results that say the handler completed them ("completed": true): is each
+-- delivery there, and still pending under the result's lease?
+CREATE OR REPLACE FUNCTION @S@.relaybus_worker_done(p_event_ids text[], p_handlers text[], p_lanes smallint[],
+    p_epochs bigint[], p_claims integer[], p_ids bigint[])
+RETURNS TABLE (ord bigint, present boolean, pending boolean)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = @S@, pg_temp AS $$
+BEGIN
+    PERFORM @S@.relaybus_check('{worker}', p_handlers);
+    RETURN QUERY SELECT r.ord, EXISTS (SELECT 1 FROM @S@.relaybus_deliveries d
+            WHERE d.event_id = r.event_id AND d.handler = r.handler),
+        EXISTS (SELECT 1 FROM @S@.relaybus_deliveries d JOIN @S@.relaybus_lanes l
+            ON l.handler = d.handler AND l.lane = d.lane
+            WHERE d.event_id = r.event_id AND d.handler = r.handler AND d.lane = r.lane
+              AND d.claims = r.claims AND d.status = 'pending' AND l.epoch = r.epoch
+              AND l.in_flight @> ARRAY[d.id])
+      FROM unnest(p_event_ids, p_handlers, p_lanes, p_epochs, p_claims, p_ids)
+           WITH ORDINALITY AS r(event_id, handler, lane, epoch, claims, id, ord) ORDER BY r.ord;
+END $$;
+
 -- Effectively-once: complete a delivery inside the handler's own
 -- transaction, as its last statement before COMMIT, with the lease,
 -- event_id and handler of its delivery line:
@@ -1310,7 +1341,8 @@ DECLARE
     c_publisher CONSTANT text[] := '{relaybus_publish,relaybus_publish_batch}';
     c_worker CONSTANT text[] := '{relaybus_worker_claim,relaybus_worker_claim_ids,relaybus_worker_fail,relaybus_complete_batch,'
         'relaybus_extend,relaybus_relinquish,relaybus_relinquish_owner,relaybus_relinquish_leases,'
-        'relaybus_lock_lane,relaybus_delivery_exists,relaybus_complete,relaybus_allowed,relaybus_hold}';
+        'relaybus_lock_lane,relaybus_delivery_exists,relaybus_delivery_state,relaybus_worker_done,'
+        'relaybus_complete,relaybus_allowed,relaybus_hold}';
     c_handler CONSTANT text[] := '{relaybus_complete}';
     c_admin CONSTANT text[] := '{relaybus_ts}';
     f   record;

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "rb_exit.h"
+#include "rb_log.h"
 #include "rb_records.h"
 #include "rb_store.h"
 #include "rb_util.h"
@@ -305,6 +306,17 @@ mg_complete(struct rb_store *s, const struct rb_complete_opts *o, struct rb_resu
 	if (mg_ready(s, "complete", err) < 0)
 		goto out;
 	for (size_t i = 0; i < n; i++) {
+		/* "completed": true: no MongoDB handler can complete its delivery in
+		 * its own transaction (relaybus_complete is PostgreSQL's), and the
+		 * delivery is not completed unchecked: it fails, runs again, and
+		 * is buried at --max-attempts, with this reason */
+		if (results[i].verdict == RB_VERDICT_DONE) {
+			results[i].error = "\"completed\": true is PostgreSQL-only (relaybus_complete): "
+			    "the mongodb backend cannot check it, counted as a failure";
+			rb_warn("%s of %s: %s", results[i].event_id, results[i].handler, results[i].error);
+		}
+	}
+	for (size_t i = 0; i < n; i++) {
 		const struct rb_result *r = &results[i];
 		struct res *x = &v[i];
 
@@ -347,6 +359,7 @@ mg_complete(struct rb_store *s, const struct rb_complete_opts *o, struct rb_resu
 		if (!done && x->fenced)
 			r->attempts = x->new_attempts;
 		r->missing = !x->fenced && !x->exists;
+		r->by_handler = false;
 	}
 	rc = 0;
 out:

@@ -134,23 +134,62 @@ fa_free(struct pg_fence *a)
 
 /* ---- completion at once (rb_store_complete) -------------------------------- */
 
-/* Does a delivery (event_id, handler) still exist? 1 yes, 0 no, -1 error */
+/*
+ * Is the delivery of r (event_id, handler) still there (*exists), and is
+ * its lane still at the lease's epoch (*held)?  0, or -1 on error.  A
+ * delivery gone while its lease still holds was deleted under that lease,
+ * and only the handler (relaybus_complete in its own transaction, which
+ * committed: its answer may never have arrived) or an earlier result for
+ * the same delivery does that; a takeover moves the epoch on first.
+ */
 static int
-delivery_exists(struct rb_store *s, PGconn *c, const char *event_id, const char *handler,
+delivery_state(struct rb_store *s, PGconn *c, const struct rb_result *r, bool *exists, bool *held,
     struct rb_error *err)
 {
-	char *q = pg_render(pg_be(s)->worker ? "SELECT 1 WHERE @S@.relaybus_delivery_exists($1, $2)" :
-	    "SELECT 1 FROM @S@.relaybus_deliveries WHERE event_id = $1 AND handler = $2", s->schema);
-	const char *params[2] = { event_id, handler };
-	PGresult *res = pg_run_on(s, c, q, 2, params, PGRES_TUPLES_OK, "complete", false, err);
-	int n;
+	/* (a worker role reads neither table: its SECURITY DEFINER door) */
+	char *q = pg_render(pg_be(s)->worker ?
+	    "SELECT * FROM @S@.relaybus_delivery_state($1, $2, $3::smallint, $4::bigint)" :
+	    "SELECT EXISTS (SELECT 1 FROM @S@.relaybus_deliveries WHERE event_id = $1 AND handler = $2), "
+	    "EXISTS (SELECT 1 FROM @S@.relaybus_lanes WHERE handler = $2 AND lane = $3::smallint AND epoch = $4::bigint)",
+	    s->schema);
+	char lane[16], epoch[32];
+	const char *params[4] = { r->event_id, r->handler, lane, epoch };
+	PGresult *res;
 
+	lane[rb_fmt_int(lane, r->lease.lane)] = '\0';
+	epoch[rb_fmt_int(epoch, r->lease.epoch)] = '\0';
+	res = pg_run_on(s, c, q, 4, params, PGRES_TUPLES_OK, "complete", false, err);
 	free(q);
 	if (res == NULL)
 		return -1;
-	n = PQntuples(res) > 0;
+	*exists = PQgetvalue(res, 0, 0)[0] == 't';
+	*held = PQgetvalue(res, 0, 1)[0] == 't';
 	PQclear(res);
-	return n;
+	return 0;
+}
+
+/*
+ * r came back lost: missing when its delivery is gone, or, for a failure or
+ * release (the handler crashed, or failed past its commit), completed by
+ * the handler when it is gone while the lease still holds.  (Not for a
+ * success: relaybus itself may have completed it already, a result given
+ * twice or a completion sent again after a reconnect; such a handler says
+ * "completed": true.)
+ */
+static int
+lost_gone(struct rb_store *s, PGconn *c, struct rb_result *r, struct rb_error *err)
+{
+	bool ex, held;
+
+	if (delivery_state(s, c, r, &ex, &held, err) < 0)
+		return -1;
+	if (!ex && held && r->verdict != RB_VERDICT_OK) {
+		r->outcome = RB_OUTCOME_COMPLETED;
+		r->by_handler = true;
+		r->missing = false;
+	} else
+		r->missing = !ex;
+	return 0;
 }
 
 /*
@@ -173,13 +212,9 @@ complete_outcomes(struct rb_store *s, PGconn *c, struct rb_result *v, const size
 	}
 	for (size_t k = 0; k < n; k++) {
 		struct rb_result *r = &v[idx != NULL ? idx[k] : k];
-		int ex;
 
-		if (r->outcome == RB_OUTCOME_COMPLETED)
-			continue;
-		if ((ex = delivery_exists(s, c, r->event_id, r->handler, err)) < 0)
+		if (r->outcome != RB_OUTCOME_COMPLETED && lost_gone(s, c, r, err) < 0)
 			return -1;
-		r->missing = !ex;
 	}
 	return 0;
 }
@@ -532,6 +567,79 @@ complete_fail(struct rb_store *s, const struct rb_complete_opts *o, struct rb_re
 		r->missing = PQgetvalue(res, i, 3)[0] == 't';
 	}
 	PQclear(res);
+	/* (a failure whose delivery is gone under its still-held lease: the
+	 * handler completed it and then crashed, or answered late) */
+	for (size_t k = 0; k < n; k++)
+		if (v[idx[k]].missing && lost_gone(s, pg_be(s)->conn, &v[idx[k]], err) < 0)
+			return -1;
+	return 0;
+}
+
+/* ---- completed by the handler (RB_VERDICT_DONE) ------------------------------ */
+
+/* For each result: does its delivery exist, and is it still pending under
+ * the result's lease (the completion's fence)? */
+static const char tmpl_done[] =
+    "SELECT r.ord, EXISTS (SELECT 1 FROM @S@.relaybus_deliveries d "
+    "    WHERE d.event_id = r.event_id AND d.handler = r.handler), "
+    "  EXISTS (SELECT 1 FROM @S@.relaybus_deliveries d JOIN @S@.relaybus_lanes l "
+    "    ON l.handler = d.handler AND l.lane = d.lane "
+    "    WHERE d.event_id = r.event_id AND d.handler = r.handler AND d.lane = r.lane "
+    "    AND d.claims = r.claims AND d.status = 'pending' AND l.epoch = r.epoch "
+    "    AND l.in_flight @> ARRAY[d.id]) "
+    "FROM unnest($1::text[], $2::text[], $3::smallint[], $4::bigint[], $5::integer[], $6::bigint[]) "
+    "  WITH ORDINALITY AS r(event_id, handler, lane, epoch, claims, id, ord) ORDER BY r.ord";
+static const char tmpl_w_done[] =
+    "SELECT * FROM @S@.relaybus_worker_done($1::text[], $2::text[], $3::smallint[], $4::bigint[], $5::integer[], "
+    "$6::bigint[])";
+
+static const char pg_done_not_committed[] =
+    "\"completed\": true, but the delivery is still pending under this lease (the handler's "
+    "transaction did not commit, or did not call relaybus_complete)";
+
+/*
+ * The results the handler says it completed, checked in one statement:
+ * gone: completed (by the handler), nothing written; still pending under
+ * the lease: the handler's transaction did not commit, so the result takes
+ * the failure path (*fail, *nfail) and runs again; there under another
+ * lease: lost.
+ */
+static int
+complete_done(struct rb_store *s, struct rb_result *v, const size_t *idx, size_t n, size_t *fail,
+    size_t *nfail, struct rb_error *err)
+{
+	struct pg_fence a;
+	PGresult *res;
+	char *q = pg_render(pg_be(s)->worker ? tmpl_w_done : tmpl_done, s->schema);
+
+	fa_init(&a);
+	for (size_t k = 0; k < n; k++)
+		fa_add(&a, &v[idx[k]]);
+	fa_close(&a);
+	const char *params[6] = { a.ev.s, a.h.s, a.lane.s, a.epoch.s, a.claims.s, a.id.s };
+
+	res = pg_run(s, q, 6, params, PGRES_TUPLES_OK, "complete", true, err);
+	fa_free(&a);
+	free(q);
+	if (res == NULL)
+		return -1;
+	for (int i = 0; i < PQntuples(res); i++) {
+		size_t k = (size_t)atol(PQgetvalue(res, i, 0)) - 1;
+		struct rb_result *r;
+
+		if (k >= n)
+			continue;
+		r = &v[idx[k]];
+		if (PQgetvalue(res, i, 1)[0] != 't') {
+			r->outcome = RB_OUTCOME_COMPLETED;
+			r->by_handler = true;
+		} else if (PQgetvalue(res, i, 2)[0] == 't') {
+			r->error = pg_done_not_committed;
+			fail[(*nfail)++] = idx[k];
+		} else
+			r->outcome = RB_OUTCOME_LOST;
+	}
+	PQclear(res);
 	return 0;
 }
 
@@ -539,17 +647,21 @@ int
 pg_complete(struct rb_store *s, const struct rb_complete_opts *o, struct rb_result *v, size_t n,
     struct rb_error *err)
 {
-	size_t nok = 0, nfail = 0;
+	size_t nok = 0, nfail = 0, ndone = 0;
 	size_t *ok = xcalloc(n > 0 ? n : 1, sizeof *ok), *fail = xcalloc(n > 0 ? n : 1, sizeof *fail);
+	size_t *done = xcalloc(n > 0 ? n : 1, sizeof *done);
 	int rc = -1;
 
 	for (size_t i = 0; i < n; i++) {
 		v[i].outcome = RB_OUTCOME_LOST;
 		v[i].missing = false;
+		v[i].by_handler = false;
 		v[i].attempts = -1;
 		v[i].sql_error = NULL;
 		if (v[i].verdict == RB_VERDICT_OK)
 			ok[nok++] = i;
+		else if (v[i].verdict == RB_VERDICT_DONE)
+			done[ndone++] = i;
 		else
 			fail[nfail++] = i;
 	}
@@ -566,6 +678,9 @@ pg_complete(struct rb_store *s, const struct rb_complete_opts *o, struct rb_resu
 			}
 		}
 	} else if (nok > 0 && complete_ok(s, v, ok, nok, err) < 0)
+		goto out;
+	/* (never with --sql: the handler did its own work) */
+	if (ndone > 0 && complete_done(s, v, done, ndone, fail, &nfail, err) < 0)
 		goto out;
 	if (nfail > 0) {
 		/* keep input order for the failure function's ord */
@@ -587,5 +702,6 @@ out:
 		}
 	free(ok);
 	free(fail);
+	free(done);
 	return rc;
 }

@@ -120,14 +120,14 @@ tables_of() {
   [ "$(q "SELECT count(*) FROM pg_proc p WHERE p.pronamespace = '$RB_SCHEMA'::regnamespace AND p.proname LIKE 'relaybus\_%'
            AND (p.proacl IS NULL OR EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0))")" = 0 ]
   [ "$(q "SELECT string_agg(DISTINCT p.proname, ' ' ORDER BY p.proname) FROM pg_proc p
-           WHERE p.pronamespace = '$RB_SCHEMA'::regnamespace AND p.prosecdef")" = "relaybus_allowed relaybus_complete relaybus_complete_batch relaybus_delivery_exists relaybus_extend relaybus_lock_lane relaybus_publish relaybus_publish_batch relaybus_relinquish relaybus_relinquish_leases relaybus_relinquish_owner relaybus_worker_claim relaybus_worker_claim_ids relaybus_worker_fail" ]
+           WHERE p.pronamespace = '$RB_SCHEMA'::regnamespace AND p.prosecdef")" = "relaybus_allowed relaybus_complete relaybus_complete_batch relaybus_delivery_exists relaybus_delivery_state relaybus_extend relaybus_lock_lane relaybus_publish relaybus_publish_batch relaybus_relinquish relaybus_relinquish_leases relaybus_relinquish_owner relaybus_worker_claim relaybus_worker_claim_ids relaybus_worker_done relaybus_worker_fail" ]
   # the owner's claim and failure stay SECURITY INVOKER (its sessions pay nothing for the roles)
   [ "$(q "SELECT string_agg(DISTINCT p.proname || '=' || p.prosecdef, ' ' ORDER BY p.proname || '=' || p.prosecdef) FROM pg_proc p
            WHERE p.pronamespace = '$RB_SCHEMA'::regnamespace AND p.proname IN ('relaybus_claim', 'relaybus_claim_ids', 'relaybus_fail')")" = "relaybus_claim=false relaybus_claim_ids=false relaybus_fail=false" ]
   [ "$(q "SELECT count(*) FROM pg_proc p WHERE p.pronamespace = '$RB_SCHEMA'::regnamespace AND p.prosecdef
            AND NOT ('search_path=$RB_SCHEMA, pg_temp' = ANY (p.proconfig) OR 'search_path=\"$RB_SCHEMA\", pg_temp' = ANY (p.proconfig))")" = 0 ]
   [ "$(executes "$R_PUB")" = "relaybus_publish relaybus_publish_batch" ]
-  [ "$(executes "$R_WRK")" = "relaybus_allowed relaybus_complete relaybus_complete_batch relaybus_delivery_exists relaybus_extend relaybus_hold relaybus_lock_lane relaybus_relinquish relaybus_relinquish_leases relaybus_relinquish_owner relaybus_worker_claim relaybus_worker_claim_ids relaybus_worker_fail" ]
+  [ "$(executes "$R_WRK")" = "relaybus_allowed relaybus_complete relaybus_complete_batch relaybus_delivery_exists relaybus_delivery_state relaybus_extend relaybus_hold relaybus_lock_lane relaybus_relinquish relaybus_relinquish_leases relaybus_relinquish_owner relaybus_worker_claim relaybus_worker_claim_ids relaybus_worker_done relaybus_worker_fail" ]
   [ "$(executes "$R_WM")" = "$(executes "$R_WRK")" ]
   [ "$(executes "$R_HM")" = relaybus_complete ]
   [ "$(executes "$R_ADM")" = relaybus_ts ]

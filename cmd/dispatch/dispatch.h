@@ -191,6 +191,18 @@ verdict_fail(const char *error)
 	return (struct verdict){ .v = RB_VERDICT_FAIL, .error = error, .retry_ms = -1, .failed = true };
 }
 
+/* An --exec handler's exit status: it completed the delivery itself, in
+ * its own transaction (relaybus_complete), rb-dispatch(1) "Handlers".
+ * (Not a sysexits(3) value, nor one of relaybus's own.) */
+#define RB_HANDLER_EXIT_COMPLETED	80
+
+/* the handler completed the delivery itself, in its own transaction */
+static inline struct verdict
+verdict_done(void)
+{
+	return (struct verdict){ .v = RB_VERDICT_DONE, .retry_ms = -1 };
+}
+
 static inline struct verdict
 verdict_release(void)
 {
@@ -266,6 +278,7 @@ struct dispatcher {
 
 	struct {
 		long	claimed, completed, rescheduled, buried, released, lost;
+		long	by_handler;	/* of completed: by the handler (relaybus_complete) */
 		long	completed_at_last_stats;
 	} stats;
 };

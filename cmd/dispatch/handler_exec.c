@@ -2,7 +2,8 @@
 /*
  * handler_exec.c: --exec, one /bin/sh -c CMD per delivery, the delivery
  * line on its stdin (written as the pipe takes it).  Its exit status is
- * the verdict: 0 completes, 75 retries later, anything else fails the
+ * the verdict: 0 completes, 80 says it completed the delivery itself
+ * (relaybus_complete), 75 retries later, anything else fails the
  * attempt.  A timeout or an abort kills the process group; the verdict
  * then comes with its exit.
  */
@@ -113,6 +114,10 @@ exec_child_exited(struct dispatcher *dp, struct slot *s, int status)
 	}
 	if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
 		finish_slot(dp, s, verdict_ok());
+		return;
+	}
+	if (WIFEXITED(status) && WEXITSTATUS(status) == RB_HANDLER_EXIT_COMPLETED) {
+		finish_slot(dp, s, verdict_done());
 		return;
 	}
 	if (WIFEXITED(status) && WEXITSTATUS(status) == RB_EXIT_TEMPFAIL)

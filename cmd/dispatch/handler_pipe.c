@@ -51,8 +51,9 @@ struct pipe_state {
 };
 
 /* The members of a result line that the dispatcher reads. */
-static const char *const result_want[] = { "event_id", "lease", "ok", "error", "retry_ms", "dead", NULL };
-enum { RW_EVENT_ID, RW_LEASE, RW_OK, RW_ERROR, RW_RETRY_MS, RW_DEAD, RW_N };
+static const char *const result_want[] = { "event_id", "lease", "ok", "error", "retry_ms", "dead",
+    "completed", NULL };
+enum { RW_EVENT_ID, RW_LEASE, RW_OK, RW_ERROR, RW_RETRY_MS, RW_DEAD, RW_COMPLETED, RW_N };
 
 static void
 proc_start(struct dispatcher *dp, int i)
@@ -252,7 +253,7 @@ plain_success(struct dispatcher *dp, const char *text, size_t len)
 	for (int i = 0; i < n; i++) {
 		/* (every member is looked at: the wanted ones are spread over a
 		 * line of a dozen) */
-		if (m[i].klen < 2 || m[i].klen > 8)
+		if (m[i].klen < 2 || m[i].klen > 9)
 			continue;
 		for (size_t w = 0; w < RW_N; w++)
 			if (m[i].klen == strlen(result_want[w]) && memcmp(m[i].key, result_want[w], m[i].klen) == 0) {
@@ -263,7 +264,8 @@ plain_success(struct dispatcher *dp, const char *text, size_t len)
 	if (at[RW_EVENT_ID] == NULL || at[RW_EVENT_ID]->type != '"' || at[RW_EVENT_ID]->escaped ||
 	    at[RW_LEASE] == NULL || at[RW_LEASE]->type != '"' || at[RW_LEASE]->escaped ||
 	    (at[RW_OK] != NULL && at[RW_OK]->type != 't') ||
-	    at[RW_ERROR] != NULL || at[RW_RETRY_MS] != NULL || at[RW_DEAD] != NULL)
+	    at[RW_ERROR] != NULL || at[RW_RETRY_MS] != NULL || at[RW_DEAD] != NULL ||
+	    (at[RW_COMPLETED] != NULL && at[RW_COMPLETED]->type != 'f'))
 		return NULL;
 	return find_slot(dp, at[RW_EVENT_ID]->val + 1, at[RW_EVENT_ID]->vlen - 2,
 	    at[RW_LEASE]->val + 1, at[RW_LEASE]->vlen - 2);
@@ -314,6 +316,8 @@ proc_result(struct dispatcher *dp, int i, const char *text, size_t len)
 		v = verdict_fail(err.msg);
 	} else if (r.verdict == RB_VERDICT_OK)
 		v = verdict_ok();
+	else if (r.verdict == RB_VERDICT_DONE)
+		v = verdict_done();
 	else
 		v = (struct verdict){ .v = r.verdict, .error = r.error != NULL ? r.error : "handler failed",
 		    .retry_ms = r.retry_ms, .failed = json_is_false(json_object_get(in, "ok")) };

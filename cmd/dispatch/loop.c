@@ -369,9 +369,9 @@ run(struct dispatcher *dp)
 		hand_back_lanes(dp);
 	if (dp->opt.stats_ms > 0)
 		stats_line(dp, rb_mono_ms(), &last_stats);
-	rb_info("%ld claimed, %ld completed, %ld rescheduled, %ld buried, %ld released, %ld lost",
-	    dp->stats.claimed, dp->stats.completed, dp->stats.rescheduled, dp->stats.buried,
-	    dp->stats.released, dp->stats.lost);
+	rb_info("%ld claimed, %ld completed, %ld rescheduled, %ld buried, %ld released, %ld lost, "
+	    "%ld completed by the handler", dp->stats.claimed, dp->stats.completed, dp->stats.rescheduled,
+	    dp->stats.buried, dp->stats.released, dp->stats.lost, dp->stats.by_handler);
 	free(pfd);
 	free(ref);
 	if (dp->fatal_code != 0)

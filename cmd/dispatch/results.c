@@ -80,7 +80,7 @@ finish_slot(struct dispatcher *dp, struct slot *s, struct verdict v)
 	 * a takeover then knows the followers behind it never ran
 	 * (rb_claim_opts.chain_early, set by maybe_claim from the same test) */
 	bool go = followers != NULL && chain_early(dp) && d->attempt == 1 &&
-	    v.v == RB_VERDICT_OK && dp->stop_level == 0;
+	    (v.v == RB_VERDICT_OK || v.v == RB_VERDICT_DONE) && dp->stop_level == 0;
 
 	queue_result(dp, d, v, gen, go ? NULL : followers);
 	dp->opt.kind->release(dp, s);
@@ -147,6 +147,15 @@ apply_results(struct dispatcher *dp, size_t n, struct rb_result *v)
 		case RB_OUTCOME_COMPLETED:
 			dp->stats.completed++;
 			progress = go[i] = true;	/* its chain goes on */
+			if (r->by_handler) {
+				/* (relaybus_complete in the handler's transaction: said so,
+				 * or found gone under the still-held lease after the
+				 * handler crashed or failed past its commit) */
+				dp->stats.by_handler++;
+				if (r->verdict != RB_VERDICT_DONE)
+					rb_info("%s: completed by the handler (its delivery is gone, the lease held)",
+					    ev);
+			}
 			break;
 		case RB_OUTCOME_RESCHEDULED:
 			dp->stats.rescheduled++;
@@ -170,7 +179,7 @@ apply_results(struct dispatcher *dp, size_t n, struct rb_result *v)
 		}
 		if (r->sql_error != NULL)
 			rb_info("%s: %s", ev, r->sql_error);
-		rb_debug("%s: %s", ev, rb_outcome_name(r->outcome));
+		rb_debug("%s: %s%s", ev, rb_outcome_name(r->outcome), r->by_handler ? " (by the handler)" : "");
 	}
 	for (size_t i = 0; i < n; i++)
 		free(v[i].sql_error);
