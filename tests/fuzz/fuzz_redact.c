@@ -119,6 +119,14 @@ check_pg(const char *s)
 				elsewhere = true;
 		if (strstr("postgresql://xxxxx", pw) != NULL)
 			elsewhere = true;
+		/* a keyword given twice: libpq keeps the last value, and the
+		 * text still holds the earlier one, which may spell it */
+		for (size_t j = 0; o[j].keyword != NULL && !elsewhere; j++) {
+			const char *at = strstr(s, o[j].keyword);
+
+			if (!secret_kw(o[j].keyword) && at != NULL && strstr(at + 1, o[j].keyword) != NULL)
+				elsewhere = true;
+		}
 		FUZZ_CHECK(elsewhere || strstr(r, pw) == NULL, "'%s' -> '%s' shows the password '%s'", s, r, pw);
 		/* a connection error that quotes it: masked (unless it is
 		 * spelled by the mask itself) */
