@@ -283,9 +283,13 @@ rb_json_sb_compact(struct rb_sbuf *b, const char *json, size_t n)
 			p = (const char *)skip_plain((const unsigned char *)p, (const unsigned char *)end, false);
 			if (p == end)
 				break;
-			if (*p == '\\')
+			if (*p == '\\') {
+				/* (a backslash as the last byte, invalid JSON: never
+				 * step past the end) */
+				if (p + 1 == end)
+					break;
 				p++;
-			else if (*p == '"')
+			} else if (*p == '"')
 				in_string = false;
 		} else if (*p == '"')
 			in_string = true;

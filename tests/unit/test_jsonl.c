@@ -180,6 +180,28 @@ test_string_places(void)
 	ok(bad_compact == 0, "%ld texts compacted as jansson prints them (%ld differ)", n, bad_compact);
 }
 
+/* rb_json_sb_compact on a text cut after a backslash inside a string
+ * (invalid JSON, never from PostgreSQL): the bytes as they were (security
+ * audit F15: the pointer stepped one past the end there, never read, so
+ * nothing observable; an exact-size buffer, so ASan would see a read) */
+static void
+test_compact_cut(void)
+{
+	static const char text[] = "{\"k\": \"a b\\";
+	size_t n = strlen(text);
+	char *exact = malloc(n);
+	struct rb_sbuf b;
+
+	memcpy(exact, text, n);
+	rb_sb_init(&b);
+	rb_json_sb_compact(&b, exact, n);
+	rb_sb_putn(&b, "", 0);
+	ok(b.len == n - 1 && memcmp(b.s, "{\"k\":\"a b\\", b.len) == 0,
+	    "a text cut after a backslash is kept, the space outside the string dropped: '%.*s'", (int)b.len, b.s);
+	free(b.s);
+	free(exact);
+}
+
 /* rb_json_members: the wanted members; numbers elsewhere are syntax only */
 static void
 test_members(void)
@@ -312,5 +334,6 @@ main(void)
 	test_string_places();
 	test_scan();
 	test_members();
+	test_compact_cut();
 	return done_testing();
 }
