@@ -168,10 +168,9 @@ dispatch() {  # handler
 
 @test "pg_control_system() revoked: a warning, not a failure" {
   URL_A=$(pgtmp start "$FO_DIR/a")
-  rb-setup --db "$URL_A" -q
-  on "$URL_A" "REVOKE EXECUTE ON FUNCTION pg_control_system() FROM PUBLIC; CREATE ROLE pub LOGIN;
-    GRANT USAGE ON SCHEMA $RB_SCHEMA TO pub; GRANT ALL ON ALL TABLES IN SCHEMA $RB_SCHEMA TO pub;
-    GRANT USAGE ON ALL SEQUENCES IN SCHEMA $RB_SCHEMA TO pub"
+  on "$URL_A" "REVOKE EXECUTE ON FUNCTION pg_control_system() FROM PUBLIC; CREATE ROLE pub LOGIN"
+  # a publisher role (relaybus(7) ROLES): it may publish, nothing else
+  rb-setup --db "$URL_A" -q --grant publisher=pub
   run bash -c "echo '{\"id\":\"p1\",\"name\":\"t\",\"payload\":1,\"handlers\":[\"h\"]}' |
     rb-publish --db 'postgresql://pub@127.0.0.1:$(cat "$FO_DIR/a/port")/postgres' 2>&1"
   echo "$output"

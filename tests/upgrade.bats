@@ -296,16 +296,19 @@ relaybus_deliveries_pkey" ]
   HOLD_FD=7
   echo "BEGIN; LOCK TABLE relaybus_deliveries IN ACCESS SHARE MODE; SELECT 1;" >&7
   sleep 0.5
-  rb-setup 2>"$BATS_TEST_TMPDIR/err" 7>&- 3>&- & setup=$!
+  # a name of its own (PGAPPNAME beats the programs' fallback_application_name): the
+  # other files' set-ups run on the same server at the same time (make -j)
+  local app=rbsetup$$
+  PGAPPNAME=$app rb-setup 2>"$BATS_TEST_TMPDIR/err" 7>&- 3>&- & setup=$!
   PIDS="$PIDS $setup"
   # it waits for the lock, holding what it did so far (events has changed)
   for i in $(seq 100); do
-    [ "$(q "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'rb-setup' AND wait_event_type = 'Lock'")" = 1 ] && break
+    [ "$(q "SELECT count(*) FROM pg_stat_activity WHERE application_name = '$app' AND wait_event_type = 'Lock'")" = 1 ] && break
     sleep 0.1
   done
   [ "$(q "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
-          WHERE a.application_name = 'rb-setup' AND l.relation = 'relaybus_events'::regclass AND l.mode = 'AccessExclusiveLock' AND l.granted")" = 1 ]
-  [ "$(q "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = 'rb-setup'")" = 1 ]
+          WHERE a.application_name = '$app' AND l.relation = 'relaybus_events'::regclass AND l.mode = 'AccessExclusiveLock' AND l.granted")" = 1 ]
+  [ "$(q "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = '$app'")" = 1 ]
   rc=0
   wait "$setup" || rc=$?
   [ "$rc" -eq 75 ]
