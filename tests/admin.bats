@@ -65,7 +65,8 @@ fields() { jq -r "[$1] | map(tostring) | join(\" \")"; }
   [[ "${lines[3]}" =~ ^TOTAL\ +5\ +3\ +2\ +1\ +1\ +1\ +[0-9]+$ ]]
   [ "${lines[4]}" = "events without deliveries: 1" ]
   # aligned: every row as long as the header
-  [ "${#lines[1]}" -eq "${#lines[0]}" ] && [ "${#lines[3]}" -eq "${#lines[0]}" ]
+  [ "${#lines[1]}" -eq "${#lines[0]}" ]
+  [ "${#lines[3]}" -eq "${#lines[0]}" ]
 }
 
 @test "stats --prometheus passes a strict exposition-format parser" {
@@ -372,7 +373,8 @@ mailer pending -" ]
   [ "$rc" -eq 75 ]
   done=$(jq .dead <"$BATS_TEST_TMPDIR/out")
   [ "$(jq .interrupted <"$BATS_TEST_TMPDIR/out")" = true ]
-  [ "$done" -gt 0 ] && [ "$done" -lt 100000 ]
+  [ "$done" -gt 0 ]
+  [ "$done" -lt 100000 ]
   [ "$(jq .batches <"$BATS_TEST_TMPDIR/out")" -eq $((done / 10)) ]
   [ "$(q "SELECT count(*) FROM relaybus_deliveries WHERE status = 'dead' AND updated_at < now() - interval '7 days'")" -eq $((100000 - done)) ]
   grep -q "^rb-admin: purge interrupted by SIGINT: the $((done / 10)) batches done are committed; run it again to go on$" "$BATS_TEST_TMPDIR/err"

@@ -134,5 +134,5 @@ EOF
   [ "$status" -eq 0 ]
   [[ "$output" == *"ok 1 own cluster"* ]]
   # and stopped it: no server left in a relaybus-bats folder
-  ! pgrep -f 'relaybus-bats\.[A-Za-z0-9]+/data' >/dev/null
+  ! pgrep -f 'relaybus-bats\.[A-Za-z0-9]+/data' >/dev/null || false
 }

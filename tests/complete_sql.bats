@@ -89,7 +89,7 @@ await() {  # name state
   say listener "SELECT 'after';"
   bye listener
   grep -q after "$BATS_TEST_TMPDIR/listener.out"
-  ! grep -qi notification "$BATS_TEST_TMPDIR/listener.out"
+  ! grep -qi notification "$BATS_TEST_TMPDIR/listener.out" || false
   # the owner's next claim (as the holder that claimed it, as rb-claim
   # would in one run: another rb-claim is another holder) finds it gone and
   # hands the lane back
@@ -274,7 +274,7 @@ SQL
           SELECT relaybus_complete(:'line');"
   bye s2
   grep -q "40001: could not serialize access due to concurrent update" "$BATS_TEST_TMPDIR/s2.out"
-  ! grep -qx completed "$BATS_TEST_TMPDIR/s2.out"
+  ! grep -qx completed "$BATS_TEST_TMPDIR/s2.out" || false
   [ "$(q "SELECT count(*) FROM business WHERE event_id = '$ev'")" = 0 ]
   [ "$(q "SELECT d.attempts || ' ' || l.lease_owner FROM relaybus_deliveries d JOIN relaybus_lanes l ON l.handler = d.handler AND l.lane = d.lane WHERE d.event_id = '$ev'")" = "1 B" ]
   # retried in a new transaction: lost
