@@ -38,15 +38,6 @@ events() {  # n prefix handler [keys]
 
 publish() { events "$@" | rb-publish -q; }
 
-# wait up to SECS for a shell condition
-wait_for() {  # secs cond...
-  local end=$(( $(date +%s) + $1 )); shift
-  until eval "$*"; do
-    [ "$(date +%s)" -lt "$end" ] || { echo "timed out waiting for: $*" >&2; return 1; }
-    sleep 0.05
-  done
-}
-
 lines() { [ -f "$1" ] && wc -l <"$1" || echo 0; }
 pending() { q "SELECT count(*) FROM relaybus_deliveries WHERE handler = '$1'"; }
 # keyed records whose payload seq is not above the previous one of their key

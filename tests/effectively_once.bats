@@ -39,14 +39,6 @@ publish() {  # n handler
   }' | rb-publish -q
 }
 
-wait_for() {  # secs cond...
-  local end=$(( $(date +%s) + $1 )); shift
-  until eval "$*"; do
-    [ "$(date +%s)" -lt "$end" ] || { echo "timed out waiting for: $*" >&2; return 1; }
-    sleep 0.05
-  done
-}
-
 # every one of the N events of HANDLER has exactly one business row, and
 # no delivery of HANDLER is left (pending or dead)
 exactly_once() {  # n handler

@@ -48,14 +48,6 @@ pair() {
 on() { psql "$1" -X -A -t -q -v ON_ERROR_STOP=1 -c "$2"; }
 sink_ids() { on "$1" "SELECT string_agg(id, ',' ORDER BY id) FROM $RB_SCHEMA.sink"; }
 
-wait_for() {  # secs cond...
-  local end=$(( $(date +%s) + $1 )); shift
-  until eval "$*"; do
-    [ "$(date +%s)" -lt "$end" ] || { echo "timed out waiting for: $*" >&2; return 1; }
-    sleep 0.1
-  done
-}
-
 # kill -9 of the primary's postmaster (its backends exit on their own)
 kill_primary() {
   kill -9 "$(head -n 1 "$FO_DIR/a/data/postmaster.pid")"

@@ -33,14 +33,6 @@ value() {  # file series
   awk -v s="$2" '$1 == s { print $2 }' "$1"
 }
 
-wait_for() {  # secs cond...
-  local end=$(( $(date +%s) + $1 )); shift
-  until eval "$*"; do
-    [ "$(date +%s)" -lt "$end" ] || { echo "timed out waiting for: $*" >&2; return 1; }
-    sleep 0.1
-  done
-}
-
 publish_n() {  # n prefix
   awk -v n="$1" -v p="$2" 'BEGIN { for (i = 1; i <= n; i++)
     printf "{\"id\":\"%s%d\",\"name\":\"t\",\"payload\":{}}\n", p, i }' | rb-publish -q

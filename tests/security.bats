@@ -33,14 +33,6 @@ pg_port() { printf '%s\n' "$_test_pg_url" | sed -n 's|.*:\([0-9][0-9]*\)/.*|\1|p
 
 app_conns() { q "SELECT count(*) FROM pg_stat_activity WHERE application_name = '$1'"; }
 
-wait_for() {  # secs cond...
-  local end=$(( $(date +%s) + $1 )); shift
-  until eval "$*"; do
-    [ "$(date +%s)" -lt "$end" ] || { echo "timed out waiting for: $*" >&2; return 1; }
-    sleep 0.05
-  done
-}
-
 # ---- passwords in messages (F3, F4) ------------------------------------------
 
 @test "redaction: libpq's parse error, which quotes the password, is not shown" {

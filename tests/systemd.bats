@@ -19,14 +19,6 @@ teardown() {
   drop_schema
 }
 
-wait_for() {  # secs cond...
-  local end=$(( $(date +%s) + $1 )); shift
-  until eval "$*"; do
-    [ "$(date +%s)" -lt "$end" ] || { echo "timed out waiting for: $*" >&2; return 1; }
-    sleep 0.05
-  done
-}
-
 need_libsystemd() {
   ldd "$RB_BINDIR/rb-dispatch" 2>/dev/null | grep -q libsystemd ||
     skip "rb-dispatch built without libsystemd (configure --without-systemd)"

@@ -27,14 +27,6 @@ publish() {  # n prefix handler
   }' | rb-publish -q
 }
 
-wait_for() {  # secs cond...
-  local end=$(( $(date +%s) + $1 )); shift
-  until eval "$*"; do
-    [ "$(date +%s)" -lt "$end" ] || { echo "timed out waiting for: $*" >&2; return 1; }
-    sleep 0.05
-  done
-}
-
 lines() { [ -f "$1" ] && wc -l <"$1" || echo 0; }
 pending() { q "SELECT count(*) FROM relaybus_deliveries WHERE handler = '$1'"; }
 now_ms() { date +%s%3N; }

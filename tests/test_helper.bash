@@ -215,3 +215,12 @@ gen_events() {  # n name [keys]
     }
   }'
 }
+
+# wait up to SECS for a shell condition (checked every 50 ms)
+wait_for() {  # secs cond...
+  local end=$(( $(date +%s) + $1 )); shift
+  until eval "$*"; do
+    [ "$(date +%s)" -lt "$end" ] || { echo "timed out waiting for: $*" >&2; return 1; }
+    sleep 0.05
+  done
+}
