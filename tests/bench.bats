@@ -26,6 +26,10 @@ load test_helper
   # rb-dispatch runs when built, else its rows say why they were skipped
   if [ -x "$RB_BINDIR/rb-dispatch" ]; then
     [[ "$output" == *"| 1 inst, defaults"*"| VALID |"* ]]
+    # the same drain under a held snapshot, and its ratio to the drain without it
+    [[ "$output" == *"| 1 inst, held snapshot: defaults"*"| VALID |"* ]]
+    [[ "$output" == *"| config | deliveries/s (without -> with the snapshot) |"* ]]
+    [[ "$output" == *"| 1 inst, defaults"*" -> **"*"x) | "*"| VALID |"* ]]
   else
     [[ "$output" == *"skipped: cmd/rb-dispatch is not built"* ]]
   fi
