@@ -172,9 +172,10 @@ rb_parse_duration_ms(const char *s, int64_t *out_ms)
 		/* frac < 10^10 and mult <= 86400000: no overflow */
 		if (!fine || frac * mult % scale != 0)
 			return RB_DURATION_FRACTION;
-		if (whole > INT64_MAX / mult)
+		v = frac * mult / scale;	/* < mult */
+		if (whole > (INT64_MAX - v) / mult)
 			return RB_DURATION_RANGE;
-		v = whole * mult + frac * mult / scale;
+		v += whole * mult;
 		if (v < 0 || total > INT64_MAX - v)
 			return RB_DURATION_RANGE;
 		total += v;

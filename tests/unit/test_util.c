@@ -39,6 +39,7 @@ test_durations(void)
 		{ "9223372036854775807d", RB_DURATION_RANGE },
 		{ "106751991168d", RB_DURATION_RANGE },
 		{ "106751991167d8h", RB_DURATION_RANGE },
+		{ "106751991167.5d", RB_DURATION_RANGE },	/* the fraction overflows */
 	};
 	int64_t ms;
 
