@@ -6,18 +6,10 @@
 load test_helper
 
 # each test has its own schema (RB_SCHEMA names the test's process)
-setup() {
-  if [ -n "${RELAYBUS_TEST_PG_URL:-}" ]; then
-    drop_schema
-    setup_schema
-  fi
-}
+setup() { fresh_schema; }
 
 teardown() {
-  # never leave a dispatcher behind
-  local p
-  for p in ${PIDS:-}; do kill -9 "$p" 2>/dev/null || true; done
-  drop_schema
+  kill_pids_drop_schema
   if [ -n "${RESTART_DIR:-}" ]; then
     "$RB_SRCDIR/scripts/pg-tmp" stop "$RESTART_DIR" >/dev/null 2>&1 3>&- || true
     rm -rf "$RESTART_DIR"

@@ -6,18 +6,9 @@
 
 load test_helper
 
-setup() {
-  if [ -n "${RELAYBUS_TEST_PG_URL:-}" ]; then
-    drop_schema
-    setup_schema
-  fi
-}
+setup() { fresh_schema; }
 
-teardown() {
-  local p
-  for p in ${PIDS:-}; do kill -9 "$p" 2>/dev/null || true; done
-  drop_schema
-}
+teardown() { kill_pids_drop_schema; }
 
 need_libsystemd() {
   ldd "$RB_BINDIR/rb-dispatch" 2>/dev/null | grep -q libsystemd ||

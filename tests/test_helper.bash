@@ -206,6 +206,21 @@ drop_schema() {
 }
 
 # Publish N simple events named NAME (keyed with KEYS distinct keys when given).
+# The usual set-up of a test: a schema of its own, new (when a server is given).
+fresh_schema() {
+  if [ -n "${RELAYBUS_TEST_PG_URL:-}" ]; then
+    drop_schema
+    setup_schema
+  fi
+}
+
+# The usual tear-down: never leave a process of $PIDS behind (kill -9), drop the schema.
+kill_pids_drop_schema() {
+  local p
+  for p in ${PIDS:-}; do kill -9 "$p" 2>/dev/null || true; done
+  drop_schema
+}
+
 gen_events() {  # n name [keys]
   local n=$1 name=$2 keys=${3:-0}
   awk -v n="$n" -v name="$name" -v keys="$keys" 'BEGIN {
