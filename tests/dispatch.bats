@@ -571,6 +571,16 @@ s2|dead|5" ]
   [ "$(q "SELECT status, attempts FROM relaybus_deliveries WHERE handler = 'settling3'")" = "pending|1" ]
 }
 
+@test "--settle, keyed deliveries that always fail: all end dead, none left behind a buried head" {
+  need_pg
+  # a claim that found a key held by its head, beside the head's burial
+  # and its followers' release, once said "drained" with them all due
+  publish 120 sk settle_keyed 3
+  run -0 rb-dispatch -H settle_keyed --exec 'exit 3' --max-attempts 2 --settle -q
+  run -0 rb-admin stats --handler settle_keyed
+  [ "$(jq -c '[.pending, .dead]' <<<"${lines[0]}")" = "[0,120]" ]
+}
+
 @test "a dead --pipe co-process is restarted; its in-flight deliveries fail and run again" {
   need_pg
   local out=$BATS_TEST_TMPDIR/p.out

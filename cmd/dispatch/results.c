@@ -162,12 +162,16 @@ apply_results(struct dispatcher *dp, size_t n, struct rb_result *v)
 			progress = true;
 			break;
 		case RB_OUTCOME_BURIED:
+			/* (a dead delivery no longer holds its key back: the next
+			 * one is due, and so are the followers released with it) */
 			dp->stats.buried++;
+			progress = true;
 			rb_warn("%s: buried after %d attempts: %s", ev, r->attempts > 0 ? r->attempts : 0,
 			    r->error != NULL ? r->error : r->sql_error != NULL ? r->sql_error : "handler failed");
 			break;
 		case RB_OUTCOME_RELEASED:
 			dp->stats.released++;
+			progress = true;	/* due again: a claim beside it may have missed it */
 			break;
 		case RB_OUTCOME_LOST:
 			dp->stats.lost++;
