@@ -75,7 +75,7 @@ static const char usage_str[] =
 "      --json                   JSON lines (the default when stdout is not a terminal)\n"
 "      --table                  an aligned table (the default on a terminal)\n"
 "      --status STATUS          list: pending, processing, dead, completed; comma-separated\n"
-"      --handler NAME           only this handler\n"
+"  -H, --handler NAME           only this handler\n"
 "      --key KEY                only deliveries of this ordering key\n"
 "      --event ID               only deliveries of this event\n"
 "  -n, --limit N                at most N deliveries, oldest first\n"
@@ -107,7 +107,7 @@ static const char usage_str[] =
 #define APPLY_CHUNK	1000
 
 enum {
-	OPT_JSON = RB_OPT_FIRST_PROGRAM, OPT_TABLE, OPT_STATUS, OPT_HANDLER, OPT_KEY, OPT_EVENT,
+	OPT_JSON = RB_OPT_FIRST_PROGRAM, OPT_TABLE, OPT_STATUS, OPT_KEY, OPT_EVENT,
 	OPT_REASON, OPT_PROMETHEUS, OPT_DEAD_OLDER, OPT_COMPLETED_OLDER, OPT_HISTORY_OLDER,
 	OPT_BATCH, OPT_KEYS, OPT_OUTPUT
 };
@@ -189,7 +189,7 @@ parse_opts(int argc, char **argv, const char *shortopts)
 		{ "json", no_argument, NULL, OPT_JSON },
 		{ "table", no_argument, NULL, OPT_TABLE },
 		{ "status", required_argument, NULL, OPT_STATUS },
-		{ "handler", required_argument, NULL, OPT_HANDLER },
+		{ "handler", required_argument, NULL, 'H' },
 		{ "key", required_argument, NULL, OPT_KEY },
 		{ "event", required_argument, NULL, OPT_EVENT },
 		{ "limit", required_argument, NULL, 'n' },
@@ -224,7 +224,7 @@ parse_opts(int argc, char **argv, const char *shortopts)
 			opt.status = optarg;
 			seen(F_STATUS, "--status");
 			break;
-		case OPT_HANDLER:
+		case 'H':
 			opt.handler = rb_cli_handler(u, optarg);
 			seen(F_HANDLER, "--handler");
 			break;
@@ -294,7 +294,7 @@ parse_args(int argc, char **argv)
 	opt.dead_older = opt.completed_older = opt.history_older = -1;
 	opt.batch = 1000;
 	/* options before the command; '+' stops at the command name */
-	i = parse_opts(argc, argv, "+" RB_COMMON_SHORTOPTS "n:a");
+	i = parse_opts(argc, argv, "+" RB_COMMON_SHORTOPTS "H:n:a");
 	if (i >= argc)
 		rb_cli_usage_error(usage_str, "missing command");
 	for (the_cmd = admin_cmds; the_cmd->name != NULL; the_cmd++)
@@ -311,7 +311,7 @@ parse_args(int argc, char **argv)
 		argv += i;
 		argv[0] = prog;		/* getopt's messages name the program */
 		optind = 0;
-		i = parse_opts(argc, argv, RB_COMMON_SHORTOPTS "n:a");
+		i = parse_opts(argc, argv, RB_COMMON_SHORTOPTS "H:n:a");
 		argv[0] = name;
 	}
 	for (int b = 0; b < 16; b++)

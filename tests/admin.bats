@@ -53,6 +53,9 @@ fields() { jq -r "[$1] | map(tostring) | join(\" \")"; }
   # --handler keeps that handler's line and the bus total
   run rb-admin stats --handler mailer
   [ "$(printf '%s\n' "$output" | jq -r .handler | tr '\n' ' ')" = "mailer null " ]
+  # -H as in rb-claim and rb-dispatch
+  run rb-admin list -H audit
+  [ "$(printf '%s\n' "$output" | jq -r .handler | sort -u)" = audit ]
 }
 
 @test "stats: an aligned table with --table" {
