@@ -9,6 +9,14 @@
  * lines is answered in chunks and a single line at once.
  *
  *   noop LOGDIR
+ *
+ * Two knobs for bench/run's curve and rss scenarios, from the environment
+ * (which rb-dispatch --pipe passes on):
+ *   NOOP_FAIL_FIRST=FILE  a delivery's first attempt ("attempt":1) fails
+ *       (answered "ok":false, "retry_ms":0) and is logged to FILE instead
+ *       of LOGDIR, every later attempt succeeds as usual
+ *   NOOP_DELAY_MS=N       wait N ms before answering each chunk of input
+ *       (a slow handler: the dispatcher fills its --concurrency)
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -18,8 +26,10 @@
 #include <time.h>
 #include <unistd.h>
 
-static char *out, *lg;
-static size_t out_n, out_cap, lg_n, lg_cap;
+static char *out, *lg, *fl;
+static size_t out_n, out_cap, lg_n, lg_cap, fl_n, fl_cap;
+static int fail_first;
+static const char fail_tail[] = ",\"ok\":false,\"error\":\"bench: first attempt\",\"retry_ms\":0}\n";
 
 static void
 put(char **b, size_t *n, size_t *cap, const char *s, size_t len)
@@ -65,6 +75,14 @@ line(const char *s, size_t len, long long ts)
 	if (len < 2 || s[0] != '{' || s[len - 1] != '}')
 		return;
 	k = snprintf(pre, sizeof pre, "{\"_ts\":%lld,", ts);
+	if (fail_first && memmem(s, len, "\"attempt\":1,", 12) != NULL) {
+		put(&fl, &fl_n, &fl_cap, pre, (size_t)k);
+		put(&fl, &fl_n, &fl_cap, s + 1, len - 1);
+		put(&fl, &fl_n, &fl_cap, "\n", 1);
+		put(&out, &out_n, &out_cap, s, len - 1);
+		put(&out, &out_n, &out_cap, fail_tail, strlen(fail_tail));
+		return;
+	}
 	put(&lg, &lg_n, &lg_cap, pre, (size_t)k);
 	put(&lg, &lg_n, &lg_cap, s + 1, len - 1);
 	put(&lg, &lg_n, &lg_cap, "\n", 1);
@@ -78,7 +96,9 @@ main(int argc, char **argv)
 	static char buf[1 << 20];
 	size_t have = 0;
 	char path[4096];
-	int logfd;
+	const char *ff = getenv("NOOP_FAIL_FIRST"), *dl = getenv("NOOP_DELAY_MS");
+	struct timespec delay = { 0, 0 };
+	int logfd, failfd = -1;
 
 	if (argc != 2) {
 		fprintf(stderr, "usage: noop LOGDIR\n");
@@ -88,6 +108,17 @@ main(int argc, char **argv)
 	if ((logfd = open(path, O_WRONLY | O_CREAT | O_APPEND, 0644)) < 0) {
 		perror(path);
 		return 73;
+	}
+	if (ff != NULL && *ff != '\0') {
+		if ((failfd = open(ff, O_WRONLY | O_CREAT | O_APPEND, 0644)) < 0) {
+			perror(ff);
+			return 73;
+		}
+		fail_first = 1;
+	}
+	if (dl != NULL && atol(dl) > 0) {
+		delay.tv_sec = atol(dl) / 1000;
+		delay.tv_nsec = atol(dl) % 1000 * 1000000L;
 	}
 	for (;;) {
 		ssize_t r = read(0, buf + have, sizeof buf - have);
@@ -114,7 +145,11 @@ main(int argc, char **argv)
 			fprintf(stderr, "noop: line too long\n");
 			return 65;
 		}
+		if (delay.tv_sec > 0 || delay.tv_nsec > 0)
+			nanosleep(&delay, NULL);
 		drain(logfd, lg, &lg_n);
+		if (failfd >= 0)
+			drain(failfd, fl, &fl_n);
 		drain(1, out, &out_n);
 	}
 	if (have > 0) {
@@ -124,6 +159,8 @@ main(int argc, char **argv)
 		line(buf, have, (long long)t.tv_sec * 1000000 + t.tv_nsec / 1000);
 	}
 	drain(logfd, lg, &lg_n);
+	if (failfd >= 0)
+		drain(failfd, fl, &fl_n);
 	drain(1, out, &out_n);
 	return 0;
 }

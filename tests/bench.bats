@@ -39,3 +39,30 @@ load test_helper
   jq -e '.cores > 0 and .synchronous_commit != null and .shared_buffers != null' "$BATS_TEST_TMPDIR/out/machine.json"
   [ "$(q "SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'rbbench\_%'")" = 0 ]
 }
+
+@test "bench/run --tiny --only curve,rss,counters prints their tables and every run is valid" {
+  need_pg
+  command -v jq >/dev/null || skip "jq is not installed"
+  command -v cc >/dev/null && pkg-config --exists libpq || skip "cc or libpq-dev is missing"
+  [ -x "$RB_BINDIR/rb-dispatch" ] || skip "cmd/rb-dispatch is not built"
+  run --separate-stderr env RB_BINDIR="$RB_BINDIR" "$RB_SRCDIR/bench/run" --tiny --only curve,rss,counters \
+    --db "$RELAYBUS_TEST_PG_URL" --out "$BATS_TEST_TMPDIR/out"
+  echo "$stderr" | tail -n 20 >&2
+  [ "$status" -eq 0 ]
+  [[ "$output" != *"### pg: publish only"* ]]
+  [[ "$output" == *"### pg: the curve"* ]]
+  [[ "$output" == *"| 1 | "*" -> **"*"x) | "*"| VALID |"* ]]
+  [[ "$output" == *"| 2 | "*" -> **"*"x) | "*"| VALID |"* ]]
+  [[ "$output" == *"| backlog 300 -> 1,200 (1 process) | "*"| VALID |"* ]]
+  [[ "$output" == *"| subscribed handlers 1 -> 5 "*"| VALID |"* ]]
+  [[ "$output" == *"| a held snapshot "*"| VALID |"* ]]
+  [[ "$output" == *"| defaults (conc 3200, batch 800, chain 32) | **"*" | VALID |"* ]]
+  [[ "$output" == *"| conc 10000 (the maximum) | **"*" | VALID |"* ]]
+  [[ "$output" == *"| fail once, then succeed (no RB_DISPATCH_BASE: this build only) | "*"| VALID |"* ]]
+  [[ "$output" != *INVALID* ]]
+  # every delivery of the counters drain failed once: the handler's log of first attempts
+  [ "$(jq -s 'map(select(.scenario == "counters")) | .[0] | .failed_first == .deliveries and .deliveries == 600' \
+    "$BATS_TEST_TMPDIR/out/results.jsonl")" = true ]
+  if command -v gnuplot >/dev/null; then [ -s "$BATS_TEST_TMPDIR/out/curve.svg" ]; fi
+  [ "$(q "SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'rbbench\_%'")" = 0 ]
+}
