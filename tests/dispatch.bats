@@ -63,12 +63,19 @@ order_violations() {  # file [strict]
   [[ "$output" == *"--stats-every DUR"* ]]
 }
 
-@test "defaults: 3200 in flight, claims of 800, chains of 32 with --pipe; 10, 100, 8 with --exec" {
+@test "defaults: 3200 in flight, claims of 800, chains of 32 with --pipe; 10, 100, 1 with --exec; the chain fits the concurrency" {
   need_pg
   run -0 --separate-stderr rb-dispatch -v -H dc --pipe cat --drain
   [[ "$stderr" == *"(concurrency 3200, batch 800, chain 32)"* ]]
   run -0 --separate-stderr rb-dispatch -v -H dc --exec true --drain
-  [[ "$stderr" == *"(concurrency 10, batch 100, chain 8)"* ]]
+  [[ "$stderr" == *"(concurrency 10, batch 100, chain 1)"* ]]
+  # an eighth of --concurrency, at most 32 with --pipe and 8 otherwise
+  run -0 --separate-stderr rb-dispatch -v -H dc --pipe cat --concurrency 32 --drain
+  [[ "$stderr" == *"(concurrency 32, batch 800, chain 4)"* ]]
+  run -0 --separate-stderr rb-dispatch -v -H dc --pipe cat --concurrency 7 --drain
+  [[ "$stderr" == *"(concurrency 7, batch 800, chain 1)"* ]]
+  run -0 --separate-stderr rb-dispatch -v -H dc --exec true --concurrency 200 --drain
+  [[ "$stderr" == *"(concurrency 200, batch 100, chain 8)"* ]]
   run -0 --separate-stderr rb-dispatch -v -H dc --pipe cat --concurrency 7 --batch 3 --chain 2 --drain
   [[ "$stderr" == *"(concurrency 7, batch 3, chain 2)"* ]]
   # and 3200 really go out at once, in claims of 800: one co-process holds them
@@ -464,9 +471,10 @@ crash_replay() {  # handler id opts...
 
 @test "key order under kill -9: chains replay in order (i, i+1, i, i+1); --strict-order and --chain 1 never go back" {
   need_pg
-  # the default: o2 starts once o1 succeeded, before o1's completion
-  # commits (--window 2s holds it back); the crash then replays both
-  run -0 crash_replay korder o --window 2s
+  # a chain (the default from --concurrency 64 on): o2 starts once o1
+  # succeeded, before o1's completion commits (--window 2s holds it back);
+  # the crash then replays both
+  run -0 crash_replay korder o --window 2s --chain 8
   [ "$output" = "o1 o2 o1 o2 o3 " ]
   # --strict-order: o2 starts only once o1's completion committed; the
   # crash replays o2 only
