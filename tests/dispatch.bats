@@ -295,6 +295,33 @@ EOF
   [ "$(order_violations "$out" 0)" = 0 ]
 }
 
+@test "a server down for 8 s: rb-dispatch is back within about a second of it accepting connections (reconnect backoff at most 0.5 s)" {
+  need_pg
+  drop_schema
+  RESTART_DIR=$(mktemp -d /tmp/rb-restart.XXXXXX)
+  chmod 755 "$RESTART_DIR"
+  _test_pg_url=$("$RB_SRCDIR/scripts/pg-tmp" start "$RESTART_DIR" 3>&-)
+  export RELAYBUS_URL=$_test_pg_url
+  rb-setup
+  local out=$BATS_TEST_TMPDIR/down.out t_up t_rec
+  publish 2 down down
+  rb-dispatch -H down --exec "rb-test-exec $out ok" 2>"$BATS_TEST_TMPDIR/down.err" 3>&- & PIDS=$!
+  wait_for 10 '[ "$(lines "$out")" -ge 2 ]'
+  "$RB_SRCDIR/scripts/pg-tmp" stop "$RESTART_DIR" >/dev/null 2>&1 3>&-
+  wait_for 10 'grep -q reconnecting "$BATS_TEST_TMPDIR/down.err"'
+  sleep 8
+  "$RB_SRCDIR/scripts/pg-tmp" start "$RESTART_DIR" >/dev/null 2>&1 3>&-
+  t_up=$(date +%s%3N)
+  wait_for 10 'grep -q reconnected "$BATS_TEST_TMPDIR/down.err"'
+  t_rec=$(date +%s%3N)
+  echo "# reconnected $((t_rec - t_up)) ms after the server was up" >&3
+  # (with the old 5 s cap the attempt after 8 s came 2-4 s late)
+  [ $((t_rec - t_up)) -lt 1500 ]
+  # and it works there: one more event runs
+  publish 1 down2 down
+  wait_for 10 '[ "$(lines "$out")" -ge 3 ]'
+}
+
 # Drain N with -c 20 -b 10 (and args) while the backend that runs the
 # statement starting with prefix is cut three times: the dispatcher
 # reconnects each time, and every delivery ran once, in key order.  (N: a
