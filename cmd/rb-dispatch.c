@@ -61,7 +61,8 @@ static const char usage_str[] =
 "  -b, --batch N          claim at most N at a time (default 800 with --pipe, else 100)\n"
 "      --chain N          claim up to N deliveries of one key at once, run one after\n"
 "                         the other, each once the previous one is completed\n"
-"                         (default 32 with --pipe, else 8)\n"
+"                         (default --concurrency / 8, at least 1 and at most 32\n"
+"                         with --pipe, else 8)\n"
 "      --strict-order     start a key's next delivery only once the completion of the\n"
 "                         one before it committed: a crash never runs a key's earlier\n"
 "                         delivery again after a later one (relaybus(7) Guarantees)\n"
@@ -246,8 +247,16 @@ parse_args(int argc, char **argv)
 		o->concurrency = o->kind->concurrency;
 	if (o->batch == 0)
 		o->batch = o->kind->batch;
-	if (o->chain == 0)
-		o->chain = o->kind->chain;
+	/* a key's chain waits in its slots one delivery at a time: by
+	 * default it holds at most an eighth of them, so that a few deep keys
+	 * cannot leave the handler idle at a small --concurrency */
+	if (o->chain == 0) {
+		o->chain = o->concurrency / 8;
+		if (o->chain > o->kind->chain)
+			o->chain = o->kind->chain;
+		if (o->chain < 1)
+			o->chain = 1;
+	}
 	if (o->procs > o->concurrency)
 		o->procs = o->concurrency;
 	/* --settle: a failure is due again at once, whatever --backoff says,

@@ -324,7 +324,7 @@ lost(struct rb_store *store, const struct rb_error *err)
 
 /*
  * --reconnect: after err (from the batch at line), reconnect with backoff
- * (100 ms doubling to 5 s) until a server answers: 0; -1 with err set to
+ * (100 ms doubling to RB_RECONNECT_MAX_MS) until a server answers: 0; -1 with err set to
  * the last failure when none has for --reconnect.  Failed attempts are
  * shown with -v.
  */
@@ -344,7 +344,7 @@ ride_through(struct rb_store *store, long line, struct rb_error *err)
 			return -1;
 		}
 		poll(NULL, 0, (int)(backoff < left ? backoff : left));
-		backoff = backoff * 2 > 5000 ? 5000 : backoff * 2;
+		backoff = backoff * 2 > RB_RECONNECT_MAX_MS ? RB_RECONNECT_MAX_MS : backoff * 2;
 		if (rb_store_reconnect(store, &e) < 0) {
 			rb_info("reconnect failed: %s", e.msg);
 			*err = e;
@@ -379,7 +379,7 @@ open_riding(void)
 			rb_cli_die(&err);
 		rb_info("%s; trying again", err.msg);
 		poll(NULL, 0, (int)backoff);
-		backoff = backoff * 2 > 5000 ? 5000 : backoff * 2;
+		backoff = backoff * 2 > RB_RECONNECT_MAX_MS ? RB_RECONNECT_MAX_MS : backoff * 2;
 	}
 }
 

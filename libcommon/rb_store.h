@@ -30,6 +30,10 @@ struct rb_error {
 #define RB_DEFAULT_LEASE_MS	30000
 #define RB_DEFAULT_MAX_ATTEMPTS	10
 #define RB_DEFAULT_BATCH	100
+/* the longest wait between two reconnect attempts (rb-dispatch, rb-publish
+ * --reconnect): a refused connection costs nothing, and a server back
+ * from an outage is reached within about this long (issue 25 item 2) */
+#define RB_RECONNECT_MAX_MS	500
 
 /**
  * Open a store.  url: a postgres:// or postgresql:// URL, a libpq conninfo

@@ -55,12 +55,19 @@ order_violations() {  # file [strict]
   [[ "$output" == *"--stats-every DUR"* ]]
 }
 
-@test "defaults: 3200 in flight, claims of 800, chains of 32 with --pipe; 10, 100, 8 with --exec" {
+@test "defaults: 3200 in flight, claims of 800, chains of 32 with --pipe; 10, 100, 1 with --exec; the chain fits the concurrency" {
   need_pg
   run -0 --separate-stderr rb-dispatch -v -H dc --pipe cat --drain
   [[ "$stderr" == *"(concurrency 3200, batch 800, chain 32)"* ]]
   run -0 --separate-stderr rb-dispatch -v -H dc --exec true --drain
-  [[ "$stderr" == *"(concurrency 10, batch 100, chain 8)"* ]]
+  [[ "$stderr" == *"(concurrency 10, batch 100, chain 1)"* ]]
+  # an eighth of --concurrency, at most 32 with --pipe and 8 otherwise
+  run -0 --separate-stderr rb-dispatch -v -H dc --pipe cat --concurrency 32 --drain
+  [[ "$stderr" == *"(concurrency 32, batch 800, chain 4)"* ]]
+  run -0 --separate-stderr rb-dispatch -v -H dc --pipe cat --concurrency 7 --drain
+  [[ "$stderr" == *"(concurrency 7, batch 800, chain 1)"* ]]
+  run -0 --separate-stderr rb-dispatch -v -H dc --exec true --concurrency 200 --drain
+  [[ "$stderr" == *"(concurrency 200, batch 100, chain 8)"* ]]
   run -0 --separate-stderr rb-dispatch -v -H dc --pipe cat --concurrency 7 --batch 3 --chain 2 --drain
   [[ "$stderr" == *"(concurrency 7, batch 3, chain 2)"* ]]
   # and 3200 really go out at once, in claims of 800: one co-process holds them
@@ -280,6 +287,33 @@ EOF
   [ "$(order_violations "$out" 0)" = 0 ]
 }
 
+@test "a server down for 8 s: rb-dispatch is back within about a second of it accepting connections (reconnect backoff at most 0.5 s)" {
+  need_pg
+  drop_schema
+  RESTART_DIR=$(mktemp -d /tmp/rb-restart.XXXXXX)
+  chmod 755 "$RESTART_DIR"
+  _test_pg_url=$("$RB_SRCDIR/scripts/pg-tmp" start "$RESTART_DIR" 3>&-)
+  export RELAYBUS_URL=$_test_pg_url
+  rb-setup
+  local out=$BATS_TEST_TMPDIR/down.out t_up t_rec
+  publish 2 down down
+  rb-dispatch -H down --exec "rb-test-exec $out ok" 2>"$BATS_TEST_TMPDIR/down.err" 3>&- & PIDS=$!
+  wait_for 10 '[ "$(lines "$out")" -ge 2 ]'
+  "$RB_SRCDIR/scripts/pg-tmp" stop "$RESTART_DIR" >/dev/null 2>&1 3>&-
+  wait_for 10 'grep -q reconnecting "$BATS_TEST_TMPDIR/down.err"'
+  sleep 8
+  "$RB_SRCDIR/scripts/pg-tmp" start "$RESTART_DIR" >/dev/null 2>&1 3>&-
+  t_up=$(date +%s%3N)
+  wait_for 10 'grep -q reconnected "$BATS_TEST_TMPDIR/down.err"'
+  t_rec=$(date +%s%3N)
+  echo "# reconnected $((t_rec - t_up)) ms after the server was up" >&3
+  # (with the old 5 s cap the attempt after 8 s came 2-4 s late)
+  [ $((t_rec - t_up)) -lt 1500 ]
+  # and it works there: one more event runs
+  publish 1 down2 down
+  wait_for 10 '[ "$(lines "$out")" -ge 3 ]'
+}
+
 # Drain N with -c 20 -b 10 (and args) while the backend that runs the
 # statement starting with prefix is cut three times: the dispatcher
 # reconnects each time, and every delivery ran once, in key order.  (N: a
@@ -456,9 +490,10 @@ crash_replay() {  # handler id opts...
 
 @test "key order under kill -9: chains replay in order (i, i+1, i, i+1); --strict-order and --chain 1 never go back" {
   need_pg
-  # the default: o2 starts once o1 succeeded, before o1's completion
-  # commits (--window 2s holds it back); the crash then replays both
-  run -0 crash_replay korder o --window 2s
+  # a chain (the default from --concurrency 64 on): o2 starts once o1
+  # succeeded, before o1's completion commits (--window 2s holds it back);
+  # the crash then replays both
+  run -0 crash_replay korder o --window 2s --chain 8
   [ "$output" = "o1 o2 o1 o2 o3 " ]
   # --strict-order: o2 starts only once o1's completion committed; the
   # crash replays o2 only

@@ -102,7 +102,8 @@ try_reconnect(struct dispatcher *dp, int64_t now)
 		/* (shown with -v; a refused server is said by the store itself) */
 		rb_info("reconnect failed: %s", err.msg);
 		dp->reconnect_at = now + dp->reconnect_backoff;
-		dp->reconnect_backoff = dp->reconnect_backoff * 2 > 5000 ? 5000 : dp->reconnect_backoff * 2;
+		dp->reconnect_backoff = dp->reconnect_backoff * 2 > RB_RECONNECT_MAX_MS ? RB_RECONNECT_MAX_MS :
+		    dp->reconnect_backoff * 2;
 		return;
 	}
 	dp->db_down = false;
