@@ -307,6 +307,7 @@ struct follow {
 	bool			 pipe;		/* stdout is a pipe, made O_NONBLOCK */
 	int			 fl;		/* stdout's flags before */
 	bool			 woken, more;	/* a wake-up came; the last claim was full */
+	bool			 dry;		/* the last claim found nothing */
 	int64_t			 next_claim, next_extend, next_check, next_key_claim;
 };
 
@@ -349,9 +350,25 @@ f_claim(struct follow *f, struct rb_error *err)
 	    .max_attempts = opt.max_attempts };
 	struct rb_dl **v = NULL;
 	int want = f_room(f), n;
+	int64_t t0 = rb_mono_ms();
 
 	co.batch = want < opt.batch ? want : opt.batch;
-	if ((n = rb_store_claim(f->store, &co, &v, err)) < 0)
+	/* what is out (a superset of what is still in flight: harmless), so
+	 * that the claim need not look it up */
+	int64_t *live = xcalloc(f->nout + 1, sizeof *live);
+	int *lanes = xcalloc(f->nout + 1, sizeof *lanes);
+
+	for (size_t i = 0; i < f->nout; i++) {
+		live[i] = f->out[i]->id;
+		lanes[i] = f->out[i]->lease.lane;
+	}
+	co.live = live;
+	co.live_lanes = lanes;
+	co.n_live = f->nout;
+	n = rb_store_claim(f->store, &co, &v, err);
+	free(live);
+	free(lanes);
+	if (n < 0)
 		return -1;
 	if (f->qh == f->qn)
 		f->qh = f->qn = 0;
@@ -363,8 +380,9 @@ f_claim(struct follow *f, struct rb_error *err)
 		f->q[f->qn++] = v[i];
 	free(v);
 	f->more = n == co.batch;
+	f->dry = n == 0;
 	f->woken = false;
-	rb_debug("claimed %d deliveries (%zu out)", n, f->nout);
+	rb_debug("claimed %d deliveries in %lld ms (%zu out)", n, (long long)(rb_mono_ms() - t0), f->nout);
 	return n;
 }
 
@@ -418,6 +436,7 @@ f_check(struct follow *f, struct rb_error *err)
 	struct rb_result *r;
 	bool *live;
 	size_t k = 0;
+	int64_t t0 = rb_mono_ms();
 
 	if (f->nout == 0)
 		return 0;
@@ -438,7 +457,7 @@ f_check(struct follow *f, struct rb_error *err)
 		} else
 			rb_dl_free(f->out[i]);
 	}
-	rb_debug("%zu of %zu written still in flight", k, f->nout);
+	rb_debug("%zu of %zu written still in flight (%lld ms)", k, f->nout, (long long)(rb_mono_ms() - t0));
 	f->nout = k;
 	free(r);
 	free(live);
@@ -606,7 +625,7 @@ follow_run(struct rb_store *store, const char *owner)
 		}
 		/* count off what was completed, when that is what holds back a claim
 		 * (or, with --drain, the end) */
-		if (f_queued(&f) == 0 && f.nout > 0 && (!f_claim_room(&f) || (opt.drain && !f.more)) &&
+		if (f_queued(&f) == 0 && f.nout > 0 && (!f_claim_room(&f) || (opt.drain && f.dry)) &&
 		    now >= f.next_check) {
 			size_t before = f.nout;
 
@@ -650,7 +669,7 @@ follow_run(struct rb_store *store, const char *owner)
 			    f.keyed > 0 ? earliest(f.next_claim, f.next_key_claim) : f.next_claim);
 		if (f_queued(&f) + f.nout > 0)
 			wake = earliest(wake, f.next_extend);
-		if (f_queued(&f) == 0 && f.nout > 0 && (!f_claim_room(&f) || (opt.drain && !f.more)))
+		if (f_queued(&f) == 0 && f.nout > 0 && (!f_claim_room(&f) || (opt.drain && f.dry)))
 			wake = earliest(wake, f.next_check > now ? f.next_check : now + FOLLOW_CHECK_MS);
 		if (wake != 0 && timeout != 0)
 			timeout = wake <= now ? 0 : (int)(wake - now);
