@@ -309,15 +309,26 @@ struct follow {
 	bool			 woken, more;	/* a wake-up came; the last claim was full */
 	bool			 dry;		/* the last claim found nothing */
 	int64_t			 next_claim, next_extend, next_check, next_key_claim;
+	int64_t			 check_ms, key_ms;	/* their intervals now (backing off) */
 };
 
-#define FOLLOW_CHECK_MS		5	/* how often what is out is counted while that bounds the claims */
-#define FOLLOW_DRAIN_CHECK_MS	20	/* ... and with --drain, until it is all done */
+/* What is out is counted every FOLLOW_CHECK_MS while that bounds the claims
+ * (or, with --drain, until it is all done), backing off to FOLLOW_IDLE_MS
+ * while nothing comes back (a slow handler costs a few queries a second) */
+#define FOLLOW_CHECK_MS		5
+#define FOLLOW_IDLE_MS		200
 #define FOLLOW_FINISH_MS	2000	/* at a stop, how long a half-written line may take to finish */
-/* While deliveries of a key are out, claim this often: the next delivery of
- * a key becomes due when the one before it is completed, and a completion
+/* While deliveries of a key are out, claim every FOLLOW_KEY_MS (backing off
+ * to FOLLOW_IDLE_MS while such claims find nothing): the next delivery of a
+ * key becomes due when the one before it is completed, and a completion
  * (by rb-complete) wakes no one */
 #define FOLLOW_KEY_MS		10
+
+static int64_t
+backoff(int64_t ms, bool found, int64_t base)
+{
+	return found ? base : ms * 2 > FOLLOW_IDLE_MS ? FOLLOW_IDLE_MS : ms * 2;
+}
 
 static size_t
 f_queued(const struct follow *f)
@@ -601,6 +612,8 @@ follow_run(struct rb_store *store, const char *owner)
 	now = rb_mono_ms();
 	f.next_claim = now;
 	f.next_extend = now + opt.lease_ms / 3;
+	f.check_ms = FOLLOW_CHECK_MS;
+	f.key_ms = FOLLOW_KEY_MS;
 	while (state == RUNNING) {
 		struct pollfd pfd[5];
 		struct rb_store_event ev;
@@ -633,7 +646,8 @@ follow_run(struct rb_store *store, const char *owner)
 				state = FAILED;
 				break;
 			}
-			f.next_check = now + (f_claim_room(&f) ? FOLLOW_DRAIN_CHECK_MS : FOLLOW_CHECK_MS);
+			f.check_ms = backoff(f.check_ms, f.nout < before, FOLLOW_CHECK_MS);
+			f.next_check = now + f.check_ms;
 			/* --drain: all done; one more claim says whether it is over */
 			if (opt.drain && before > 0 && f.nout == 0)
 				f.more = true;
@@ -645,7 +659,8 @@ follow_run(struct rb_store *store, const char *owner)
 				break;
 			}
 			f.next_claim = now + opt.poll_ms;
-			f.next_key_claim = now + FOLLOW_KEY_MS;
+			f.key_ms = backoff(f.key_ms, rc > 0, FOLLOW_KEY_MS);
+			f.next_key_claim = now + f.key_ms;
 			if (rc == 0 && opt.drain && f.nout == 0) {
 				state = DRAINED;
 				break;
@@ -670,7 +685,7 @@ follow_run(struct rb_store *store, const char *owner)
 		if (f_queued(&f) + f.nout > 0)
 			wake = earliest(wake, f.next_extend);
 		if (f_queued(&f) == 0 && f.nout > 0 && (!f_claim_room(&f) || (opt.drain && f.dry)))
-			wake = earliest(wake, f.next_check > now ? f.next_check : now + FOLLOW_CHECK_MS);
+			wake = earliest(wake, f.next_check > now ? f.next_check : now + f.check_ms);
 		if (wake != 0 && timeout != 0)
 			timeout = wake <= now ? 0 : (int)(wake - now);
 		asked = timeout;
