@@ -24,6 +24,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -38,6 +39,8 @@
 static const char usage_str[] =
 "usage: rb-claim --handler H [--batch N] [--lease DUR] [--owner NAME] [--wait DUR]\n"
 "                [--poll DUR] [--max-attempts N] [--db URL] [--schema NAME]\n"
+"       rb-claim --handler H --follow [--max-in-flight N] [--drain] [--batch N] [--lease DUR]\n"
+"                [--owner NAME] [--poll DUR] [--max-attempts N] [--db URL] [--schema NAME]\n"
 "\n"
 "Lease lanes of handler H and print its due deliveries as JSON lines.\n"
 "\n"
@@ -48,6 +51,14 @@ static const char usage_str[] =
 "  -w, --wait DUR         when nothing is due, wait up to DUR for work (LISTEN/NOTIFY)\n"
 "      --poll DUR         while waiting, also look every DUR (default 1s)\n"
 "      --max-attempts N   a takeover buries a delivery whose attempts reach N (default 10)\n"
+"  -f, --follow           keep claiming as work arrives (LISTEN/NOTIFY, and every --poll),\n"
+"                         write lines as stdout takes them, renew the leases of what is\n"
+"                         downstream; SIGTERM/SIGINT or a reader that left: release what\n"
+"                         was not written, and exit\n"
+"      --max-in-flight N  --follow: at most N deliveries claimed and not yet completed\n"
+"                         (default 1000)\n"
+"      --drain            --follow: exit once nothing is due and nothing written is still\n"
+"                         in flight\n"
 "  -u, --db URL           postgresql:// URL or conninfo (default: $RELAYBUS_URL, PG*)\n"
 "  -h, --host HOST        server host or socket folder (PGHOST)\n"
 "  -p, --port PORT        server port (PGPORT)\n"
@@ -60,12 +71,13 @@ static const char usage_str[] =
 "      --help             this help\n"
 "  -V, --version          version and libraries\n"
 "\n"
-"Exit status: 0 deliveries printed, 1 nothing was due, 64 usage, 69 database\n"
-"unavailable, 74 stdout failed or its reader left before taking them all (the rest\n"
-"released), 75 temporary failure or interrupted, 76/79 schema newer than this\n"
-"relaybus / needs an upgrade (rb-setup), 78 bad URL or schema not set up.\n";
+"Exit status: 0 deliveries printed (--follow: stopped by SIGTERM/SIGINT, or drained),\n"
+"1 nothing was due, 64 usage, 69 database unavailable, 74 stdout failed or its reader\n"
+"left before taking them all (the rest released), 75 temporary failure, connection lost or\n"
+"interrupted, 76/79 schema newer than this relaybus / needs an upgrade (rb-setup), 78 bad\n"
+"URL or schema not set up.\n";
 
-enum { OPT_OWNER = RB_OPT_FIRST_PROGRAM, OPT_POLL, OPT_MAX_ATTEMPTS };
+enum { OPT_OWNER = RB_OPT_FIRST_PROGRAM, OPT_POLL, OPT_MAX_ATTEMPTS, OPT_MAX_IN_FLIGHT, OPT_DRAIN };
 
 static struct options {
 	struct rb_common common;
@@ -76,8 +88,13 @@ static struct options {
 	int64_t		 wait_ms;
 	int64_t		 poll_ms;
 	int		 max_attempts;
+	bool		 follow;
+	int		 max_in_flight;	/* 0: not given */
+	bool		 drain;
 } opt = { .batch = RB_DEFAULT_BATCH, .lease_ms = RB_DEFAULT_LEASE_MS, .poll_ms = 1000,
 	  .max_attempts = RB_DEFAULT_MAX_ATTEMPTS };
+
+#define FOLLOW_MAX_IN_FLIGHT	1000
 
 static volatile sig_atomic_t stop;
 
@@ -100,11 +117,14 @@ parse_args(int argc, char **argv)
 		{ "wait", required_argument, NULL, 'w' },
 		{ "poll", required_argument, NULL, OPT_POLL },
 		{ "max-attempts", required_argument, NULL, OPT_MAX_ATTEMPTS },
+		{ "follow", no_argument, NULL, 'f' },
+		{ "max-in-flight", required_argument, NULL, OPT_MAX_IN_FLIGHT },
+		{ "drain", no_argument, NULL, OPT_DRAIN },
 		{ NULL, 0, NULL, 0 }
 	};
 	int c;
 
-	while ((c = getopt_long(argc, argv, RB_COMMON_SHORTOPTS "H:b:l:w:", longopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, RB_COMMON_SHORTOPTS "H:b:l:w:f", longopts, NULL)) != -1) {
 		if (rb_cli_common(c, optarg, &opt.common, usage_str))
 			continue;
 		switch (c) {
@@ -131,6 +151,15 @@ parse_args(int argc, char **argv)
 		case OPT_MAX_ATTEMPTS:
 			opt.max_attempts = rb_cli_int(usage_str, "--max-attempts", optarg, 1, 1000000);
 			break;
+		case 'f':
+			opt.follow = true;
+			break;
+		case OPT_MAX_IN_FLIGHT:
+			opt.max_in_flight = rb_cli_int(usage_str, "--max-in-flight", optarg, 1, 1000000);
+			break;
+		case OPT_DRAIN:
+			opt.drain = true;
+			break;
 		default:
 			rb_cli_bad_option(usage_str);
 		}
@@ -139,6 +168,14 @@ parse_args(int argc, char **argv)
 		rb_cli_usage_error(usage_str, "unexpected argument '%s'", argv[optind]);
 	if (opt.handler == NULL)
 		rb_cli_usage_error(usage_str, "--handler is required");
+	if (!opt.follow && opt.max_in_flight > 0)
+		rb_cli_usage_error(usage_str, "--max-in-flight: only with --follow");
+	if (!opt.follow && opt.drain)
+		rb_cli_usage_error(usage_str, "--drain: only with --follow");
+	if (opt.follow && opt.wait_ms > 0)
+		rb_cli_usage_error(usage_str, "--wait: not with --follow (it waits for work anyway)");
+	if (opt.max_in_flight == 0)
+		opt.max_in_flight = FOLLOW_MAX_IN_FLIGHT;
 }
 
 /*
@@ -238,6 +275,491 @@ free_claimed(struct rb_dl **v, int n)
 	free(v);
 }
 
+/* ---- --follow: the streaming form ------------------------------------------ */
+
+/*
+ * A long-running claimer.  It claims as work comes (LISTEN wake-ups, and a
+ * claim every --poll; at once again after a full batch), writes lines as
+ * stdout takes them (a pipe in non-blocking mode: a full pipe is the
+ * back-pressure), keeps at most --max-in-flight deliveries claimed and not
+ * yet completed (a line written is counted off once the store no longer
+ * has its delivery in flight under its lease, rb_store_in_flight: completed,
+ * failed or released by rb-complete), and renews its lanes' leases every
+ * third of --lease while any delivery is out.  At a stop (SIGTERM, SIGINT),
+ * when the reader left (EPIPE), or at --drain's end, it releases what it
+ * had not written (no attempt charged) and hands back its idle lanes.
+ *
+ * The lease is the plain one, never the liveness lock of rb-dispatch
+ * (rb_claim_opts.liveness): the lines written are completed by another
+ * process, rb-complete, and may be after rb-claim exited; their lanes stay
+ * leased until then (or until the lease ends, since nothing renews them
+ * after rb-claim exits).
+ */
+struct follow {
+	struct rb_store		*store;
+	const char		*owner;
+	struct rb_dl		**q;		/* claimed, not written in full: q[qh .. qn - 1] */
+	size_t			 qh, qn, qcap;
+	size_t			 woff;		/* bytes of q[qh] written */
+	struct rb_dl		**out;		/* written in full, maybe still in flight */
+	size_t			 nout, capout;
+	size_t			 keyed;		/* of out, those with a key (approximately: see f_check) */
+	bool			 pipe;		/* stdout is a pipe, made O_NONBLOCK */
+	int			 fl;		/* stdout's flags before */
+	bool			 woken, more;	/* a wake-up came; the last claim was full */
+	bool			 dry;		/* the last claim found nothing */
+	int64_t			 next_claim, next_extend, next_check, next_key_claim;
+	int64_t			 check_ms, key_ms;	/* their intervals now (backing off) */
+};
+
+/* What is out is counted every FOLLOW_CHECK_MS while that bounds the claims
+ * (or, with --drain, until it is all done), backing off to FOLLOW_IDLE_MS
+ * while nothing comes back (a slow handler costs a few queries a second) */
+#define FOLLOW_CHECK_MS		5
+#define FOLLOW_IDLE_MS		200
+#define FOLLOW_FINISH_MS	2000	/* at a stop, how long a half-written line may take to finish */
+/* While deliveries of a key are out, claim every FOLLOW_KEY_MS (backing off
+ * to FOLLOW_IDLE_MS while such claims find nothing): the next delivery of a
+ * key becomes due when the one before it is completed, and a completion
+ * (by rb-complete) wakes no one */
+#define FOLLOW_KEY_MS		10
+
+static int64_t
+backoff(int64_t ms, bool found, int64_t base)
+{
+	return found ? base : ms * 2 > FOLLOW_IDLE_MS ? FOLLOW_IDLE_MS : ms * 2;
+}
+
+static size_t
+f_queued(const struct follow *f)
+{
+	return f->qn - f->qh;
+}
+
+/* Room for a claim: the cap less what is claimed and not known completed. */
+static int
+f_room(const struct follow *f)
+{
+	size_t used = f_queued(f) + f->nout;
+
+	return used >= (size_t)opt.max_in_flight ? 0 : opt.max_in_flight - (int)used;
+}
+
+/* Whether a claim is worth making: room for half a batch (or the cap). */
+static bool
+f_claim_room(const struct follow *f)
+{
+	int full = opt.batch < opt.max_in_flight ? opt.batch : opt.max_in_flight;
+
+	return f_room(f) >= (full + 1) / 2;
+}
+
+static int
+f_claim(struct follow *f, struct rb_error *err)
+{
+	struct rb_claim_opts co = { .handler = opt.handler, .owner = f->owner, .lease_ms = opt.lease_ms,
+	    .max_attempts = opt.max_attempts };
+	struct rb_dl **v = NULL;
+	int want = f_room(f), n;
+	int64_t t0 = rb_mono_ms();
+
+	co.batch = want < opt.batch ? want : opt.batch;
+	/* what is out (a superset of what is still in flight: harmless), so
+	 * that the claim need not look it up */
+	int64_t *live = xcalloc(f->nout + 1, sizeof *live);
+	int *lanes = xcalloc(f->nout + 1, sizeof *lanes);
+
+	for (size_t i = 0; i < f->nout; i++) {
+		live[i] = f->out[i]->id;
+		lanes[i] = f->out[i]->lease.lane;
+	}
+	co.live = live;
+	co.live_lanes = lanes;
+	co.n_live = f->nout;
+	n = rb_store_claim(f->store, &co, &v, err);
+	free(live);
+	free(lanes);
+	if (n < 0)
+		return -1;
+	if (f->qh == f->qn)
+		f->qh = f->qn = 0;
+	if (f->qn + (size_t)n > f->qcap) {
+		f->qcap = (f->qn + (size_t)n) * 2;
+		f->q = xrealloc(f->q, f->qcap * sizeof *f->q);
+	}
+	for (int i = 0; i < n; i++)
+		f->q[f->qn++] = v[i];
+	free(v);
+	f->more = n == co.batch;
+	f->dry = n == 0;
+	f->woken = false;
+	rb_debug("claimed %d deliveries in %lld ms (%zu out)", n, (long long)(rb_mono_ms() - t0), f->nout);
+	return n;
+}
+
+/* Write what stdout takes: 0 (maybe nothing), 1 the reader left, -1 another error (errno). */
+static int
+f_write(struct follow *f)
+{
+	while (f_queued(f) > 0) {
+		struct iovec iov[64];
+		int n = 0;
+		ssize_t w;
+
+		for (size_t i = f->qh; i < f->qn && n < 64; i++, n++) {
+			size_t off = i == f->qh ? f->woff : 0;
+
+			iov[n].iov_base = (char *)f->q[i]->text + off;
+			iov[n].iov_len = f->q[i]->tlen - off;
+		}
+		w = writev(STDOUT_FILENO, iov, n);
+		if (w < 0) {
+			if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)
+				return 0;
+			return errno == EPIPE ? 1 : -1;
+		}
+		while (w > 0) {
+			size_t rest = f->q[f->qh]->tlen - f->woff;
+
+			if ((size_t)w < rest) {
+				f->woff += (size_t)w;
+				break;
+			}
+			w -= (ssize_t)rest;
+			f->woff = 0;
+			if (f->nout == f->capout) {
+				f->capout = f->capout == 0 ? 256 : f->capout * 2;
+				f->out = xrealloc(f->out, f->capout * sizeof *f->out);
+			}
+			f->keyed += f->q[f->qh]->key != NULL;
+			f->out[f->nout++] = f->q[f->qh++];
+		}
+		if (f->pipe && f_queued(f) > 0 && f->woff > 0)
+			return 0;	/* (the pipe is full) */
+	}
+	return 0;
+}
+
+/* Count off the lines written whose deliveries are no longer in flight. */
+static int
+f_check(struct follow *f, struct rb_error *err)
+{
+	struct rb_result *r;
+	bool *live;
+	size_t k = 0;
+	int64_t t0 = rb_mono_ms();
+
+	if (f->nout == 0)
+		return 0;
+	r = xcalloc(f->nout, sizeof *r);
+	live = xcalloc(f->nout, sizeof *live);
+	for (size_t i = 0; i < f->nout; i++)
+		r[i] = rb_result_of(f->out[i], RB_VERDICT_OK);
+	if (rb_store_in_flight(f->store, r, f->nout, live, err) < 0) {
+		free(r);
+		free(live);
+		return -1;
+	}
+	f->keyed = 0;
+	for (size_t i = 0; i < f->nout; i++) {
+		if (live[i]) {
+			f->keyed += f->out[i]->key != NULL;
+			f->out[k++] = f->out[i];
+		} else
+			rb_dl_free(f->out[i]);
+	}
+	rb_debug("%zu of %zu written still in flight (%lld ms)", k, f->nout, (long long)(rb_mono_ms() - t0));
+	f->nout = k;
+	free(r);
+	free(live);
+	return 0;
+}
+
+/* At a stop: finish a half-written line, if the reader takes it soon. */
+static void
+f_finish_line(struct follow *f)
+{
+	int64_t end = rb_mono_ms() + FOLLOW_FINISH_MS;
+
+	while (f->woff > 0 && rb_mono_ms() < end) {
+		struct pollfd p = { .fd = STDOUT_FILENO, .events = POLLOUT };
+		const struct rb_dl *d = f->q[f->qh];
+		ssize_t w;
+
+		if (poll(&p, 1, 100) <= 0 || (p.revents & (POLLERR | POLLHUP | POLLNVAL)) != 0) {
+			if ((p.revents & (POLLERR | POLLHUP | POLLNVAL)) != 0)
+				return;
+			continue;
+		}
+		w = write(STDOUT_FILENO, d->text + f->woff, d->tlen - f->woff);
+		if (w < 0 && errno != EINTR && errno != EAGAIN)
+			return;
+		if (w > 0 && (f->woff += (size_t)w) == d->tlen) {
+			f->woff = 0;
+			if (f->nout == f->capout) {
+				f->capout = f->capout == 0 ? 256 : f->capout * 2;
+				f->out = xrealloc(f->out, f->capout * sizeof *f->out);
+			}
+			f->out[f->nout++] = f->q[f->qh++];
+		}
+	}
+}
+
+/*
+ * Release what was not handed on: every line not written in full, and
+ * (gone: the reader left) the lines still unread in the pipe, which no one
+ * will read.  Returns how many.
+ */
+static int
+f_release(struct follow *f, bool gone)
+{
+	size_t nq = f_queued(f), tail = 0, n;
+	struct rb_dl **v;
+
+	if (gone && f->pipe) {
+		int unread = 0;
+
+#ifdef FIONREAD
+		if (ioctl(STDOUT_FILENO, FIONREAD, &unread) < 0)
+			unread = 0;
+#endif
+		/* (the last bytes written: the half-written line's, then whole ones) */
+		if ((size_t)unread >= f->woff) {
+			size_t u = (size_t)unread - f->woff;
+
+			while (tail < f->nout && f->out[f->nout - 1 - tail]->tlen <= u)
+				u -= f->out[f->nout - 1 - tail++]->tlen;
+		}
+	}
+	n = nq + tail;
+	if (n == 0) {
+		struct rb_error err = { 0 };
+
+		if (rb_store_relinquish(f->store, opt.handler, f->owner, &err) < 0)
+			rb_warn("could not hand back the idle lanes (they free up when the lease ends): %s",
+			    err.msg);
+		return 0;
+	}
+	v = xcalloc(n, sizeof *v);
+	for (size_t i = 0; i < tail; i++)
+		v[i] = f->out[f->nout - tail + i];
+	for (size_t i = 0; i < nq; i++)
+		v[tail + i] = f->q[f->qh + i];
+	give_back(f->store, v, 0, n, f->owner);
+	free(v);
+	return (int)n;
+}
+
+static void
+f_free(struct follow *f)
+{
+	for (size_t i = f->qh; i < f->qn; i++)
+		rb_dl_free(f->q[i]);
+	for (size_t i = 0; i < f->nout; i++)
+		rb_dl_free(f->out[i]);
+	free(f->q);
+	free(f->out);
+}
+
+static void
+f_stdout_setup(struct follow *f)
+{
+	struct stat st;
+
+	if (fstat(STDOUT_FILENO, &st) < 0 || !S_ISFIFO(st.st_mode))
+		return;
+	if ((f->fl = fcntl(STDOUT_FILENO, F_GETFL)) < 0 ||
+	    fcntl(STDOUT_FILENO, F_SETFL, f->fl | O_NONBLOCK) < 0)
+		return;
+	f->pipe = true;
+}
+
+static int64_t
+earliest(int64_t a, int64_t b)
+{
+	return a == 0 ? b : b == 0 ? a : a < b ? a : b;
+}
+
+static int
+follow_run(struct rb_store *store, const char *owner)
+{
+	struct follow f = { .store = store, .owner = owner };
+	struct rb_error err = { 0 };
+	sigset_t block, orig;
+	int exit_code = RB_EXIT_OK, rc, released;
+	enum { RUNNING, STOPPED, GONE, DRAINED, FAILED, OUTERR } state = RUNNING;
+	int out_errno = 0;
+	int64_t now;
+
+	/* the stop signals come only while waiting (ppoll), never inside a
+	 * call to the store */
+	sigemptyset(&block);
+	sigaddset(&block, SIGINT);
+	sigaddset(&block, SIGTERM);
+	sigprocmask(SIG_BLOCK, &block, &orig);
+	f_stdout_setup(&f);
+	if (rb_admin_handler_check(store, opt.handler, &err) < 0) {
+		if (err.exit_code != RB_EXIT_CONFIG) {
+			state = FAILED;
+			goto done;
+		}
+		rb_warn("-H: %s; waiting for one (rb-setup --subscribe %s:PATTERN)", err.msg, opt.handler);
+	}
+	if (rb_store_listen(store, opt.handler, &err) < 0) {
+		state = FAILED;
+		goto done;
+	}
+	now = rb_mono_ms();
+	f.next_claim = now;
+	f.next_extend = now + opt.lease_ms / 3;
+	f.check_ms = FOLLOW_CHECK_MS;
+	f.key_ms = FOLLOW_KEY_MS;
+	while (state == RUNNING) {
+		struct pollfd pfd[5];
+		struct rb_store_event ev;
+		struct timespec ts, *tsp = NULL;
+		int64_t wake = 0;
+		int np, nstore, timeout = -1, asked;
+		bool cut;
+
+		if (stop) {
+			state = STOPPED;
+			break;
+		}
+		now = rb_mono_ms();
+		/* renew the leases of what is out (a claim renews only the lanes it took from) */
+		if (f_queued(&f) + f.nout > 0 && now >= f.next_extend) {
+			if (f_check(&f, &err) < 0 ||
+			    (f_queued(&f) + f.nout > 0 && rb_store_extend(store, opt.handler, owner, opt.lease_ms, &err) < 0)) {
+				state = FAILED;
+				break;
+			}
+			f.next_extend = now + opt.lease_ms / 3;
+		}
+		/* count off what was completed, when that is what holds back a claim
+		 * (or, with --drain, the end) */
+		if (f_queued(&f) == 0 && f.nout > 0 && (!f_claim_room(&f) || (opt.drain && f.dry)) &&
+		    now >= f.next_check) {
+			size_t before = f.nout;
+
+			if (f_check(&f, &err) < 0) {
+				state = FAILED;
+				break;
+			}
+			f.check_ms = backoff(f.check_ms, f.nout < before, FOLLOW_CHECK_MS);
+			f.next_check = now + f.check_ms;
+			/* --drain: all done; one more claim says whether it is over */
+			if (opt.drain && before > 0 && f.nout == 0)
+				f.more = true;
+		}
+		if (f_queued(&f) == 0 && f_claim_room(&f) && (f.woken || f.more || now >= f.next_claim ||
+		    (f.keyed > 0 && now >= f.next_key_claim))) {
+			if ((rc = f_claim(&f, &err)) < 0) {
+				state = FAILED;
+				break;
+			}
+			f.next_claim = now + opt.poll_ms;
+			f.key_ms = backoff(f.key_ms, rc > 0, FOLLOW_KEY_MS);
+			f.next_key_claim = now + f.key_ms;
+			if (rc == 0 && opt.drain && f.nout == 0) {
+				state = DRAINED;
+				break;
+			}
+		}
+		if (f_queued(&f) > 0) {
+			if ((rc = f_write(&f)) != 0) {
+				out_errno = errno;
+				state = rc > 0 ? GONE : OUTERR;
+				break;
+			}
+		}
+		/* wait: for stdout to take more, a wake-up, or the next thing due */
+		np = 0;
+		pfd[np++] = (struct pollfd){ .fd = f.pipe ? STDOUT_FILENO : -1,
+		    .events = f_queued(&f) > 0 ? POLLOUT : 0 };
+		if (f_queued(&f) > 0 && !f.pipe)
+			timeout = 0;	/* (a file or terminal: the write waited already) */
+		if (f_queued(&f) == 0 && f_claim_room(&f))
+			wake = earliest(wake, f.woken || f.more ? now :
+			    f.keyed > 0 ? earliest(f.next_claim, f.next_key_claim) : f.next_claim);
+		if (f_queued(&f) + f.nout > 0)
+			wake = earliest(wake, f.next_extend);
+		if (f_queued(&f) == 0 && f.nout > 0 && (!f_claim_room(&f) || (opt.drain && f.dry)))
+			wake = earliest(wake, f.next_check > now ? f.next_check : now + f.check_ms);
+		if (wake != 0 && timeout != 0)
+			timeout = wake <= now ? 0 : (int)(wake - now);
+		asked = timeout;
+		nstore = rb_store_pollfds(store, pfd + np, 4, &timeout);
+		np += nstore;
+		/* a store without descriptors has no wake-ups (MongoDB): it cuts the
+		 * wait short, after which it is to be asked again */
+		cut = nstore == 0 && timeout >= 0 && (asked < 0 || timeout < asked);
+		if (timeout >= 0) {
+			ts.tv_sec = timeout / 1000;
+			ts.tv_nsec = (long)(timeout % 1000) * 1000000L;
+			tsp = &ts;
+		}
+		if ((rc = ppoll(pfd, (nfds_t)np, tsp, &orig)) < 0 && errno != EINTR) {
+			err.exit_code = RB_EXIT_OSERR;
+			snprintf(err.msg, sizeof err.msg, "poll: %s", strerror(errno));
+			state = FAILED;
+			break;
+		}
+		if (rc == 0 && cut)
+			f.woken = true;
+		if (f.pipe && (pfd[0].revents & (POLLERR | POLLHUP)) != 0) {
+			out_errno = EPIPE;
+			state = GONE;
+			break;
+		}
+		while (rb_store_service(store, &ev) > 0) {
+			if (ev.kind == RB_STORE_WOKEN)
+				f.woken = true;
+			else if (ev.kind == RB_STORE_FAILED && state == RUNNING) {
+				err = ev.err;
+				state = FAILED;
+			}
+			for (size_t i = 0; i < ev.n; i++)
+				rb_dl_free(ev.v[i]);
+			free(ev.v);
+		}
+	}
+done:
+	switch (state) {
+	case STOPPED:
+		f_finish_line(&f);
+		released = f_release(&f, false);
+		rb_info("stopped: %d deliveries released, %zu written may still be in flight", released, f.nout);
+		break;
+	case GONE:
+		released = f_release(&f, true);
+		rb_info("stdout closed: %d deliveries released", released);
+		exit_code = RB_EXIT_IOERR;
+		break;
+	case OUTERR:
+		released = f_release(&f, false);
+		rb_error("cannot write to stdout: %s (%d deliveries released)", strerror(out_errno), released);
+		exit_code = RB_EXIT_IOERR;
+		break;
+	case DRAINED:
+		released = f_release(&f, false);
+		rb_info("drained: nothing due, nothing in flight");
+		break;
+	case FAILED:
+	default:
+		exit_code = err.exit_code != 0 ? err.exit_code : RB_EXIT_SOFTWARE;
+		rb_error("%s", err.msg);
+		if (f_queued(&f) > 0 && !rb_store_broken(store))
+			(void)f_release(&f, false);
+		break;
+	}
+	if (f.pipe)
+		(void)fcntl(STDOUT_FILENO, F_SETFL, f.fl);
+	f_free(&f);
+	sigprocmask(SIG_SETMASK, &orig, NULL);
+	return exit_code;
+}
+
 int
 main(int argc, char **argv)
 {
@@ -246,7 +768,7 @@ main(int argc, char **argv)
 	struct rb_error err = { 0 };
 	struct rb_dl **deliveries = NULL;
 	char *owner;
-	int n, exit_code = RB_EXIT_OK;
+	int n = 0, exit_code = RB_EXIT_OK;
 	int64_t deadline;
 	bool listening = false, checked = false;
 
@@ -256,6 +778,10 @@ main(int argc, char **argv)
 	signal(SIGINT, on_signal);
 	signal(SIGTERM, on_signal);
 	store = rb_cli_open(&opt.common);
+	if (opt.follow) {
+		exit_code = follow_run(store, owner);
+		goto out;
+	}
 	co = (struct rb_claim_opts){ .handler = opt.handler, .owner = owner, .batch = opt.batch,
 	    .lease_ms = opt.lease_ms, .max_attempts = opt.max_attempts };
 	deadline = rb_mono_ms() + opt.wait_ms;

@@ -389,6 +389,16 @@ int	rb_store_relinquish_owner(struct rb_store *, const char *handler, const char
  */
 int	rb_store_relinquish_leases(struct rb_store *, const struct rb_result *v, size_t n,
 	    struct rb_error *err);
+/**
+ * Which of n results' deliveries are still in flight under their lease:
+ * pending, and listed in flight on their lane at the lease's epoch with
+ * the lease's claims (what a completion's fence checks).  live[i] for
+ * v[i] (handler, event_id, lease, delivery_id are read).  Reads only.  For
+ * a claimer whose deliveries another process completes (rb-claim
+ * --follow counts what is still downstream).  0, or -1.
+ */
+int	rb_store_in_flight(struct rb_store *, const struct rb_result *v, size_t n, bool *live,
+	    struct rb_error *err);
 
 /* ---- the delivery path, without waiting (rb-dispatch) ------------------ */
 

@@ -533,6 +533,17 @@ rb_store_relinquish_leases(struct rb_store *s, const struct rb_result *v, size_t
 }
 
 int
+rb_store_in_flight(struct rb_store *s, const struct rb_result *v, size_t n, bool *live, struct rb_error *err)
+{
+	NEED_OP(s, in_flight, err);
+	for (size_t i = 0; i < n; i++)
+		live[i] = false;
+	if (n == 0)
+		return 0;
+	return s->ops->in_flight(s, v, n, live, err);
+}
+
+int
 rb_store_listen(struct rb_store *s, const char *handler, struct rb_error *err)
 {
 	NEED_OP(s, listen, err);

@@ -164,6 +164,10 @@ struct rb_store_ops {
 	 * lease.epoch) that still have that epoch and run nothing. */
 	int	(*relinquish_leases)(struct rb_store *s, const struct rb_result *v, size_t n,
 		    struct rb_error *err);
+	/* Whether each of n results' deliveries is still in flight under its
+	 * lease (rb_store_in_flight): live[i] for v[i].  Reads only. */
+	int	(*in_flight)(struct rb_store *s, const struct rb_result *v, size_t n, bool *live,
+		    struct rb_error *err);
 
 	/* ---- wake-up ------------------------------------------------------ */
 

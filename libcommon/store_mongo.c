@@ -673,6 +673,7 @@ const struct rb_store_ops rb_store_mongo_ops = {
 	.relinquish = mg_relinquish,
 	.relinquish_owner = mg_relinquish_owner,
 	.relinquish_leases = mg_relinquish_leases,
+	.in_flight = mg_in_flight,
 	.listen = mg_listen,
 	.pollfds = mg_pollfds,
 	.admin_stats = mg_admin_stats,

@@ -490,6 +490,39 @@ mg_relinquish(struct rb_store *s, const char *handler, const char *owner, struct
 	return hand_back(s, BCON_NEW("handler", BCON_UTF8(handler), "owner", BCON_UTF8(owner)), err);
 }
 
+/* (rb_store_in_flight: the completion's fence, in a transaction that writes nothing) */
+static bool
+live_txn(mongoc_client_session_t *cs, void *ctx, bson_error_t *e)
+{
+	return fence(ctx, cs, e);
+}
+
+int
+mg_in_flight(struct rb_store *s, const struct rb_result *v, size_t n, bool *live, struct rb_error *err)
+{
+	struct res *x = xcalloc(n + 1, sizeof *x);
+	struct cctx c = { .s = s, .v = x, .n = n };
+	int rc = -1;
+
+	if (mg_ready(s, "in flight", err) < 0)
+		goto out;
+	for (size_t i = 0; i < n; i++) {
+		x[i].r = &v[i];
+		x[i].event_id = v[i].event_id;
+		x[i].handler = v[i].handler;
+		x[i].l = v[i].lease;
+		x[i].id = v[i].delivery_id > 0 ? v[i].delivery_id : 0;
+	}
+	if (mg_txn(s, live_txn, &c, "in flight", err) < 0)
+		goto out;
+	for (size_t i = 0; i < n; i++)
+		live[i] = x[i].fenced;
+	rc = 0;
+out:
+	free(x);
+	return rc;
+}
+
 int
 mg_relinquish_leases(struct rb_store *s, const struct rb_result *v, size_t nv, struct rb_error *err)
 {

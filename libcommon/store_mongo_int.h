@@ -88,6 +88,7 @@ int	mg_extend(struct rb_store *, const char *, const char *, int64_t, struct rb_
 int	mg_relinquish(struct rb_store *, const char *, const char *, struct rb_error *);
 int	mg_relinquish_owner(struct rb_store *, const char *, const char *, struct rb_error *);
 int	mg_relinquish_leases(struct rb_store *, const struct rb_result *, size_t, struct rb_error *);
+int	mg_in_flight(struct rb_store *, const struct rb_result *, size_t, bool *, struct rb_error *);
 
 /* store_mongo_admin.c */
 int	mg_admin_stats(struct rb_store *, json_t **, struct rb_error *);

@@ -411,6 +411,7 @@ const struct rb_store_ops rb_store_pg_ops = {
 	.relinquish = pg_relinquish,
 	.relinquish_owner = pg_relinquish_owner,
 	.relinquish_leases = pg_relinquish_leases,
+	.in_flight = pg_in_flight,
 	.listen = pg_listen,
 	.claim_start = pg_claim_start,
 	.complete_start = pg_complete_start,

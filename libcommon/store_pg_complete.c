@@ -643,6 +643,36 @@ complete_done(struct rb_store *s, struct rb_result *v, const size_t *idx, size_t
 	return 0;
 }
 
+/* ---- still in flight (rb_store_in_flight): the same fence, read only --------- */
+
+int
+pg_in_flight(struct rb_store *s, const struct rb_result *v, size_t n, bool *live, struct rb_error *err)
+{
+	struct pg_fence a;
+	PGresult *res;
+	char *q = pg_render(pg_be(s)->worker ? tmpl_w_done : tmpl_done, s->schema);
+
+	fa_init(&a);
+	for (size_t i = 0; i < n; i++)
+		fa_add(&a, &v[i]);
+	fa_close(&a);
+	const char *params[6] = { a.ev.s, a.h.s, a.lane.s, a.epoch.s, a.claims.s, a.id.s };
+
+	res = pg_run(s, q, 6, params, PGRES_TUPLES_OK, "in flight", true, err);
+	fa_free(&a);
+	free(q);
+	if (res == NULL)
+		return -1;
+	for (int i = 0; i < PQntuples(res); i++) {
+		size_t k = (size_t)atol(PQgetvalue(res, i, 0)) - 1;
+
+		if (k < n)
+			live[k] = PQgetvalue(res, i, 2)[0] == 't';
+	}
+	PQclear(res);
+	return 0;
+}
+
 int
 pg_complete(struct rb_store *s, const struct rb_complete_opts *o, struct rb_result *v, size_t n,
     struct rb_error *err)

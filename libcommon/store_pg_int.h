@@ -299,6 +299,7 @@ int	pg_extend(struct rb_store *, const char *handler, const char *owner, int64_t
 int	pg_relinquish(struct rb_store *, const char *handler, const char *owner, struct rb_error *);
 int	pg_relinquish_owner(struct rb_store *, const char *handler, const char *owner, struct rb_error *);
 int	pg_relinquish_leases(struct rb_store *, const struct rb_result *, size_t, struct rb_error *);
+int	pg_in_flight(struct rb_store *, const struct rb_result *, size_t, bool *, struct rb_error *);
 /** Close the second connection and forget what is claimed and not read. */
 void	pg_close_conn2(struct pg_be *);
 /* store_pg_complete.c */

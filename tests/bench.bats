@@ -22,6 +22,7 @@ load test_helper
   [[ "$output" == *"| 1 proc, plain-SQL limit"*"| VALID |"* ]]
   [[ "$output" == *"| 1 proc, row-lease 0.1.0"*"| VALID |"* ]]
   [[ "$output" == *"| 1 x shell pipeline loop"*" -> **"*"| VALID |"* ]]
+  [[ "$output" == *"| 1 x streaming pipeline (rb-claim --follow"*" -> **"*"| VALID |"* ]]
   [[ "$output" != *INVALID* ]]
   # rb-dispatch runs when built, else its rows say why they were skipped
   if [ -x "$RB_BINDIR/rb-dispatch" ]; then

@@ -1,0 +1,203 @@
+#!/usr/bin/env bats
+# The streaming pipeline, with real processes: rb-claim --follow | handler |
+# rb-complete.  rb-claim keeps claiming as work arrives, writes as the pipe
+# takes lines, caps what is in flight, renews the leases of what is
+# downstream, and at SIGTERM or when its reader leaves releases what it
+# had not handed on.  Counts come from rb-admin stats ("processing": claimed
+# and not completed), so the file runs on every backend.
+
+load test_helper
+
+setup_file() {
+  have_pg || return 0
+  rb-setup -s 'fol:*'
+}
+
+teardown_file() { drop_schema; }
+
+setup() {
+  need_pg
+  cd "$BATS_TEST_TMPDIR"
+  # nothing left from the test before: no deliveries, every lane free
+  q "TRUNCATE relaybus_events, relaybus_deliveries, relaybus_keys; UPDATE relaybus_lanes SET lease_owner = NULL, lease_expires_at = NULL, in_flight = '{}'"
+}
+
+teardown() {
+  # the processes a test started in the background
+  for p in $(cat "$BATS_TEST_TMPDIR"/pids 2>/dev/null); do kill "$p" 2>/dev/null || true; done
+}
+
+# N events PREFIX-1..N for handler fol, with a payload of PAD bytes
+events() {  # n prefix [pad]
+  awk -v n="$1" -v p="$2" -v pad="${3:-0}" 'BEGIN {
+    s = ""; for (i = 0; i < pad; i++) s = s "x"
+    for (i = 1; i <= n; i++) {
+      if (i % 2) printf "{\"id\":\"%s-%d\",\"name\":\"fol.a\",\"key\":\"k%d\",\"payload\":{\"i\":%d,\"pad\":\"%s\"}}\n", p, i, i % 7, i, s
+      else printf "{\"id\":\"%s-%d\",\"name\":\"fol.a\",\"payload\":{\"i\":%d,\"pad\":\"%s\"}}\n", p, i, i, s
+    }
+  }'
+}
+
+stat_of() {  # field: rb-admin stats of handler fol
+  rb-admin stats --handler fol | jq -r "select(.handler == \"fol\") | .$1"
+}
+
+# every event of PREFIX 1..N handled once, as the handler log OUT says
+handled_once() {  # out n prefix
+  local got
+  got=$(cut -d' ' -f1 "$1" | sort | uniq -c | awk '$1 != 1' | wc -l)
+  [ "$got" -eq 0 ] || { echo "handled more than once:"; cut -d' ' -f1 "$1" | sort | uniq -d | head; return 1; }
+  [ "$(cut -d' ' -f1 "$1" | grep -c "^$3-")" -eq "$2" ] || { echo "handled $(wc -l <"$1") of $2"; return 1; }
+}
+
+@test "rb-claim --follow --drain | handler | rb-complete: every event once, nothing left" {
+  events 300 dr | rb-publish -q
+  run timeout 60 bash -c 'rb-claim -H fol --follow --drain --batch 50 | rb-test-pipe out | rb-complete
+    echo "status ${PIPESTATUS[*]}"'
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [[ "$output" == *"status 0 0 0"* ]]
+  handled_once out 300 dr
+  # attempt 1 each: no takeover, no lease ran out
+  [ "$(awk '$4 != 1' out | wc -l)" -eq 0 ]
+  [ "$(stat_of pending)" = 0 ]
+  [ "$(stat_of processing)" = 0 ]
+}
+
+@test "rb-claim --follow: events published while it runs are delivered (wake-up), SIGTERM ends it with 0" {
+  # --poll 1h: on PostgreSQL only a wake-up finds the work (MongoDB has
+  # none: its backend cuts every wait to a short poll)
+  (rb-claim -H fol --follow --poll 1h 2>claim.err; echo $? >claim.rc) | rb-test-pipe out | rb-complete -o >done &
+  echo $! >>pids
+  sleep 1
+  events 20 wk | rb-publish -q
+  wait_for 20 '[ "$(grep -c completed done 2>/dev/null)" = 20 ]'
+  events 20 wk2 | rb-publish -q
+  wait_for 20 '[ "$(grep -c completed done 2>/dev/null)" = 40 ]'
+  pkill -TERM -f 'rb-claim -H fol --follow --poll 1h'
+  wait_for 10 '[ -s claim.rc ]'
+  [ "$(cat claim.rc)" = 0 ]
+  handled_once out 20 wk
+  [ "$(cut -d' ' -f1 out | grep -c '^wk2-')" -eq 20 ]
+  [ "$(stat_of pending)" = 0 ]
+}
+
+@test "rb-claim --follow, SIGTERM: what was not written is released (no attempt charged), what was stays in flight" {
+  # 300 lines of 1 kB into a pipe nobody reads: some 64 kB are written, the rest wait
+  events 300 st 1000 | rb-publish -q
+  (rb-claim -H fol --follow --batch 300 --max-in-flight 300 2>claim.err; echo $? >claim.rc) | sleep 120 &
+  echo $! >>pids
+  wait_for 20 '[ "$(stat_of processing)" -ge 150 ]'
+  sleep 0.5
+  claimed=$(stat_of processing)
+  pkill -TERM -f 'rb-claim -H fol --follow --batch 300'
+  wait_for 10 '[ -s claim.rc ]'
+  [ "$(cat claim.rc)" = 0 ]
+  written=$(stat_of processing)
+  echo "claimed $claimed, written (still in flight) $written"
+  [ "$written" -gt 0 ]
+  [ "$written" -le 80 ]
+  # the rest is claimable at once by another claimer, on its first attempt
+  # (but for the lanes and keys of what is still in flight)
+  rb-claim -H fol --batch 1000 >again
+  echo "claimed again: $(wc -l <again)"
+  [ "$(wc -l <again)" -ge 100 ]
+  [ "$(( $(wc -l <again) + written ))" -le 300 ]
+  [ "$(jq -r .attempt again | sort -u)" = 1 ]
+}
+
+@test "rb-claim --follow | head -n 3: exits 74 and releases all that the reader did not take" {
+  events 300 bp 1000 | rb-publish -q
+  run timeout 30 bash -c 'rb-claim -H fol --follow --batch 300 --max-in-flight 300 | head -n 3 >/dev/null
+    echo "status ${PIPESTATUS[*]}"'
+  echo "$output"
+  [[ "$output" == *"status 74 0"* ]]
+  # in flight: only what head read (one read of a few kB), not what was
+  # left in the pipe or never written
+  left=$(stat_of processing)
+  echo "in flight after: $left"
+  [ "$left" -ge 3 ]
+  [ "$left" -le 20 ]
+  rb-claim -H fol --batch 1000 >again
+  echo "claimed again: $(wc -l <again)"
+  [ "$(wc -l <again)" -ge 100 ]
+  [ "$(jq -r .attempt again | sort -u)" = 1 ]
+}
+
+@test "rb-claim --follow --max-in-flight 5: a slow handler never has more than 5 outstanding" {
+  events 40 cap | rb-publish -q
+  cat >slow <<'EOF'
+#!/bin/bash
+# per line: how many are claimed and not completed, then the answer
+while IFS= read -r l; do
+  rb-admin stats --handler fol | jq -r 'select(.handler == "fol") | .processing' >>seen
+  sleep 0.05
+  printf '%s\n' "${l%\}},\"ok\":true}"
+done
+EOF
+  chmod +x slow
+  run timeout 120 bash -c 'rb-claim -H fol --follow --drain --max-in-flight 5 --batch 100 | ./slow | rb-complete -o >done
+    echo "status ${PIPESTATUS[*]}"'
+  echo "$output"
+  [[ "$output" == *"status 0 0 0"* ]]
+  [ "$(grep -c '"completed"' done)" -eq 40 ]
+  echo "outstanding seen: $(sort -n seen | uniq -c | tr '\n' ' ')"
+  [ "$(sort -n seen | tail -n 1)" -le 5 ]
+  [ "$(sort -n seen | tail -n 1)" -ge 2 ]
+  [ "$(stat_of pending)" = 0 ]
+}
+
+@test "rb-claim --follow: a handler slower than --lease keeps its lanes (renewed), no second claimer takes them" {
+  events 4 rn | rb-publish -q
+  cat >slow <<'EOF'
+#!/bin/bash
+while IFS= read -r l; do
+  sleep 1.2
+  printf '%s\n' "${l%\}},\"ok\":true}"
+done
+EOF
+  chmod +x slow
+  (timeout 60 rb-claim -H fol --follow --drain --lease 1s; echo $? >claim.rc) | ./slow | rb-complete -o >done &
+  echo $! >>pids
+  wait_for 10 '[ "$(stat_of processing)" = 4 ]'
+  # the handler takes ~5 s for the four, 5 leases: another claimer finds nothing all along
+  end=$(( $(date +%s) + 4 ))
+  while [ "$(date +%s)" -lt "$end" ]; do
+    run rb-claim -H fol --batch 10 --lease 1s
+    [ "$status" -eq 1 ] || { echo "a second claimer took: $output"; false; }
+    sleep 0.3
+  done
+  wait_for 20 '[ -s claim.rc ]'
+  [ "$(cat claim.rc)" = 0 ]
+  wait_for 10 '[ "$(grep -c "\"completed\"" done)" = 4 ]'
+  [ "$(grep -c '"lost"' done)" -eq 0 ]
+  [ "$(stat_of pending)" = 0 ]
+}
+
+@test "rb-complete completes lines as they arrive (in windows), before its input ends" {
+  events 3 cw | rb-publish -q
+  rb-claim -H fol --batch 10 >claimed
+  [ "$(wc -l <claimed)" -eq 3 ]
+  mkfifo in
+  rb-complete -o <in >done &
+  echo $! >>pids
+  exec 7>in
+  jq -c '. + {ok: true}' claimed >&7
+  # the input stays open: completed within the window, not at its end
+  wait_for 10 '[ "$(stat_of processing)" = 0 ]'
+  [ "$(stat_of pending)" = 0 ]
+  exec 7>&-
+  wait_for 10 '[ "$(grep -c "\"completed\"" done)" = 3 ]'
+}
+
+@test "rb-claim: --max-in-flight and --drain need --follow, --wait does not go with it (64)" {
+  run rb-claim -H fol --max-in-flight 5
+  [ "$status" -eq 64 ]
+  [[ "$output" == *"--max-in-flight: only with --follow"* ]]
+  run rb-claim -H fol --drain
+  [ "$status" -eq 64 ]
+  run rb-claim -H fol --follow --wait 1s
+  [ "$status" -eq 64 ]
+  run rb-claim -H fol --follow --max-in-flight 0
+  [ "$status" -eq 64 ]
+}
