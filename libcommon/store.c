@@ -51,6 +51,10 @@ static const struct rb_store_ops *const backends[] = {
  * is opened the first time one of its schemes is used; when it cannot be,
  * its URLs are refused with RB_EXIT_UNAVAILABLE, saying why (dlerror).
  */
+#ifndef RB_MODULE_DIR			/* (Makefile.am sets it: a build outside it, scripts/fuzz) */
+#define RB_MODULE_DIR	"/usr/local/lib/relaybus"
+#endif
+
 static struct module {
 	const char		*name;
 	const char *const	 schemes[3];
