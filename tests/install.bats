@@ -136,10 +136,11 @@ EOF
 @test "the MongoDB backend's module is installed in pkglibdir, where the installed programs look for it" {
   need_install
   [[ "$(rb-claim --version)" == *"backends: postgresql, mongodb;"* ]] || skip "built without the MongoDB backend"
-  local pkglibdir bin
-  pkglibdir=$(make -s -C "$RB_BUILDDIR" -f Makefile -f - print-pkglibdir <<<'print-pkglibdir: ; @echo $(pkglibdir)' 2>/dev/null)
-  [ -n "$pkglibdir" ]
-  [ -f "$DEST$pkglibdir/relaybus-mongo.so" ]
+  local pkglibdir bin mod
+  pkglibdir=$(env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -s --no-print-directory -C "$RB_BUILDDIR" -f Makefile -f - \
+    print-pkglibdir <<<'print-pkglibdir: ; @echo $(pkglibdir)')
+  mod=$(find "$DEST" -name relaybus-mongo.so)
+  [ "$mod" = "$DEST$pkglibdir/relaybus-mongo.so" ] || { echo "pkglibdir $pkglibdir, module at $mod"; false; }
   bin=$(dirname "$(find "$DEST" -path "*/bin/rb-claim" -type f)")
   # without RELAYBUS_MODULE_DIR: the configured directory (not under DESTDIR)
   run --separate-stderr env -u RELAYBUS_MODULE_DIR "$bin/rb-claim" --db mongodb://localhost:1/db -H h
