@@ -38,8 +38,8 @@ mapped_libs() {
   need_pg
   rb-claim -q -H mh --wait 30s --poll 30s >/dev/null 2>&1 &
   local pid=$!
-  wait_for 10 "grep -q libpq /proc/$pid/maps"
-  # connected and waiting (the schema check is done): what it has loaded now
+  # connected (a socket: the store was opened, any module loaded before), then waiting
+  wait_for 30 "ls -l /proc/$pid/fd 2>/dev/null | grep -q 'socket:'"
   sleep 0.5
   mapped_libs "$pid" >"$BATS_TEST_TMPDIR/libs"
   kill "$pid"
