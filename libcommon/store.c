@@ -6,9 +6,14 @@
  * slot is "not supported by the X backend", RB_EXIT_UNAVAILABLE) and calls
  * it.  Nothing here knows a backend's insides; the backend-neutral records
  * are in records.c and delivery.c.
+ *
+ * A backend with a heavy client library (MongoDB: libmongoc sets itself up
+ * in every process that loads it) is a module instead, loaded with
+ * dlopen() the first time one of its URLs is used (modules[]).
  */
 #include "config.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
@@ -25,23 +30,44 @@
 #include "store_int.h"
 
 /*
- * The backends of this build, in the order --version lists them.  The
- * first also takes what has no scheme: no URL at all and a libpq conninfo
- * string ("host=db dbname=app").  A new backend is one entry here (under
- * its configure conditional), its store_<name>.c and one Makefile.am line.
+ * The backends linked into this build, in the order --version lists them.
+ * The first also takes what has no scheme: no URL at all and a libpq
+ * conninfo string ("host=db dbname=app").  A new backend is one entry here
+ * (under its configure conditional), its store_<name>.c and one Makefile.am
+ * line.
  */
 extern const struct rb_store_ops rb_store_pg_ops;	/* store_pg.c */
-#ifdef HAVE_MONGO
-extern const struct rb_store_ops rb_store_mongo_ops;	/* store_mongo.c */
-#endif
 
 static const struct rb_store_ops *const backends[] = {
 	&rb_store_pg_ops,
-#ifdef HAVE_MONGO
-	&rb_store_mongo_ops,
-#endif
 };
 #define N_BACKENDS	(sizeof backends / sizeof backends[0])
+
+/*
+ * The backends of this build that are modules (after backends[] in
+ * --version): FILE in $RELAYBUS_MODULE_DIR, else RB_MODULE_DIR (the
+ * configured pkglibdir), defining `const struct rb_store_ops NAME_ops` and
+ * `const char NAME_relaybus[]` (the PACKAGE_VERSION it was built for).  It
+ * is opened the first time one of its schemes is used; when it cannot be,
+ * its URLs are refused with RB_EXIT_UNAVAILABLE, saying why (dlerror).
+ */
+#ifndef RB_MODULE_DIR			/* (Makefile.am sets it: a build outside it, scripts/fuzz) */
+#define RB_MODULE_DIR	"/usr/local/lib/relaybus"
+#endif
+
+static struct module {
+	const char		*name;
+	const char *const	 schemes[3];
+	const char		*file;
+	const char		*symbol;
+	const struct rb_store_ops *ops;	/* once loaded */
+	char			*why;	/* once it could not be */
+} modules[] = {
+#ifdef HAVE_MONGO
+	{ "mongodb", { "mongodb", "mongodb+srv", NULL }, "relaybus-mongo.so", "rb_store_mongo", NULL, NULL },
+#endif
+	{ NULL, { NULL }, NULL, NULL, NULL, NULL }
+};
 
 /* Backends relaybus knows of that this build lacks: their URLs are refused
  * with "not part of this build" (69), not as an unknown scheme (78). */
@@ -82,6 +108,41 @@ takes(const char *const *schemes, const char *url)
 	return false;
 }
 
+/* m's ops, loading it on first use; NULL with m->why set when it cannot be. */
+static const struct rb_store_ops *
+module_ops(struct module *m)
+{
+	const char *dir = getenv("RELAYBUS_MODULE_DIR"), *built;
+	char *path, *sym;
+	void *h;
+
+	if (m->ops != NULL || m->why != NULL)
+		return m->ops;
+	if (dir == NULL || *dir == '\0')
+		dir = RB_MODULE_DIR;
+	path = xasprintf("%s/%s", dir, m->file);
+	if ((h = dlopen(path, RTLD_NOW | RTLD_LOCAL)) == NULL) {
+		m->why = xstrdup(dlerror());
+		free(path);
+		return NULL;
+	}
+	sym = xasprintf("%s_relaybus", m->symbol);
+	built = dlsym(h, sym);
+	free(sym);
+	sym = xasprintf("%s_ops", m->symbol);
+	if (built == NULL || (m->ops = dlsym(h, sym)) == NULL)
+		m->why = xasprintf("%s: not a relaybus backend module", path);
+	else if (strcmp(built, PACKAGE_VERSION) != 0)
+		m->why = xasprintf("%s: built for relaybus %.20s, this is %s", path, built, PACKAGE_VERSION);
+	free(sym);
+	free(path);
+	if (m->why != NULL) {
+		m->ops = NULL;
+		dlclose(h);
+	}
+	return m->ops;
+}
+
 /* $RELAYBUS_URL and $RELAYBUS_SCHEMA for what is not given, the schema
  * checked: the same for every function that takes a URL. */
 static int
@@ -114,6 +175,16 @@ backend_of(const char *url, struct rb_error *err)
 		if (takes(backends[i]->schemes, url))
 			return backends[i];
 	r = rb_url_redact(url);
+	for (struct module *m = modules; m->name != NULL; m++)
+		if (takes(m->schemes, url)) {
+			const struct rb_store_ops *ops = module_ops(m);
+
+			if (ops == NULL)
+				rb_seterr(err, RB_EXIT_UNAVAILABLE, "%s: %s backend not available: %s", r,
+				    m->name, m->why);
+			free(r);
+			return ops;
+		}
 	for (size_t i = 0; i < sizeof absent / sizeof absent[0]; i++)
 		if (takes(absent[i].schemes, url)) {
 			rb_seterr(err, RB_EXIT_UNAVAILABLE, "%s: the %s backend is not part of this build",
@@ -124,6 +195,11 @@ backend_of(const char *url, struct rb_error *err)
 	for (size_t i = 0; i < N_BACKENDS; i++) {
 		rb_sb_puts(&known, i > 0 ? ", " : "");
 		rb_sb_puts(&known, backends[i]->schemes[0]);
+		rb_sb_puts(&known, "://");
+	}
+	for (struct module *m = modules; m->name != NULL; m++) {
+		rb_sb_puts(&known, ", ");
+		rb_sb_puts(&known, m->schemes[0]);
 		rb_sb_puts(&known, "://");
 	}
 	rb_seterr(err, RB_EXIT_CONFIG, "unsupported URL scheme in %s: use %s (or a libpq conninfo)", r,
@@ -150,6 +226,10 @@ rb_store_redact(const char *url)
 		for (size_t i = 0; i < N_BACKENDS; i++)
 			if (takes(backends[i]->schemes, url))
 				ops = backends[i];
+		/* (a module not loaded for that: rb_url_redact until it is) */
+		for (struct module *m = modules; m->name != NULL; m++)
+			if (takes(m->schemes, url))
+				ops = m->ops;
 	}
 	return redact_with(ops, url);
 }
@@ -226,10 +306,27 @@ rb_store_backends(void)
 		rb_sb_puts(&b, i > 0 ? ", " : "");
 		rb_sb_puts(&b, backends[i]->name);
 	}
+	for (struct module *m = modules; m->name != NULL; m++) {
+		rb_sb_puts(&b, ", ");
+		rb_sb_puts(&b, m->name);
+	}
 	for (size_t i = 0; i < N_BACKENDS; i++) {
 		backends[i]->version(v, sizeof v);
 		rb_sb_puts(&b, i > 0 ? ", " : "; ");
 		rb_sb_puts(&b, v);
+	}
+	/* (--version loads the modules: whether they work is what it is asked) */
+	for (struct module *m = modules; m->name != NULL; m++) {
+		rb_sb_puts(&b, ", ");
+		if (module_ops(m) != NULL) {
+			m->ops->version(v, sizeof v);
+			rb_sb_puts(&b, v);
+		} else {
+			rb_sb_puts(&b, m->name);
+			rb_sb_puts(&b, " not available (");
+			rb_sb_puts(&b, m->why);
+			rb_sb_puts(&b, ")");
+		}
 	}
 	return b.s;
 }

@@ -21,8 +21,12 @@
  * `const struct rb_store_ops rb_store_<name>_ops`; one entry in backends[]
  * in store.c (with its extern declaration there); and one line in
  * Makefile.am (under the configure conditional of its client library, as
- * HAVE_MONGO is for libmongoc).  Its records go through rb_records.h, so that its delivery
- * lines, validation messages and error text are those of every backend.
+ * HAVE_MONGO is for libmongoc).  A backend whose client library should not
+ * load in every program is a module instead: one entry in modules[] in
+ * store.c and a pkglib_LTLIBRARIES in Makefile.am, as relaybus-mongo.so is
+ * (it finds libcommon in the program, libcommon/module.dynlist).  Its
+ * records go through rb_records.h, so that its delivery lines, validation
+ * messages and error text are those of every backend.
  * What rb-dispatch needs of it: claim and complete (the front then offers
  * the face that does not wait over them), or that face's own slots
  * (claim_start, complete_start, pollfds, service: a backend that overlaps

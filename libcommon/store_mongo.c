@@ -654,6 +654,9 @@ mg_pollfds(struct rb_store *s, struct pollfd *pfd, int max, int *timeout_ms)
 	return 0;
 }
 
+/* what store.c's modules[] looks up in relaybus-mongo.so (store_int.h) */
+const char rb_store_mongo_relaybus[] = PACKAGE_VERSION;
+
 const struct rb_store_ops rb_store_mongo_ops = {
 	.name = "mongodb",
 	.schemes = mg_schemes,

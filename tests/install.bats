@@ -133,6 +133,29 @@ EOF
   "$bin/rb-setup" --print-sql | grep -q 'relaybus_publish'
 }
 
+@test "the MongoDB backend's module is installed in pkglibdir, where the installed programs look for it" {
+  need_install
+  [[ "$(rb-claim --version)" == *"backends: postgresql, mongodb;"* ]] || skip "built without the MongoDB backend"
+  local pkglibdir bin mod
+  pkglibdir=$(env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -s --no-print-directory -C "$RB_BUILDDIR" -f Makefile -f - \
+    print-pkglibdir <<<'print-pkglibdir: ; @echo $(pkglibdir)')
+  mod=$(find "$DEST" -name relaybus-mongo.so)
+  [ "$mod" = "$DEST$pkglibdir/relaybus-mongo.so" ] || { echo "pkglibdir $pkglibdir, module at $mod"; false; }
+  bin=$(dirname "$(find "$DEST" -path "*/bin/rb-claim" -type f)")
+  # without RELAYBUS_MODULE_DIR: the configured directory (not under DESTDIR)
+  run --separate-stderr env -u RELAYBUS_MODULE_DIR "$bin/rb-claim" --db mongodb://localhost:1/db -H h
+  if [ -f "$pkglibdir/relaybus-mongo.so" ]; then
+    [[ "$stderr" != *"backend not available"* ]]
+  else
+    [ "$status" -eq 69 ]
+    [[ "$stderr" == *"mongodb backend not available: $pkglibdir/relaybus-mongo.so: "* ]]
+  fi
+  # the installed module works with the installed program
+  run env RELAYBUS_MODULE_DIR="$DEST$pkglibdir" "$bin/rb-claim" --version
+  [ "$status" -eq 0 ]
+  [[ "$output" == *", libmongoc "* ]]
+}
+
 @test "make uninstall leaves no file behind" {
   need_install
   local dest=$BATS_TEST_TMPDIR/root2

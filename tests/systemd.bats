@@ -149,8 +149,10 @@ stderr_id() { stat -L -c '%d:%i' /dev/stderr; }
   [ -z "$output" ]
 }
 
-@test "a /dev/shm/mongoc-PID left by a killed process: a program given that PID says nothing under MONGOC_DISABLE_SHM=1" {
+@test "a /dev/shm/mongoc-PID left by a killed process: a program that loads the MongoDB module and is given that PID says nothing under MONGOC_DISABLE_SHM=1" {
   [ -d /dev/shm ] && [ -w /dev/shm ] || skip "no writable /dev/shm"
+  # (--version loads the module, relaybus-mongo.so, to name its libmongoc)
+  [[ "$(rb-setup --version)" == *", libmongoc "* ]] || skip "no MongoDB backend module in this build"
   local pidf=$BATS_TEST_TMPDIR/pid
   # bash leaves the file for its own PID, then execs the program into that PID
   run --separate-stderr env -u MONGOC_DISABLE_SHM bash -c 'echo $$ >"$0"; : >/dev/shm/mongoc-$$; exec rb-setup --version' "$pidf"
@@ -163,4 +165,17 @@ stderr_id() { stat -L -c '%d:%i' /dev/stderr; }
   [ "$status" -eq 0 ]
   [ -z "$stderr" ]
   [[ "$output" == rb-setup* ]]
+}
+
+@test "a /dev/shm/mongoc-PID left by a killed process: a PostgreSQL program given that PID says nothing, even without MONGOC_DISABLE_SHM" {
+  [ -d /dev/shm ] && [ -w /dev/shm ] || skip "no writable /dev/shm"
+  local pidf=$BATS_TEST_TMPDIR/pid
+  # bash leaves libmongoc's file for its own PID, as a process killed with -9
+  # would, then execs the program into that PID
+  run --separate-stderr env -u MONGOC_DISABLE_SHM bash -c 'echo $$ >"$0"; : >/dev/shm/mongoc-$$;
+    exec rb-setup --print-sql --db postgresql://localhost/app -s "mh:mod.*"' "$pidf"
+  rm -f "/dev/shm/mongoc-$(cat "$pidf")"
+  [ "$status" -eq 0 ]
+  [ -z "$stderr" ]
+  [[ "$output" == *relaybus_publish* ]]
 }

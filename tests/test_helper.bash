@@ -18,11 +18,12 @@
 bats_require_minimum_version 1.5.0
 
 export LC_ALL=C
-# libmongoc (linked for the MongoDB backend) initializes itself when a program
-# loads, in every program, and keeps counters in /dev/shm/mongoc-PID; a
-# process killed with -9 leaves its file, and a later process given the same
-# PID prints "Falling back to malloc for counters" on stderr.  Tests kill many
-# processes: no shared-memory counters (relaybus(7), ENVIRONMENT).
+# libmongoc (in the MongoDB backend's module, loaded for mongodb:// URLs)
+# initializes itself in a program that loads it, and keeps counters in
+# /dev/shm/mongoc-PID; a process killed with -9 leaves its file, and a later
+# process given the same PID prints "Falling back to malloc for counters" on
+# stderr.  Tests kill many processes: no shared-memory counters (relaybus(7),
+# ENVIRONMENT).  A program on PostgreSQL never loads libmongoc (module.bats).
 export MONGOC_DISABLE_SHM=1
 
 # libpq's PG* variables as one URL: the user in it, the rest as parameters
@@ -58,6 +59,11 @@ _require_mongo=${RELAYBUS_REQUIRE_MONGO:-}
 for v in $(env | sed -n 's/^\(RELAYBUS_[A-Z_]*\|PG[A-Z]*\)=.*/\1/p'); do
   case $v in RELAYBUS_TEST_*|RELAYBUS_REQUIRE_PG|RELAYBUS_REQUIRE_MONGO) ;; *) unset "$v" ;; esac
 done
+# the backend modules of the build tree (libtool's .libs), not the installed ones
+_rb_builddir=${RB_BUILDDIR:-${RB_BINDIR:+$RB_BINDIR/..}}
+if [ -n "$_rb_builddir" ] && [ -d "$_rb_builddir/libcommon/.libs" ]; then
+  export RELAYBUS_MODULE_DIR=$_rb_builddir/libcommon/.libs
+fi
 
 RB_BINDIR=${RB_BINDIR:-$BATS_TEST_DIRNAME/../cmd}
 RB_SRCDIR=${RB_SRCDIR:-$BATS_TEST_DIRNAME/..}
