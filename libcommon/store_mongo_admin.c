@@ -165,7 +165,12 @@ mg_admin_stats(struct rb_store *s, json_t **out, struct rb_error *err)
 		r = handler_row(handlers, h, hist);
 		if (strcmp(st, "dead") == 0)
 			bump(r, "dead", 1);
-		else if (flying(&fl, mg_get_int(d, "_id", 0)) != NULL)
+		else if (strcmp(st, "completed") == 0) {
+			/* one relaybus 0.1.0 left (mg_upgrade_010) */
+			if (!json_is_integer(json_object_get(r, "completed")))
+				json_object_set_new(r, "completed", json_integer(0));
+			bump(r, "completed", 1);
+		} else if (flying(&fl, mg_get_int(d, "_id", 0)) != NULL)
 			bump(r, "processing", 1);
 		else {
 			int64_t age = now - mg_get_int(d, "createdAt", now);
@@ -256,10 +261,14 @@ mg_admin_stats(struct rb_store *s, json_t **out, struct rb_error *err)
 		json_t *r;
 
 		json_array_foreach(sorted, i, r)
-			for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++)
+			for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+				if (k == 5 && json_is_integer(json_object_get(r, counts[k])) &&
+				    !json_is_integer(json_object_get(total, counts[k])))
+					json_object_set_new(total, counts[k], json_integer(0));
 				if (json_is_integer(json_object_get(r, counts[k])) &&
 				    json_is_integer(json_object_get(total, counts[k])))
 					bump(total, counts[k], json_integer_value(json_object_get(r, counts[k])));
+			}
 	}
 	json_object_set_new(total, "oldest_pending_age_ms", oldest >= 0 ? json_integer(oldest) : json_null());
 	*out = json_pack("{s:b, s:I, s:o, s:o}", "history", hist, "events_without_deliveries", (json_int_t)orphans,
@@ -281,7 +290,8 @@ list_into(struct rb_store *s, const struct rb_admin_filter *f, const bool flags[
 	bson_error_t e;
 	int rc = 0;
 
-	if (flags[0] || flags[1] || flags[2]) {
+	/* (completed: the deliveries relaybus 0.1.0 left, then the history) */
+	if (flags[0] || flags[1] || flags[2] || flags[3]) {
 		if (load_flights(s, &fl, "list", err) < 0)
 			return -1;
 		if (f->handler != NULL)
@@ -297,7 +307,8 @@ list_into(struct rb_store *s, const struct rb_admin_filter *f, const bool flags[
 		while (mongoc_cursor_next(cur, &d) && (f->limit <= 0 || (int64_t)json_array_size(rows) < f->limit)) {
 			const char *st = mg_get_str(d, "status");
 			const struct flight *fly = flying(&fl, mg_get_int(d, "_id", 0));
-			int state = st != NULL && strcmp(st, "dead") == 0 ? 2 : fly != NULL ? 1 : 0;
+			bool completed = st != NULL && strcmp(st, "completed") == 0;
+			int state = completed ? 3 : st != NULL && strcmp(st, "dead") == 0 ? 2 : fly != NULL ? 1 : 0;
 			json_t *o = json_object();
 			char idb[32];
 			bson_t *eq = BCON_NEW("_id", BCON_UTF8(mg_get_str(d, "eventId") ? mg_get_str(d, "eventId") : ""));
@@ -332,6 +343,8 @@ list_into(struct rb_store *s, const struct rb_admin_filter *f, const bool flags[
 			json_object_set_new(o, "lease_expires_at", state == 1 ? jtime(fly->until) : json_null());
 			json_object_set_new(o, "created_at", jtime(mg_get_int(d, "createdAt", -1)));
 			json_object_set_new(o, "updated_at", jtime(mg_get_int(d, "updatedAt", -1)));
+			if (completed)
+				json_object_set_new(o, "completed_at", jtime(mg_get_int(d, "completedAt", -1)));
 			json_array_append_new(rows, o);
 		}
 		if (mongoc_cursor_error(cur, &e))
@@ -484,7 +497,8 @@ mg_admin_apply(struct rb_store *s, enum rb_admin_action action, const json_t *ta
 			int64_t id = mg_get_int(d, "_id", 0), claims = mg_get_int(d, "claims", 0);
 			const char *st = mg_get_str(d, "status");
 			bool dead = st != NULL && strcmp(st, "dead") == 0, infl = !dead && flying(&fl, id) != NULL;
-			bool act = action == RB_ADMIN_REQUEUE ? dead : (!dead && !infl);
+			bool completed = st != NULL && strcmp(st, "completed") == 0;
+			bool act = action == RB_ADMIN_REQUEUE ? dead : (!dead && !infl && !completed);
 			json_t *o = json_object();
 			char idb[32];
 			const char *outcome = "skipped", *status = infl ? "processing" : st;
@@ -555,8 +569,9 @@ int
 mg_admin_purge(struct rb_store *s, enum rb_admin_purge kind, int64_t older_than_ms, int batch,
     struct rb_error *err)
 {
-	static const char *const colls[] = { "deliveries", "events", "completed_deliveries" };
-	static const char *const when[] = { "updatedAt", "createdAt", "completedAt" };
+	/* (by enum rb_admin_purge; RB_PURGE_COMPLETED: what relaybus 0.1.0 left) */
+	static const char *const colls[] = { "deliveries", "events", "completed_deliveries", "deliveries" };
+	static const char *const when[] = { "updatedAt", "createdAt", "completedAt", "completedAt" };
 	mongoc_collection_t *c, *dc;
 	mongoc_cursor_t *cur;
 	const bson_t *d;
@@ -574,8 +589,8 @@ mg_admin_purge(struct rb_store *s, enum rb_admin_purge kind, int64_t older_than_
 	c = mg_coll(s, colls[kind]);
 	dc = mg_coll(s, "deliveries");
 	q = BCON_NEW(when[kind], "{", "$lt", BCON_DATE_TIME(cut), "}");
-	if (kind == RB_PURGE_DEAD)
-		BSON_APPEND_UTF8(q, "status", "dead");
+	if (kind == RB_PURGE_DEAD || kind == RB_PURGE_COMPLETED)
+		BSON_APPEND_UTF8(q, "status", kind == RB_PURGE_DEAD ? "dead" : "completed");
 	opts = BCON_NEW("sort", "{", when[kind], BCON_INT32(1), "}", "limit", BCON_INT64(kind == RB_PURGE_EVENTS ?
 	    (int64_t)batch * 4 : batch));
 	cur = mongoc_collection_find_with_opts(c, q, opts, NULL);
@@ -598,8 +613,8 @@ mg_admin_purge(struct rb_store *s, enum rb_admin_purge kind, int64_t older_than_
 				continue;
 		}
 		bson_append_iter(&del, "_id", -1, &it);
-		if (kind == RB_PURGE_DEAD)
-			BSON_APPEND_UTF8(&del, "status", "dead");
+		if (kind == RB_PURGE_DEAD || kind == RB_PURGE_COMPLETED)
+			BSON_APPEND_UTF8(&del, "status", kind == RB_PURGE_DEAD ? "dead" : "completed");
 		if (!mongoc_collection_delete_one(c, &del, NULL, &reply, &e))
 			rc = mg_err(s, &e, "purge", err);
 		else
