@@ -115,8 +115,9 @@ handler_row(json_t *handlers, const char *h, bool hist)
 	json_array_foreach(handlers, i, r)
 		if (strcmp(json_string_value(json_object_get(r, "handler")), h) == 0)
 			return r;
-	r = json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:o, s:n}", "handler", h, "pending", 0, "due", 0,
+	r = json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:o, s:o, s:i, s:i, s:n}", "handler", h, "pending", 0, "due", 0,
 	    "delayed", 0, "processing", 0, "dead", 0, "completed", hist ? json_integer(0) : json_null(),
+	    "completed_total", hist ? json_integer(0) : json_null(), "failed_total", 0, "buried_total", 0,
 	    "oldest_pending_age_ms");
 	json_array_append_new(handlers, r);
 	return r;
@@ -188,15 +189,21 @@ mg_admin_stats(struct rb_store *s, json_t **out, struct rb_error *err)
 		rc = mg_err(s, &e, "stats", err);
 	mongoc_cursor_destroy(cur);
 	mongoc_collection_destroy(c);
-	/* handlers with only subscriptions, lanes or history count too */
-	for (int k = 0; rc == 0 && k < 3; k++) {
-		static const char *const colls[] = { "subscriptions", "lanes", "completed_deliveries" };
+	/* handlers with only subscriptions, lanes or history count too; the
+	 * exact counters: failures and burials in the lane documents,
+	 * completions in the history and what purges removed from it */
+	for (int k = 0; rc == 0 && k < 4; k++) {
+		static const char *const colls[] = { "subscriptions", "lanes", "completed_deliveries", "counters" };
 		mongoc_cursor_t *cc;
 
-		if (k == 2 && !hist)
+		if (k >= 2 && !hist)
 			break;
 		c = mg_coll(s, colls[k]);
+		if (k == 3)
+			BSON_APPEND_UTF8(&q, "kind", "historyPurged");
 		cc = mongoc_collection_find_with_opts(c, &q, NULL, NULL);
+		if (k == 3)
+			bson_reinit(&q);
 		while (mongoc_cursor_next(cc, &d)) {
 			const char *h = mg_get_str(d, "handler");
 			json_t *r;
@@ -204,8 +211,14 @@ mg_admin_stats(struct rb_store *s, json_t **out, struct rb_error *err)
 			if (h == NULL)
 				continue;
 			r = handler_row(handlers, h, hist);
-			if (k == 2)
+			if (k == 1) {
+				bump(r, "failed_total", mg_get_int(d, "failed", 0));
+				bump(r, "buried_total", mg_get_int(d, "buried", 0));
+			} else if (k == 2) {
 				bump(r, "completed", 1);
+				bump(r, "completed_total", 1);
+			} else if (k == 3)
+				bump(r, "completed_total", mg_get_int(d, "n", 0));
 		}
 		if (mongoc_cursor_error(cc, &e))
 			rc = mg_err(s, &e, "stats", err);
@@ -255,8 +268,12 @@ mg_admin_stats(struct rb_store *s, json_t **out, struct rb_error *err)
 	total = json_pack("{s:n, s:i, s:i, s:i, s:i, s:i}", "handler", "pending", 0, "due", 0, "delayed", 0,
 	    "processing", 0, "dead", 0);
 	json_object_set_new(total, "completed", hist ? json_integer(0) : json_null());
+	json_object_set_new(total, "completed_total", hist ? json_integer(0) : json_null());
+	json_object_set_new(total, "failed_total", json_integer(0));
+	json_object_set_new(total, "buried_total", json_integer(0));
 	{
-		static const char *const counts[] = { "pending", "due", "delayed", "processing", "dead", "completed" };
+		static const char *const counts[] = { "pending", "due", "delayed", "processing", "dead", "completed",
+		    "completed_total", "failed_total", "buried_total" };
 		size_t i;
 		json_t *r;
 
@@ -459,6 +476,45 @@ mg_admin_show(struct rb_store *s, const char *event_id, json_t **out, struct rb_
 
 /* ---- requeue, bury, cancel ------------------------------------------------ */
 
+struct bury {
+	struct rb_store	*s;
+	const bson_t	*q, *u;
+	const char	*handler;
+	int		 lane;
+	int64_t		 n;	/* out: buried */
+};
+
+static bool
+bury_txn(mongoc_client_session_t *cs, void *ctx, bson_error_t *e)
+{
+	struct bury *b = ctx;
+	mongoc_collection_t *dc = mg_coll(b->s, "deliveries"), *lc = mg_coll(b->s, "lanes");
+	bson_t opts, reply;
+	bool ok;
+
+	mg_sopts(cs, &opts);
+	b->n = 0;
+	ok = mongoc_collection_update_one(dc, b->q, b->u, &opts, &reply, e);
+	if (ok)
+		b->n = mg_get_int(&reply, "modifiedCount", 0);
+	bson_destroy(&reply);
+	if (ok && b->n == 1 && b->handler != NULL) {
+		char id[MG_LANE_ID_LEN];
+		bson_t *lq, *lu;
+
+		mg_lane_id(id, b->handler, b->lane);
+		lq = BCON_NEW("_id", BCON_UTF8(id));
+		lu = BCON_NEW("$inc", "{", "buried", BCON_INT64(1), "}");
+		ok = mongoc_collection_update_one(lc, lq, lu, &opts, NULL, e);
+		bson_destroy(lq);
+		bson_destroy(lu);
+	}
+	bson_destroy(&opts);
+	mongoc_collection_destroy(dc);
+	mongoc_collection_destroy(lc);
+	return ok;
+}
+
 int
 mg_admin_apply(struct rb_store *s, enum rb_admin_action action, const json_t *targets, const char *reason,
     json_t **out, struct rb_error *err)
@@ -521,12 +577,23 @@ mg_admin_apply(struct rb_store *s, enum rb_admin_action action, const json_t *ta
 						BCON_UTF8(reason != NULL ? reason : "buried by rb-admin"),
 						"updatedAt", BCON_DATE_TIME(mg_now()), "}");
 
-					ok = mongoc_collection_update_one(c, fq, u, NULL, &reply, &e);
+					if (action == RB_ADMIN_BURY) {
+						/* with the lane's burial counter, in one transaction */
+						struct bury b = { .s = s, .q = fq, .u = u, .handler = mg_get_str(d, "handler"),
+						    .lane = (int)mg_get_int(d, "laneId", 0) };
+
+						ok = mg_txn(s, bury_txn, &b, "bury", err) == 0;
+						bson_init(&reply);
+						BSON_APPEND_INT64(&reply, "modifiedCount", b.n);
+						if (!ok)
+							rc = -1;
+					} else
+						ok = mongoc_collection_update_one(c, fq, u, NULL, &reply, &e);
 					bson_destroy(u);
 				}
-				if (!ok)
+				if (!ok && rc == 0)
 					rc = mg_err(s, &e, "apply", err);
-				else if (mg_get_int(&reply, action == RB_ADMIN_CANCEL ? "deletedCount" : "modifiedCount", 0) == 1) {
+				else if (ok && mg_get_int(&reply, action == RB_ADMIN_CANCEL ? "deletedCount" : "modifiedCount", 0) == 1) {
 					outcome = done[action];
 					status = action == RB_ADMIN_REQUEUE ? "pending" : action == RB_ADMIN_BURY ? "dead" : NULL;
 					changed++;
@@ -564,6 +631,45 @@ mg_admin_apply(struct rb_store *s, enum rb_admin_action action, const json_t *ta
 }
 
 /* ---- purge ----------------------------------------------------------------- */
+
+struct hpurge {
+	struct rb_store	*s;
+	const bson_t	*q;
+	const char	*handler;
+	int64_t		 n;	/* out: deleted */
+};
+
+static bool
+hpurge_txn(mongoc_client_session_t *cs, void *ctx, bson_error_t *e)
+{
+	struct hpurge *h = ctx;
+	mongoc_collection_t *hc = mg_coll(h->s, "completed_deliveries"), *cc = mg_coll(h->s, "counters");
+	bson_t opts, reply;
+	bool ok;
+
+	mg_sopts(cs, &opts);
+	h->n = 0;
+	ok = mongoc_collection_delete_one(hc, h->q, &opts, &reply, e);
+	if (ok)
+		h->n = mg_get_int(&reply, "deletedCount", 0);
+	bson_destroy(&reply);
+	if (ok && h->n == 1 && h->handler != NULL) {
+		char *id = xasprintf("historyPurged/%s", h->handler);
+		bson_t *q = BCON_NEW("_id", BCON_UTF8(id));
+		bson_t *u = BCON_NEW("$inc", "{", "n", BCON_INT64(1), "}",
+		    "$set", "{", "kind", BCON_UTF8("historyPurged"), "handler", BCON_UTF8(h->handler), "}");
+
+		bson_append_bool(&opts, "upsert", -1, true);
+		ok = mongoc_collection_update_one(cc, q, u, &opts, NULL, e);
+		bson_destroy(q);
+		bson_destroy(u);
+		free(id);
+	}
+	bson_destroy(&opts);
+	mongoc_collection_destroy(hc);
+	mongoc_collection_destroy(cc);
+	return ok;
+}
 
 int
 mg_admin_purge(struct rb_store *s, enum rb_admin_purge kind, int64_t older_than_ms, int batch,
@@ -615,6 +721,16 @@ mg_admin_purge(struct rb_store *s, enum rb_admin_purge kind, int64_t older_than_
 		bson_append_iter(&del, "_id", -1, &it);
 		if (kind == RB_PURGE_DEAD || kind == RB_PURGE_COMPLETED)
 			BSON_APPEND_UTF8(&del, "status", kind == RB_PURGE_DEAD ? "dead" : "completed");
+		if (kind == RB_PURGE_HISTORY) {
+			/* with its handler's count of purged history, in one transaction */
+			struct hpurge hp = { .s = s, .q = &del, .handler = mg_get_str(d, "handler") };
+
+			if (mg_txn(s, hpurge_txn, &hp, "purge", err) < 0)
+				rc = -1;
+			n += (int)hp.n;
+			bson_destroy(&del);
+			continue;
+		}
 		if (!mongoc_collection_delete_one(c, &del, NULL, &reply, &e))
 			rc = mg_err(s, &e, "purge", err);
 		else

@@ -9,9 +9,10 @@
  *                  status: pending|dead, availableAt, attempts, claims, lastError,
  *                  createdAt, updatedAt, lane: "ready"}
  *   lanes         {_id: "<handler>/<lane>", handler, laneId, epoch, owner, holder,
- *                  leaseExpiresAt, inFlight: [ids], lost: [ids]}
+ *                  leaseExpiresAt, inFlight: [ids], chainEarly, lost: [ids], lostOwner,
+ *                  lostChainEarly, failed, buried (the exact counters)}
  *   keys          {_id: key, seq}
- *   counters      {_id: "deliveries", n}
+ *   counters      {_id: "deliveries", n}, {_id: "historyPurged/<handler>", kind, handler, n}
  *   subscriptions {handler, pattern, createdAt}
  *   schema_version{_id: 1, installedAt}
  *   completed_deliveries (rb-setup --completion-history)

@@ -403,7 +403,8 @@ charge_txn(mongoc_client_session_t *cs, void *ctx, bson_error_t *e)
 	if (ok) {
 		bson_t *q2 = BCON_NEW("_id", BCON_UTF8(id), "epoch", BCON_INT64(g->epoch));
 		bson_t *u2 = BCON_NEW("$set", "{", "lost", "[", "]", "lostOwner", BCON_NULL, "lostChainEarly", BCON_NULL,
-		    "}");
+		    "}", "$inc", "{", "failed", BCON_INT64((int64_t)(pass[0].n + pass[1].n)),
+		    "buried", BCON_INT64((int64_t)pass[0].n), "}");
 
 		ok = mongoc_collection_update_one(lc, q2, u2, &opts, &reply, e);
 		if (ok && mg_get_int(&reply, "matchedCount", 0) != 1)
