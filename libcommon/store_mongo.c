@@ -528,6 +528,22 @@ mg_schema_info(struct rb_store *s, struct rb_schema_info *info, struct rb_error 
 	info->expected = MG_VERSION;
 	info->state = v == 0 ? RB_SCHEMA_ABSENT : v < MG_VERSION ? RB_SCHEMA_OLDER :
 	    v > MG_VERSION ? RB_SCHEMA_NEWER : RB_SCHEMA_CURRENT;
+	if (v == 0) {
+		/* a delivery without laneId: relaybus 0.1.0 (mg_upgrade_010) */
+		c = mg_coll(s, "deliveries");
+		q = BCON_NEW("laneId", "{", "$exists", BCON_BOOL(false), "}");
+		opts = BCON_NEW("projection", "{", "_id", BCON_INT32(1), "}", "limit", BCON_INT64(1));
+		cur = mongoc_collection_find_with_opts(c, q, opts, NULL);
+		if (mongoc_cursor_next(cur, &d))
+			info->state = RB_SCHEMA_010;
+		failed = mongoc_cursor_error(cur, &e);
+		mongoc_cursor_destroy(cur);
+		bson_destroy(opts);
+		bson_destroy(q);
+		mongoc_collection_destroy(c);
+		if (failed)
+			return mg_err(s, &e, "schema", err);
+	}
 	return 0;
 }
 
@@ -572,10 +588,15 @@ upsert(struct rb_store *s, const char *coll, bson_t *q, bson_t *u, struct rb_err
 static int
 mg_setup(struct rb_store *s, const struct rb_setup_opts *o, struct rb_error *err)
 {
+	struct rb_schema_info info;
+
 	for (size_t i = 0; i < sizeof collections / sizeof collections[0]; i++)
 		if (create_coll(s, collections[i], err) < 0)
 			return -1;
 	if (o->completion_history && create_coll(s, "completed_deliveries", err) < 0)
+		return -1;
+	/* not set up (yet): a 0.1.0 database, or one whose set-up died */
+	if (mg_schema_info(s, &info, err) < 0 || (info.installed == 0 && mg_upgrade_010(s, err) < 0))
 		return -1;
 	IDX(s, "deliveries", "event_handler", true, err, "eventId", BCON_INT32(1), "handler", BCON_INT32(1));
 	IDX(s, "deliveries", "lane_due", false, err, "handler", BCON_INT32(1), "laneId", BCON_INT32(1),

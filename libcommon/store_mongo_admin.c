@@ -115,8 +115,9 @@ handler_row(json_t *handlers, const char *h, bool hist)
 	json_array_foreach(handlers, i, r)
 		if (strcmp(json_string_value(json_object_get(r, "handler")), h) == 0)
 			return r;
-	r = json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:o, s:n}", "handler", h, "pending", 0, "due", 0,
+	r = json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:o, s:o, s:i, s:i, s:n}", "handler", h, "pending", 0, "due", 0,
 	    "delayed", 0, "processing", 0, "dead", 0, "completed", hist ? json_integer(0) : json_null(),
+	    "completed_total", hist ? json_integer(0) : json_null(), "failed_total", 0, "buried_total", 0,
 	    "oldest_pending_age_ms");
 	json_array_append_new(handlers, r);
 	return r;
@@ -165,7 +166,12 @@ mg_admin_stats(struct rb_store *s, json_t **out, struct rb_error *err)
 		r = handler_row(handlers, h, hist);
 		if (strcmp(st, "dead") == 0)
 			bump(r, "dead", 1);
-		else if (flying(&fl, mg_get_int(d, "_id", 0)) != NULL)
+		else if (strcmp(st, "completed") == 0) {
+			/* one relaybus 0.1.0 left (mg_upgrade_010) */
+			if (!json_is_integer(json_object_get(r, "completed")))
+				json_object_set_new(r, "completed", json_integer(0));
+			bump(r, "completed", 1);
+		} else if (flying(&fl, mg_get_int(d, "_id", 0)) != NULL)
 			bump(r, "processing", 1);
 		else {
 			int64_t age = now - mg_get_int(d, "createdAt", now);
@@ -183,15 +189,21 @@ mg_admin_stats(struct rb_store *s, json_t **out, struct rb_error *err)
 		rc = mg_err(s, &e, "stats", err);
 	mongoc_cursor_destroy(cur);
 	mongoc_collection_destroy(c);
-	/* handlers with only subscriptions, lanes or history count too */
-	for (int k = 0; rc == 0 && k < 3; k++) {
-		static const char *const colls[] = { "subscriptions", "lanes", "completed_deliveries" };
+	/* handlers with only subscriptions, lanes or history count too; the
+	 * exact counters: failures and burials in the lane documents,
+	 * completions in the history and what purges removed from it */
+	for (int k = 0; rc == 0 && k < 4; k++) {
+		static const char *const colls[] = { "subscriptions", "lanes", "completed_deliveries", "counters" };
 		mongoc_cursor_t *cc;
 
-		if (k == 2 && !hist)
+		if (k >= 2 && !hist)
 			break;
 		c = mg_coll(s, colls[k]);
+		if (k == 3)
+			BSON_APPEND_UTF8(&q, "kind", "historyPurged");
 		cc = mongoc_collection_find_with_opts(c, &q, NULL, NULL);
+		if (k == 3)
+			bson_reinit(&q);
 		while (mongoc_cursor_next(cc, &d)) {
 			const char *h = mg_get_str(d, "handler");
 			json_t *r;
@@ -199,8 +211,14 @@ mg_admin_stats(struct rb_store *s, json_t **out, struct rb_error *err)
 			if (h == NULL)
 				continue;
 			r = handler_row(handlers, h, hist);
-			if (k == 2)
+			if (k == 1) {
+				bump(r, "failed_total", mg_get_int(d, "failed", 0));
+				bump(r, "buried_total", mg_get_int(d, "buried", 0));
+			} else if (k == 2) {
 				bump(r, "completed", 1);
+				bump(r, "completed_total", 1);
+			} else if (k == 3)
+				bump(r, "completed_total", mg_get_int(d, "n", 0));
 		}
 		if (mongoc_cursor_error(cc, &e))
 			rc = mg_err(s, &e, "stats", err);
@@ -250,16 +268,24 @@ mg_admin_stats(struct rb_store *s, json_t **out, struct rb_error *err)
 	total = json_pack("{s:n, s:i, s:i, s:i, s:i, s:i}", "handler", "pending", 0, "due", 0, "delayed", 0,
 	    "processing", 0, "dead", 0);
 	json_object_set_new(total, "completed", hist ? json_integer(0) : json_null());
+	json_object_set_new(total, "completed_total", hist ? json_integer(0) : json_null());
+	json_object_set_new(total, "failed_total", json_integer(0));
+	json_object_set_new(total, "buried_total", json_integer(0));
 	{
-		static const char *const counts[] = { "pending", "due", "delayed", "processing", "dead", "completed" };
+		static const char *const counts[] = { "pending", "due", "delayed", "processing", "dead", "completed",
+		    "completed_total", "failed_total", "buried_total" };
 		size_t i;
 		json_t *r;
 
 		json_array_foreach(sorted, i, r)
-			for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++)
+			for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+				if (k == 5 && json_is_integer(json_object_get(r, counts[k])) &&
+				    !json_is_integer(json_object_get(total, counts[k])))
+					json_object_set_new(total, counts[k], json_integer(0));
 				if (json_is_integer(json_object_get(r, counts[k])) &&
 				    json_is_integer(json_object_get(total, counts[k])))
 					bump(total, counts[k], json_integer_value(json_object_get(r, counts[k])));
+			}
 	}
 	json_object_set_new(total, "oldest_pending_age_ms", oldest >= 0 ? json_integer(oldest) : json_null());
 	*out = json_pack("{s:b, s:I, s:o, s:o}", "history", hist, "events_without_deliveries", (json_int_t)orphans,
@@ -281,7 +307,8 @@ list_into(struct rb_store *s, const struct rb_admin_filter *f, const bool flags[
 	bson_error_t e;
 	int rc = 0;
 
-	if (flags[0] || flags[1] || flags[2]) {
+	/* (completed: the deliveries relaybus 0.1.0 left, then the history) */
+	if (flags[0] || flags[1] || flags[2] || flags[3]) {
 		if (load_flights(s, &fl, "list", err) < 0)
 			return -1;
 		if (f->handler != NULL)
@@ -297,7 +324,8 @@ list_into(struct rb_store *s, const struct rb_admin_filter *f, const bool flags[
 		while (mongoc_cursor_next(cur, &d) && (f->limit <= 0 || (int64_t)json_array_size(rows) < f->limit)) {
 			const char *st = mg_get_str(d, "status");
 			const struct flight *fly = flying(&fl, mg_get_int(d, "_id", 0));
-			int state = st != NULL && strcmp(st, "dead") == 0 ? 2 : fly != NULL ? 1 : 0;
+			bool completed = st != NULL && strcmp(st, "completed") == 0;
+			int state = completed ? 3 : st != NULL && strcmp(st, "dead") == 0 ? 2 : fly != NULL ? 1 : 0;
 			json_t *o = json_object();
 			char idb[32];
 			bson_t *eq = BCON_NEW("_id", BCON_UTF8(mg_get_str(d, "eventId") ? mg_get_str(d, "eventId") : ""));
@@ -332,6 +360,8 @@ list_into(struct rb_store *s, const struct rb_admin_filter *f, const bool flags[
 			json_object_set_new(o, "lease_expires_at", state == 1 ? jtime(fly->until) : json_null());
 			json_object_set_new(o, "created_at", jtime(mg_get_int(d, "createdAt", -1)));
 			json_object_set_new(o, "updated_at", jtime(mg_get_int(d, "updatedAt", -1)));
+			if (completed)
+				json_object_set_new(o, "completed_at", jtime(mg_get_int(d, "completedAt", -1)));
 			json_array_append_new(rows, o);
 		}
 		if (mongoc_cursor_error(cur, &e))
@@ -446,6 +476,45 @@ mg_admin_show(struct rb_store *s, const char *event_id, json_t **out, struct rb_
 
 /* ---- requeue, bury, cancel ------------------------------------------------ */
 
+struct bury {
+	struct rb_store	*s;
+	const bson_t	*q, *u;
+	const char	*handler;
+	int		 lane;
+	int64_t		 n;	/* out: buried */
+};
+
+static bool
+bury_txn(mongoc_client_session_t *cs, void *ctx, bson_error_t *e)
+{
+	struct bury *b = ctx;
+	mongoc_collection_t *dc = mg_coll(b->s, "deliveries"), *lc = mg_coll(b->s, "lanes");
+	bson_t opts, reply;
+	bool ok;
+
+	mg_sopts(cs, &opts);
+	b->n = 0;
+	ok = mongoc_collection_update_one(dc, b->q, b->u, &opts, &reply, e);
+	if (ok)
+		b->n = mg_get_int(&reply, "modifiedCount", 0);
+	bson_destroy(&reply);
+	if (ok && b->n == 1 && b->handler != NULL) {
+		char id[MG_LANE_ID_LEN];
+		bson_t *lq, *lu;
+
+		mg_lane_id(id, b->handler, b->lane);
+		lq = BCON_NEW("_id", BCON_UTF8(id));
+		lu = BCON_NEW("$inc", "{", "buried", BCON_INT64(1), "}");
+		ok = mongoc_collection_update_one(lc, lq, lu, &opts, NULL, e);
+		bson_destroy(lq);
+		bson_destroy(lu);
+	}
+	bson_destroy(&opts);
+	mongoc_collection_destroy(dc);
+	mongoc_collection_destroy(lc);
+	return ok;
+}
+
 int
 mg_admin_apply(struct rb_store *s, enum rb_admin_action action, const json_t *targets, const char *reason,
     json_t **out, struct rb_error *err)
@@ -484,7 +553,8 @@ mg_admin_apply(struct rb_store *s, enum rb_admin_action action, const json_t *ta
 			int64_t id = mg_get_int(d, "_id", 0), claims = mg_get_int(d, "claims", 0);
 			const char *st = mg_get_str(d, "status");
 			bool dead = st != NULL && strcmp(st, "dead") == 0, infl = !dead && flying(&fl, id) != NULL;
-			bool act = action == RB_ADMIN_REQUEUE ? dead : (!dead && !infl);
+			bool completed = st != NULL && strcmp(st, "completed") == 0;
+			bool act = action == RB_ADMIN_REQUEUE ? dead : (!dead && !infl && !completed);
 			json_t *o = json_object();
 			char idb[32];
 			const char *outcome = "skipped", *status = infl ? "processing" : st;
@@ -507,12 +577,23 @@ mg_admin_apply(struct rb_store *s, enum rb_admin_action action, const json_t *ta
 						BCON_UTF8(reason != NULL ? reason : "buried by rb-admin"),
 						"updatedAt", BCON_DATE_TIME(mg_now()), "}");
 
-					ok = mongoc_collection_update_one(c, fq, u, NULL, &reply, &e);
+					if (action == RB_ADMIN_BURY) {
+						/* with the lane's burial counter, in one transaction */
+						struct bury b = { .s = s, .q = fq, .u = u, .handler = mg_get_str(d, "handler"),
+						    .lane = (int)mg_get_int(d, "laneId", 0) };
+
+						ok = mg_txn(s, bury_txn, &b, "bury", err) == 0;
+						bson_init(&reply);
+						BSON_APPEND_INT64(&reply, "modifiedCount", b.n);
+						if (!ok)
+							rc = -1;
+					} else
+						ok = mongoc_collection_update_one(c, fq, u, NULL, &reply, &e);
 					bson_destroy(u);
 				}
-				if (!ok)
+				if (!ok && rc == 0)
 					rc = mg_err(s, &e, "apply", err);
-				else if (mg_get_int(&reply, action == RB_ADMIN_CANCEL ? "deletedCount" : "modifiedCount", 0) == 1) {
+				else if (ok && mg_get_int(&reply, action == RB_ADMIN_CANCEL ? "deletedCount" : "modifiedCount", 0) == 1) {
 					outcome = done[action];
 					status = action == RB_ADMIN_REQUEUE ? "pending" : action == RB_ADMIN_BURY ? "dead" : NULL;
 					changed++;
@@ -551,12 +632,52 @@ mg_admin_apply(struct rb_store *s, enum rb_admin_action action, const json_t *ta
 
 /* ---- purge ----------------------------------------------------------------- */
 
+struct hpurge {
+	struct rb_store	*s;
+	const bson_t	*q;
+	const char	*handler;
+	int64_t		 n;	/* out: deleted */
+};
+
+static bool
+hpurge_txn(mongoc_client_session_t *cs, void *ctx, bson_error_t *e)
+{
+	struct hpurge *h = ctx;
+	mongoc_collection_t *hc = mg_coll(h->s, "completed_deliveries"), *cc = mg_coll(h->s, "counters");
+	bson_t opts, reply;
+	bool ok;
+
+	mg_sopts(cs, &opts);
+	h->n = 0;
+	ok = mongoc_collection_delete_one(hc, h->q, &opts, &reply, e);
+	if (ok)
+		h->n = mg_get_int(&reply, "deletedCount", 0);
+	bson_destroy(&reply);
+	if (ok && h->n == 1 && h->handler != NULL) {
+		char *id = xasprintf("historyPurged/%s", h->handler);
+		bson_t *q = BCON_NEW("_id", BCON_UTF8(id));
+		bson_t *u = BCON_NEW("$inc", "{", "n", BCON_INT64(1), "}",
+		    "$set", "{", "kind", BCON_UTF8("historyPurged"), "handler", BCON_UTF8(h->handler), "}");
+
+		bson_append_bool(&opts, "upsert", -1, true);
+		ok = mongoc_collection_update_one(cc, q, u, &opts, NULL, e);
+		bson_destroy(q);
+		bson_destroy(u);
+		free(id);
+	}
+	bson_destroy(&opts);
+	mongoc_collection_destroy(hc);
+	mongoc_collection_destroy(cc);
+	return ok;
+}
+
 int
 mg_admin_purge(struct rb_store *s, enum rb_admin_purge kind, int64_t older_than_ms, int batch,
     struct rb_error *err)
 {
-	static const char *const colls[] = { "deliveries", "events", "completed_deliveries" };
-	static const char *const when[] = { "updatedAt", "createdAt", "completedAt" };
+	/* (by enum rb_admin_purge; RB_PURGE_COMPLETED: what relaybus 0.1.0 left) */
+	static const char *const colls[] = { "deliveries", "events", "completed_deliveries", "deliveries" };
+	static const char *const when[] = { "updatedAt", "createdAt", "completedAt", "completedAt" };
 	mongoc_collection_t *c, *dc;
 	mongoc_cursor_t *cur;
 	const bson_t *d;
@@ -576,8 +697,8 @@ mg_admin_purge(struct rb_store *s, enum rb_admin_purge kind, int64_t older_than_
 	c = mg_coll(s, colls[kind]);
 	dc = mg_coll(s, "deliveries");
 	q = BCON_NEW(when[kind], "{", "$lt", BCON_DATE_TIME(cut), "}");
-	if (kind == RB_PURGE_DEAD)
-		BSON_APPEND_UTF8(q, "status", "dead");
+	if (kind == RB_PURGE_DEAD || kind == RB_PURGE_COMPLETED)
+		BSON_APPEND_UTF8(q, "status", kind == RB_PURGE_DEAD ? "dead" : "completed");
 	opts = BCON_NEW("sort", "{", when[kind], BCON_INT32(1), "}", "limit", BCON_INT64(kind == RB_PURGE_EVENTS ?
 	    (int64_t)batch * 4 : batch));
 	cur = mongoc_collection_find_with_opts(c, q, opts, NULL);
@@ -600,8 +721,18 @@ mg_admin_purge(struct rb_store *s, enum rb_admin_purge kind, int64_t older_than_
 				continue;
 		}
 		bson_append_iter(&del, "_id", -1, &it);
-		if (kind == RB_PURGE_DEAD)
-			BSON_APPEND_UTF8(&del, "status", "dead");
+		if (kind == RB_PURGE_DEAD || kind == RB_PURGE_COMPLETED)
+			BSON_APPEND_UTF8(&del, "status", kind == RB_PURGE_DEAD ? "dead" : "completed");
+		if (kind == RB_PURGE_HISTORY) {
+			/* with its handler's count of purged history, in one transaction */
+			struct hpurge hp = { .s = s, .q = &del, .handler = mg_get_str(d, "handler") };
+
+			if (mg_txn(s, hpurge_txn, &hp, "purge", err) < 0)
+				rc = -1;
+			n += (int)hp.n;
+			bson_destroy(&del);
+			continue;
+		}
 		if (!mongoc_collection_delete_one(c, &del, NULL, &reply, &e))
 			rc = mg_err(s, &e, "purge", err);
 		else

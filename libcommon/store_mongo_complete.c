@@ -277,7 +277,10 @@ fail_txn(mongoc_client_session_t *cs, void *ctx, bson_error_t *e)
 
 			mg_lane_id(id, r->handler, r->l.lane);
 			lq = BCON_NEW("_id", BCON_UTF8(id));
-			lu = BCON_NEW("$pull", "{", "inFlight", BCON_INT64(r->did), "}");
+			/* the exact counters (rb-admin stats): a failed attempt, a burial */
+			lu = BCON_NEW("$pull", "{", "inFlight", BCON_INT64(r->did), "}",
+			    "$inc", "{", "failed", BCON_INT64(r->verdict != RB_VERDICT_RELEASE),
+			    "buried", BCON_INT64(r->outcome == RB_OUTCOME_BURIED), "}");
 			ok = mongoc_collection_update_one(lc, lq, lu, &opts, NULL, e);
 			bson_destroy(lq);
 			bson_destroy(lu);

@@ -9,9 +9,10 @@
  *                  status: pending|dead, availableAt, attempts, claims, lastError,
  *                  createdAt, updatedAt, lane: "ready"}
  *   lanes         {_id: "<handler>/<lane>", handler, laneId, epoch, owner, holder,
- *                  leaseExpiresAt, inFlight: [ids], lost: [ids]}
+ *                  leaseExpiresAt, inFlight: [ids], chainEarly, lost: [ids], lostOwner,
+ *                  lostChainEarly, failed, buried (the exact counters)}
  *   keys          {_id: key, seq}
- *   counters      {_id: "deliveries", n}
+ *   counters      {_id: "deliveries", n}, {_id: "historyPurged/<handler>", kind, handler, n}
  *   subscriptions {handler, pattern, createdAt}
  *   schema_version{_id: 1, installedAt}
  *   completed_deliveries (rb-setup --completion-history)
@@ -76,6 +77,9 @@ int	mg_ready(struct rb_store *, const char *what, struct rb_error *);
 /* bson helpers */
 int64_t	mg_get_int(const bson_t *, const char *key, int64_t dflt);
 const char *mg_get_str(const bson_t *, const char *key);
+
+/* store_mongo_upgrade.c: a 0.1.0 database upgraded in place (repeatable) */
+int	mg_upgrade_010(struct rb_store *, struct rb_error *);
 
 /* store_mongo_publish.c */
 int	mg_publish(struct rb_store *, const char *, size_t, struct rb_publish_acks *, struct rb_error *);

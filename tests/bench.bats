@@ -67,3 +67,29 @@ load test_helper
   if command -v gnuplot >/dev/null; then [ -s "$BATS_TEST_TMPDIR/out/curve.svg" ]; fi
   [ "$(q "SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'rbbench\_%'")" = 0 ]
 }
+
+@test "bench/run --store mongo --tiny: scenarios 1 and 2 on MongoDB, every run valid, the test server named, nothing left" {
+  on_mongo || skip "MongoDB (RELAYBUS_TEST_STORE=mongo)"
+  need_pg
+  command -v cc >/dev/null && pkg-config --exists libpq || skip "cc or libpq-dev is missing"
+  run --separate-stderr env RB_BINDIR="$RB_BINDIR" "$RB_SRCDIR/bench/run" --store mongo --tiny \
+    --db "$RELAYBUS_URL" --out "$BATS_TEST_TMPDIR/out"
+  echo "$stderr" | tail -n 20 >&2
+  [ "$status" -eq 0 ]
+  [[ "$output" == *"### mongo: publish only (scenario 1)"* ]]
+  [[ "$output" == *"### mongo: dispatch (scenario 2, 600 preloaded events"* ]]
+  [[ "$output" == *"| P=1 batch=1 | "*"| VALID |"* ]]
+  [[ "$output" == *"| P=1 batch=100 | "*"| VALID |"* ]]
+  [[ "$output" == *"| 1 inst, defaults | "*"| VALID |"* ]]
+  [[ "$output" != *INVALID* ]]
+  # operations counted from serverStatus; the test server is named as what it is
+  [ "$(jq -s 'map(select(.valid == "VALID" and .ops > 0)) | length' "$BATS_TEST_TMPDIR/out/results.jsonl")" = 3 ]
+  if [ "$(/usr/bin/python3 -c 'import sys, pymongo; print(pymongo.MongoClient(sys.argv[1]).admin.command("buildInfo").get("gitVersion"))' "$RELAYBUS_URL")" = relaybus-mongo-test-server ]; then
+    [[ "$output" == *"a correctness run, not a performance claim"* ]]
+  fi
+  # its collections are gone
+  [ "$(/usr/bin/python3 -c 'import sys, pymongo; print(len([c for c in pymongo.MongoClient(sys.argv[1]).get_default_database("relaybus").list_collection_names() if c.startswith("rbbench_")]))' "$RELAYBUS_URL")" = 0 ]
+  # --only is PostgreSQL's: refused with the usage (64)
+  run env RB_BINDIR="$RB_BINDIR" "$RB_SRCDIR/bench/run" --store mongo --db "$RELAYBUS_URL" --only s1
+  [ "$status" -eq 64 ]
+}

@@ -170,6 +170,38 @@ publish_n() {  # n prefix
   [ "$(rb-admin stats --handler mx | jq -s '.[0].oldest_due_age_ms >= 3600000')" = true ]
 }
 
+@test "exact counters by handler on either store, through the programs: completions, failed attempts, burials" {
+  need_pg
+  local m=$BATS_TEST_TMPDIR/m.prom h="{schema=\"$RB_SCHEMA\",handler=\"mx\"}" o=$BATS_TEST_TMPDIR/o
+  rb-setup --completion-history
+  # 12 complete; 8 fail twice (--settle: the retry at once) and are buried
+  publish_n 12 ok-
+  rb-dispatch -q -H mx --drain --exec "rb-test-exec $o ok"
+  publish_n 8 bad-
+  rb-dispatch -q -H mx --settle --max-attempts 2 --exec "rb-test-exec $o fail"
+  rb-admin stats --prometheus --output "$m"
+  prom_check "$m"
+  [ "$(value "$m" "relaybus_handler_completed_total$h")" = 12 ]
+  [ "$(value "$m" "relaybus_handler_failed_total$h")" = 16 ]
+  [ "$(value "$m" "relaybus_handler_buried_total$h")" = 8 ]
+  [ "$(rb-admin stats | jq -r 'select(.handler == null) | "\(.completed_total) \(.failed_total) \(.buried_total)"')" = "12 16 8" ]
+  # rb-admin bury counts; a release does not; a takeover charges an attempt
+  publish_n 3 more-
+  rb-admin bury more-1 >/dev/null
+  rb-claim -H mx --owner A --batch 1 | jq -c '. + {release: true}' | rb-complete -q
+  rb-claim -H mx --owner A --batch 1 --lease 300ms >/dev/null
+  sleep 1
+  rb-claim -H mx --owner B --batch 5 | jq -c '. + {ok: true}' | rb-complete -q
+  # the history purged: the gauge drops, the counter stays
+  rb-admin purge --history-older-than 0s >/dev/null
+  rb-admin stats --prometheus --output "$m"
+  prom_check "$m"
+  [ "$(value "$m" "relaybus_completions{schema=\"$RB_SCHEMA\"}")" = 0 ]
+  [ "$(value "$m" "relaybus_handler_completed_total$h")" = 14 ]
+  [ "$(value "$m" "relaybus_handler_failed_total$h")" = 17 ]
+  [ "$(value "$m" "relaybus_handler_buried_total$h")" = 9 ]
+}
+
 @test "exact counters by handler: completed (the history, kept across purges), failed attempts, burials" {
   need_pg
   pg_only "the counters live in the PostgreSQL lane rows"

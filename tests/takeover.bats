@@ -20,6 +20,8 @@ publish() {  # n prefix handler
 
 lines() { [ -f "$1" ] && wc -l <"$1" || echo 0; }
 pending() { q "SELECT count(*) FROM relaybus_deliveries WHERE handler = '$1'"; }
+# the same on either store (through rb-admin: slower)
+left() { rb-admin stats --handler "$1" | jq -r 'select(.handler != null) | .pending + .processing + .dead' | grep . || echo 0; }
 now_ms() { date +%s%3N; }
 
 @test "kill -9 of one of two dispatchers (--lease 30s): the other takes its lanes over in seconds, attempts charged" {
@@ -89,7 +91,7 @@ now_ms() { date +%s%3N; }
   rb-dispatch -H slow --lease 2s -c 4 --poll 50ms --exec "rb-test-exec $b ok" 2>"$BATS_TEST_TMPDIR/b.err" 3>&- &
   PIDS="$PIDS $!"
   wait_for 20 '[ "$(lines "$a")" = 4 ]'
-  wait_for 10 '[ "$(pending slow)" = 0 ]'
+  wait_for 10 '[ "$(left slow)" = 0 ]'
   [ "$(lines "$b")" = 0 ]
   [ "$(awk '$4 != 1' "$a" | wc -l)" = 0 ]
 }
@@ -119,4 +121,43 @@ claim_after_kill() {  # handler [rb-dispatch args]
   [ "$(claim_after_kill pooled --db "$url")" = 0 ]
   [ "$(q "SELECT count(*) FROM relaybus_lanes WHERE handler = 'pooled' AND lease_owner IS NOT NULL
             AND lease_expires_at > now() + interval '20 seconds'")" -gt 0 ]
+}
+
+# c1, c2, c3 of key C and an unkeyed u for HANDLER.  A dispatcher (ARGS...)
+# with --chain 3 claims all four, runs c1 and u for 60 s (c2 and c3 wait
+# behind c1) and is killed; once its lease ended, another one drains the
+# handler: prints "event:attempt" of each delivery that one ran.
+chain_takeover() {  # handler [rb-dispatch args]
+  local h=$1 a=$BATS_TEST_TMPDIR/$1.a b=$BATS_TEST_TMPDIR/$1.b p; shift
+  # (its handlers outlive it: none may hold the caller's $(...) open)
+  rb-dispatch "$@" -H "$h" --chain 3 --lease 2s -c 4 --exec "rb-test-exec $a sleep:60" >/dev/null 2>&1 3>&- & p=$!
+  PIDS="${PIDS:-} $p"
+  wait_for 20 '[ "$(lines "$a.start")" = 2 ]'
+  kill -9 "$p"
+  sleep 2.5
+  rb-dispatch -H "$h" --drain --exec "rb-test-exec $b ok" >/dev/null 2>&1 3>&-
+  awk '{print $1 ":" $4}' "$b" | sort | tr '\n' ' '
+}
+
+chain_publish() {  # handler
+  for i in 1 2 3; do printf '{"id":"c%d","name":"t","key":"C","payload":{"i":%d},"handlers":["%s"]}\n' "$i" "$i" "$1"; done |
+    rb-publish -q
+  printf '{"id":"u","name":"t","payload":{"i":0},"handlers":["%s"]}\n' "$1" | rb-publish -q
+}
+
+@test "a takeover charges the chained followers of a killed dispatcher only when they may have run" {
+  need_pg
+  # --strict-order: a follower starts once the completion of the one before
+  # it committed; c1 was still running, so c2 and c3 never ran
+  chain_publish strict
+  [ "$(chain_takeover strict --strict-order)" = "c1:2 c2:1 c3:1 u:2 " ]
+  # the default (a follower starts once the one before it succeeded on its
+  # first attempt), behind a c1 on its first attempt: c2 and c3 may have run
+  chain_publish early
+  [ "$(chain_takeover early)" = "c1:2 c2:2 c3:2 u:2 " ]
+  # the same, behind a c1 past its first attempt (its first one failed):
+  # c2 and c3 never ran
+  chain_publish retried
+  rb-claim -q -H retried --batch 10 | jq -c '. + {ok: false, error: "first", retry_ms: 0}' | rb-complete -q
+  [ "$(chain_takeover retried)" = "c1:3 c2:1 c3:1 u:3 " ]
 }

@@ -109,6 +109,8 @@ def server_status(ctx, db, cmd):
             'connections': {'current': e.connections, 'available': 1000, 'totalCreated': e.connections_total},
             'transactions': {'currentOpen': len(e.active), 'totalStarted': e.counts['started'],
                              'totalCommitted': e.counts['committed'], 'totalAborted': e.counts['aborted']},
+            'opcounters': {k: Int64(v) for k, v in e.opcounters.items()},
+            'metrics': {'document': {k: Int64(v) for k, v in e.documents.items()}},
             'ok': 1.0}
 
 
@@ -464,6 +466,7 @@ def insert(ctx, db, cmd):
     name = _coll_name(cmd, 'insert')
     docs = _statements(cmd, 'documents')
     n = [0]
+    ctx.engine.opcounters['insert'] += len(docs)
 
     def run(i, doc):
         if not isinstance(doc, dict):
@@ -471,6 +474,7 @@ def insert(ctx, db, cmd):
         ctx.engine.write(ctx, db, name, lambda st: st.insert(db, name, doc))
         n[0] += 1
     errors = _batch(ctx, cmd, docs, run)
+    ctx.engine.documents['inserted'] += n[0]
     reply = {'n': n[0], 'ok': 1.0}
     if errors:
         reply['writeErrors'] = errors
@@ -482,6 +486,7 @@ def update(ctx, db, cmd):
     stmts = _statements(cmd, 'updates')
     tot = {'n': 0, 'nModified': 0}
     upserted = []
+    ctx.engine.opcounters['update'] += len(stmts)
 
     def run(i, s):
         if not isinstance(s, dict) or not isinstance(s.get('q'), dict) or not isinstance(s.get('u'), (dict, list)):
@@ -495,6 +500,8 @@ def update(ctx, db, cmd):
         if res['upserted'] is not None:
             upserted.append({'index': i, '_id': res['upserted']})
     errors = _batch(ctx, cmd, stmts, run)
+    ctx.engine.documents['updated'] += tot['nModified']
+    ctx.engine.documents['inserted'] += len(upserted)
     reply = {'n': tot['n'], 'nModified': tot['nModified'], 'ok': 1.0}
     if upserted:
         reply['upserted'] = upserted
@@ -507,6 +514,7 @@ def delete(ctx, db, cmd):
     name = _coll_name(cmd, 'delete')
     stmts = _statements(cmd, 'deletes')
     n = [0]
+    ctx.engine.opcounters['delete'] += len(stmts)
 
     def run(i, s):
         if not isinstance(s, dict) or not isinstance(s.get('q'), dict) or s.get('limit', 0) not in (0, 1):
@@ -514,6 +522,7 @@ def delete(ctx, db, cmd):
         res = ctx.engine.write(ctx, db, name, lambda st: st.delete(db, name, s['q'], s.get('limit', 0)))
         n[0] += res['n']
     errors = _batch(ctx, cmd, stmts, run)
+    ctx.engine.documents['deleted'] += n[0]
     reply = {'n': n[0], 'ok': 1.0}
     if errors:
         reply['writeErrors'] = errors
@@ -558,6 +567,13 @@ def find_and_modify(ctx, db, cmd):
         out.update(value=after if new else before, leo=leo)
         return p, None
     ctx.engine.write(ctx, db, name, statement)
+    leo = out['leo']
+    if remove:
+        ctx.engine.documents['deleted'] += leo['n']
+    elif 'upserted' in leo:
+        ctx.engine.documents['inserted'] += 1
+    elif leo['n']:
+        ctx.engine.documents['updated'] += 1
     return {'lastErrorObject': out['leo'], 'value': out['value'], 'ok': 1.0}
 
 
@@ -609,6 +625,12 @@ def execute(engine, db, cmd, conn):
         raise CmdError(9, 'empty command')
     name = next(iter(cmd))
     engine.reap()
+    if name == 'find':
+        engine.opcounters['query'] += 1
+    elif name == 'getMore':
+        engine.opcounters['getmore'] += 1
+    elif name not in ('insert', 'update', 'delete'):
+        engine.opcounters['command'] += 1
     if name not in COMMANDS and name not in ('commitTransaction', 'abortTransaction'):
         raise CmdError(59, "no such command: '%s'" % name)
     session = engine.session(cmd['lsid']) if 'lsid' in cmd else None

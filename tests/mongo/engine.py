@@ -110,6 +110,11 @@ class Engine:
         self.sessions = {}
         self.cursors = {}
         self.counts = {'started': 0, 'committed': 0, 'aborted': 0}
+        # serverStatus opcounters and metrics.document, counted as MongoDB does:
+        # insert per document, update and delete per statement, query per
+        # find, getmore per getMore, command for every other command
+        self.opcounters = {'insert': 0, 'query': 0, 'update': 0, 'delete': 0, 'getmore': 0, 'command': 0}
+        self.documents = {'inserted': 0, 'updated': 0, 'deleted': 0, 'returned': 0}
         self.connections = 0
         self.connections_total = 0
 

@@ -7,6 +7,10 @@
     rbq.py URL SCHEMA find COLL FILTER FIELD...  one line per document: the fields, space-separated
     rbq.py URL SCHEMA update COLL FILTER UPDATE  update_many; prints the matched count
     rbq.py URL SCHEMA insert COLL DOC...         insert JSON documents
+    rbq.py URL SCHEMA load FILE                  create the indexes and insert the documents of
+                                                 a fixture ({"indexes": {COLL: [{name, key,
+                                                 unique}]}, "documents": {COLL: [DOC]}})
+    rbq.py URL SCHEMA indexes COLL               the names of COLL's indexes, sorted
 
 FILTER and UPDATE are JSON with {"$date": ms} for dates and {"$now": ms} for now + ms.
 """
@@ -62,6 +66,18 @@ def main(argv):
         print(r.matched_count)
     elif cmd == "insert":
         coll(argv[4]).insert_many([conv(json.loads(d)) for d in argv[5:]])
+    elif cmd == "load":
+        with open(argv[4]) as f:
+            fx = json.load(f)
+        for name, ixs in fx.get("indexes", {}).items():
+            for ix in ixs:
+                coll(name).create_index(list(ix["key"].items()), name=ix["name"],
+                                        unique=bool(ix.get("unique")))
+        for name, docs in fx.get("documents", {}).items():
+            coll(name).insert_many([conv(d) for d in docs])
+    elif cmd == "indexes":
+        for n in sorted(ix["name"] for ix in coll(argv[4]).list_indexes()):
+            print(n)
     else:
         sys.exit("rbq: unknown command " + cmd)
 

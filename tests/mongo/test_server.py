@@ -278,6 +278,25 @@ def run(port):
        'a duplicate key writeError names index, keyPattern and keyValue')
     db1.f.update_one({'_id': 9}, [{'$set': {'k': 9, 'twice': {'$multiply': [9, 2]}}}], upsert=True)
     ok(db1.f.find_one({'_id': 9}) == {'_id': 9, 'k': 9, 'twice': 18}, 'an upsert with an update pipeline')
+
+    # ---- serverStatus opcounters, counted as MongoDB counts them ----
+    def ops():
+        st = c2.admin.command('serverStatus')
+        return dict(st['opcounters']), dict(st['metrics']['document'])
+    o0, d0 = ops()
+    db1.g.insert_many([{'_id': i} for i in range(5)])
+    db1.command('update', 'g', updates=[{'q': {'_id': 1}, 'u': {'$set': {'x': 1}}},
+                                        {'q': {}, 'u': {'$set': {'y': 1}}, 'multi': True}])
+    db1.g.delete_many({'_id': {'$gte': 3}})
+    list(db1.g.find({}))
+    db1.g.count_documents({})
+    db1.g.find_one_and_update({'_id': 0}, {'$inc': {'n': 1}})
+    o1, d1 = ops()
+    delta = {k: o1[k] - o0[k] for k in o0}
+    ok(delta == {'insert': 5, 'query': 1, 'update': 2, 'delete': 1, 'getmore': 0, 'command': 3},
+       'opcounters: insert per document, update and delete per statement, find, other commands (%s)' % delta)
+    dd = {k: d1[k] - d0[k] for k in ('inserted', 'updated', 'deleted')}
+    ok(dd == {'inserted': 5, 'updated': 7, 'deleted': 2}, 'metrics.document: documents written (%s)' % dd)
     c1.close()
     c2.close()
 
