@@ -690,9 +690,7 @@ mg_admin_purge(struct rb_store *s, enum rb_admin_purge kind, int64_t older_than_
 		return rb_seterr(err, RB_EXIT_USAGE, "purge: invalid batch or age");
 	if (mg_ready(s, "purge", err) < 0)
 		return -1;
-	/* (the completed deliveries relaybus 0.1.0 left are PostgreSQL's: colls[]
-	 * has no slot for them, and a MongoDB store none to purge) */
-	if ((kind == RB_PURGE_HISTORY && !mg_history(s)) || kind == RB_PURGE_COMPLETED)
+	if (kind == RB_PURGE_HISTORY && !mg_history(s))
 		return 0;
 	c = mg_coll(s, colls[kind]);
 	dc = mg_coll(s, "deliveries");
