@@ -99,6 +99,7 @@ pg_connect(struct rb_store *s, struct rb_error *err)
 	bool worker;
 
 	be->prepared = 0;
+	be->wake = 0;		/* a new session: relaybus.notify as the server says */
 	be->live = PG_LIVE_UNTRIED;	/* a session lock goes with its session */
 	if (pg_connect_to(s, &be->conn, err) < 0)
 		return -1;

@@ -72,6 +72,11 @@ struct pg_be {
 	 * PgBouncer, where a session's state does not outlive a transaction:
 	 * no named prepared statements, no LISTEN (polling), no SET */
 	bool	 pooler;
+	/* the wake-up of a publish (store_pg_publish.c), found out on each
+	 * connection's first publish: 0 not yet, 1 sent by the store after the
+	 * commit (the session's relaybus.notify is then off), -1 by the
+	 * publish function in the transaction, or not at all */
+	int	 wake;
 	int	 history;	/* -1 unknown, 0 no completion history, 1 yes */
 	/* the session's user lacks the owner's privileges (a role rb-setup
 	 * --grant made): the statements are the pg_tmpl_w_* ones (pg_open) */
