@@ -40,9 +40,18 @@ CREATE TABLE IF NOT EXISTS @S@.relaybus_deliveries (
     last_error   text,
     created_at   timestamptz NOT NULL DEFAULT now(),
     updated_at   timestamptz NOT NULL DEFAULT now(),
-    CONSTRAINT relaybus_deliveries_pkey PRIMARY KEY (id),
-    CONSTRAINT relaybus_deliveries_event_handler_unique UNIQUE (event_id, handler)
+    CONSTRAINT relaybus_deliveries_pkey PRIMARY KEY (id)
 ) WITH (autovacuum_vacuum_scale_factor = 0.02);
+-- The deliveries of an event (a result without its delivery id, the rare
+-- failure paths, rb-admin by event): a hash index on event_id, not the
+-- unique (event_id, handler) btree of 0.1.0.  An event's deliveries are
+-- unique per handler by the publish functions (events.handlers, under the
+-- event row's lock), not by an index; the btree cost every publish a
+-- seventh of its WAL (125 B an event of 920: a 36-byte random key, and page
+-- splits all over) and a third of its index work (bench/README.md).
+ALTER TABLE @S@.relaybus_deliveries DROP CONSTRAINT IF EXISTS relaybus_deliveries_event_handler_unique;
+CREATE INDEX IF NOT EXISTS relaybus_deliveries_event_idx
+    ON @S@.relaybus_deliveries USING hash (event_id);
 -- Claims read unkeyed work through lane_due and keyed work through
 -- lane_key (the head of each key: a skip scan, so a deep backlog of one key
 -- costs one probe); every pending delivery is in exactly one of the two.
