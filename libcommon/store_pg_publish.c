@@ -114,13 +114,15 @@ defer_wake(struct rb_store *s, struct rb_error *err)
 }
 
 /* After the commit: wake the handlers of the events due now.  A failure
- * costs only the wake-up (the publish is committed): it is not reported. */
+ * costs only the wake-up (the publish is committed): it is not reported.
+ * Its result is not awaited: the caller has its acks one round trip
+ * sooner, and the next statement on the connection (every one is sent with
+ * PQexec*, which discards a result nobody read) finds it done. */
 static void
 wake(struct rb_store *s, PGresult *res, const struct rb_publish_acks *acks)
 {
 	struct pg_be *be = pg_be(s);
 	struct rb_sbuf w = { 0 };
-	struct rb_error err = { 0 };
 	const char *params[1];
 
 	for (size_t i = 0; i < acks->n; i++) {
@@ -133,10 +135,8 @@ wake(struct rb_store *s, PGresult *res, const struct rb_publish_acks *acks)
 		return;
 	rb_sb_putn(&w, "]", 1);
 	params[0] = w.s;
-	PQclear(pg_expect(s, be->conn, pg_exec(be, be->conn, be->q_wake, 1, params), PGRES_TUPLES_OK,
-	    "wake-up", NULL, &err));
-	if (err.msg[0] != '\0')
-		rb_debug("the wake-up was not sent: %s", err.msg);
+	if (!pg_send(be, be->conn, be->q_wake, 1, params))
+		rb_debug("the wake-up was not sent: %s", PQerrorMessage(be->conn));
 	free(w.s);
 }
 
