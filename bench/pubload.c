@@ -5,6 +5,7 @@
  *   pubload rb  [options] -- RB-PUBLISH-COMMAND...   feed the real rb-publish
  *   pubload sql [options]                            the hand-written outbox insert
  *   pubload same [options]                           relaybus's own statements, as plain SQL
+ *   pubload fn [options]                             relaybus_publish() from SQL, once an event
  *
  * Both publish --events N events named ev.<prefix> in calls of --batch
  * events.  rb mode starts the command given after "--" (rb-publish ... -o),
@@ -17,6 +18,9 @@
  * schema made by rb-setup: the baseline that isolates what rb-publish and
  * its function add.  --notify 0 leaves the notification out: the cost of
  * the wake-up to publishing, measured beside it.
+ * fn mode publishes as an application does from SQL: one
+ * SELECT relaybus_publish(name, payload, key) per event, --batch events to
+ * a transaction (BEGIN ... COMMIT when more than one).
  * Call latencies (microseconds) go to --lat FILE, one per line.
  *
  * With --rate R the lines are written at R events/s in ticks of --tick-ms
@@ -187,7 +191,7 @@ main(int argc, char **argv)
 
 	signal(SIGPIPE, SIG_IGN);
 	if (argc < 2)
-		die("usage: pubload rb|sql|same [--url U] [--schema S] [--events N] [--batch B] [--prefix P] "
+		die("usage: pubload rb|sql|same|fn [--url U] [--schema S] [--events N] [--batch B] [--prefix P] "
 		    "[--keyed F] [--keys K] [--start-at US] [--lat FILE] [--rate R] [--tick-ms T] [--notify 0|1] [-- CMD...]");
 	mode = argv[1];
 	for (i = 2; i < argc; i++) {
@@ -297,6 +301,48 @@ main(int argc, char **argv)
 		end = now_us();
 		if (waitpid(pid, &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
 			die("rb-publish failed");
+	} else if (strcmp(mode, "fn") == 0) {
+		PGconn *conn = PQconnectdb(url != NULL ? url : "");
+		struct sb q = { 0 };
+
+		if (PQstatus(conn) != CONNECTION_OK)
+			die(PQerrorMessage(conn));
+		sb_printf(&q, "SELECT deliveries FROM %s.relaybus_publish($1::jsonb->>'name', $1::jsonb->'payload', "
+		    "$1::jsonb->>'key')", schema);
+		wait_start(start_at);
+		start = now_us();
+		while (done < events) {
+			long n = events - done < batch ? events - done : batch;
+			long long t0 = now_us();
+			PGresult *res;
+
+			if (n > 1)
+				PQclear(PQexec(conn, "BEGIN"));
+			for (long k = 0; k < n; k++) {
+				const char *p[1];
+
+				b.n = 0;
+				event(&b, done + k);
+				p[0] = b.s;
+				res = PQexecParams(conn, q.s, 1, NULL, p, NULL, NULL, 0);
+				if (PQresultStatus(res) != PGRES_TUPLES_OK)
+					die(PQresultErrorMessage(res));
+				deliveries += atol(PQgetvalue(res, 0, 0));
+				PQclear(res);
+			}
+			if (n > 1) {
+				res = PQexec(conn, "COMMIT");
+				if (PQresultStatus(res) != PGRES_COMMAND_OK)
+					die(PQresultErrorMessage(res));
+				PQclear(res);
+			}
+			if (lat != NULL)
+				fprintf(lat, "%lld\n", now_us() - t0);
+			done += n;
+		}
+		end = now_us();
+		PQfinish(conn);
+		free(q.s);
 	} else if (strcmp(mode, "sql") == 0 || strcmp(mode, "same") == 0) {
 		PGconn *conn = PQconnectdb(url != NULL ? url : "");
 		struct sb q = { 0 };
@@ -371,7 +417,7 @@ main(int argc, char **argv)
 		PQfinish(conn);
 		free(q.s);
 	} else {
-		die("mode must be rb, sql or same");
+		die("mode must be rb, sql, same or fn");
 	}
 	if (lat != NULL)
 		fclose(lat);

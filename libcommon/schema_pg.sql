@@ -40,9 +40,18 @@ CREATE TABLE IF NOT EXISTS @S@.relaybus_deliveries (
     last_error   text,
     created_at   timestamptz NOT NULL DEFAULT now(),
     updated_at   timestamptz NOT NULL DEFAULT now(),
-    CONSTRAINT relaybus_deliveries_pkey PRIMARY KEY (id),
-    CONSTRAINT relaybus_deliveries_event_handler_unique UNIQUE (event_id, handler)
+    CONSTRAINT relaybus_deliveries_pkey PRIMARY KEY (id)
 ) WITH (autovacuum_vacuum_scale_factor = 0.02);
+-- The deliveries of an event (a result without its delivery id, the rare
+-- failure paths, rb-admin by event): a hash index on event_id, not the
+-- unique (event_id, handler) btree of 0.1.0.  An event's deliveries are
+-- unique per handler by the publish functions (events.handlers, under the
+-- event row's lock), not by an index; the btree cost every publish a
+-- seventh of its WAL (125 B an event of 920: a 36-byte random key, and page
+-- splits all over) and a third of its index work (bench/README.md).
+ALTER TABLE @S@.relaybus_deliveries DROP CONSTRAINT IF EXISTS relaybus_deliveries_event_handler_unique;
+CREATE INDEX IF NOT EXISTS relaybus_deliveries_event_idx
+    ON @S@.relaybus_deliveries USING hash (event_id);
 -- Claims read unkeyed work through lane_due and keyed work through
 -- lane_key (the head of each key: a skip scan, so a deep backlog of one key
 -- costs one probe); every pending delivery is in exactly one of the two.
@@ -191,9 +200,16 @@ BEGIN
         SELECT coalesce(array_agg(DISTINCT h ORDER BY h), '{}') INTO v_handlers
           FROM unnest(p_handlers) h WHERE h IS NOT NULL;
     END IF;
-    INSERT INTO @S@.relaybus_events (id, name, key, payload, headers, handlers)
-    VALUES (v_id, p_name, p_key, p_payload, coalesce(p_headers, '{}'), v_handlers)
-    ON CONFLICT (id) DO NOTHING;
+    -- a new id (none given) cannot be there yet: a plain insert, without
+    -- the speculative insertion of ON CONFLICT (48 B of WAL an event)
+    IF p_id IS NULL THEN
+        INSERT INTO @S@.relaybus_events (id, name, key, payload, headers, handlers)
+        VALUES (v_id, p_name, p_key, p_payload, coalesce(p_headers, '{}'), v_handlers);
+    ELSE
+        INSERT INTO @S@.relaybus_events (id, name, key, payload, headers, handlers)
+        VALUES (v_id, p_name, p_key, p_payload, coalesce(p_headers, '{}'), v_handlers)
+        ON CONFLICT (id) DO NOTHING;
+    END IF;
     IF FOUND THEN
         v_new := v_handlers;
     ELSE
@@ -230,17 +246,55 @@ END $$;
 -- that concurrent batches cannot deadlock) and their deliveries are written
 -- by one statement; ids that exist already (a redelivery, or twice in the
 -- batch) then go through relaybus_publish one by one for the dedup rule.
-CREATE OR REPLACE FUNCTION @S@.relaybus_publish_batch(p_events jsonb)
-RETURNS TABLE (ord integer, event_id text, deliveries integer, duplicate boolean, handlers text[])
+-- due: the event's deliveries are due now (a publisher that sends the
+-- wake-up after its commit, rb-publish, wakes their handlers).
+-- A batch in which no event names an id or a key (the common one) takes a
+-- shorter statement: its ids are new, so they need no ON CONFLICT (whose
+-- speculative insertion costs 48 B of WAL an event) and no dedup, and
+-- without keys there is no sequence to number; the executor sets up a
+-- third of the plan (bench/README.md, "Where the time and the WAL go").
+DROP FUNCTION IF EXISTS @S@.relaybus_publish_batch(jsonb);
+CREATE FUNCTION @S@.relaybus_publish_batch(p_events jsonb)
+RETURNS TABLE (ord integer, event_id text, deliveries integer, duplicate boolean, handlers text[],
+               due boolean)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     v_ords  integer[];
     v_ids   text[];
     v_hs    jsonb[];
+    v_due   boolean[];
     v_notify text[];
     r       record;
 BEGIN
+    IF NOT jsonb_path_exists(p_events, '$[*] ? (exists (@.id) || exists (@.key))') THEN
+        WITH src AS (
+            SELECT x.o::integer AS ord, gen_random_uuid()::text AS id, x.e->>'name' AS name, x.e->'payload' AS payload,
+                   CASE WHEN jsonb_typeof(x.e->'headers') = 'object' THEN x.e->'headers' ELSE '{}' END AS headers,
+                   coalesce((x.e->>'available_at')::timestamptz,
+                            now() + coalesce((x.e->>'delay_ms')::bigint, 0) * interval '1 millisecond') AS at,
+                   CASE WHEN jsonb_typeof(x.e->'handlers') = 'array' THEN
+                        ARRAY(SELECT DISTINCT h FROM jsonb_array_elements_text(x.e->'handlers') h ORDER BY 1) END AS explicit
+              FROM jsonb_array_elements(p_events) WITH ORDINALITY AS x(e, o)
+        ), routed AS (
+            SELECT s.*, coalesce(s.explicit, ARRAY(
+                       SELECT DISTINCT sub.handler FROM @S@.relaybus_subscriptions sub
+                        WHERE s.name LIKE sub.like_pattern ORDER BY 1)) AS hs
+              FROM src s
+        ), ins AS (
+            INSERT INTO @S@.relaybus_events (id, name, payload, headers, handlers)
+            SELECT id, name, payload, headers, hs FROM routed
+        ), del AS (
+            INSERT INTO @S@.relaybus_deliveries (event_id, handler, lane, available_at)
+            SELECT r.id, h, @S@.relaybus_lane(r.id), r.at FROM routed r, unnest(r.hs) h
+            RETURNING handler, available_at
+        )
+        SELECT array_agg(f.ord ORDER BY f.ord), array_agg(f.id ORDER BY f.ord), array_agg(to_jsonb(f.hs) ORDER BY f.ord),
+               array_agg(f.at <= now() ORDER BY f.ord),
+               (SELECT array_agg(DISTINCT d.handler) FROM del d WHERE d.available_at <= now())
+          INTO v_ords, v_ids, v_hs, v_due, v_notify
+          FROM routed f;
+    ELSE
     WITH src AS (
         SELECT x.o::integer AS ord, coalesce(x.e->>'id', gen_random_uuid()::text) AS id,
                x.e->>'name' AS name, x.e->>'key' AS key, x.e->'payload' AS payload,
@@ -283,16 +337,18 @@ BEGIN
         RETURNING handler, available_at
     )
     SELECT array_agg(f.ord ORDER BY f.ord), array_agg(f.id ORDER BY f.ord), array_agg(to_jsonb(f.hs) ORDER BY f.ord),
+           array_agg(f.at <= now() ORDER BY f.ord),
            (SELECT array_agg(DISTINCT d.handler) FROM del d WHERE d.available_at <= now())
-      INTO v_ords, v_ids, v_hs, v_notify
+      INTO v_ords, v_ids, v_hs, v_due, v_notify
       FROM fresh f;
+    END IF;
     -- one notification per handler and transaction
     IF @S@.relaybus_notify_on() THEN
         PERFORM pg_notify('@CHAN@', h) FROM unnest(v_notify) h;
     END IF;
     RETURN QUERY
-        SELECT u.o, u.i, jsonb_array_length(u.h), false, ARRAY(SELECT jsonb_array_elements_text(u.h))
-          FROM unnest(v_ords, v_ids, v_hs) AS u(o, i, h);
+        SELECT u.o, u.i, jsonb_array_length(u.h), false, ARRAY(SELECT jsonb_array_elements_text(u.h)), u.d
+          FROM unnest(v_ords, v_ids, v_hs, v_due) AS u(o, i, h, d);
     -- the others: ids that existed, or came twice in this batch (usually none)
     IF coalesce(cardinality(v_ords), 0) = jsonb_array_length(p_events) THEN
         RETURN;
@@ -303,7 +359,9 @@ BEGIN
          ORDER BY x.o
     LOOP
         RETURN QUERY
-            SELECT r.o, p.event_id, p.deliveries, p.duplicate, p.handlers
+            SELECT r.o, p.event_id, p.deliveries, p.duplicate, p.handlers,
+                   coalesce((r.e->>'available_at')::timestamptz,
+                            now() + coalesce((r.e->>'delay_ms')::bigint, 0) * interval '1 millisecond') <= now()
               FROM @S@.relaybus_publish(
                 r.e->>'name', r.e->'payload', r.e->>'key', r.e->>'id',
                 CASE WHEN jsonb_typeof(r.e->'headers') = 'object' THEN r.e->'headers' END,

@@ -46,6 +46,8 @@ static const struct {
 	const char	*tmpl, *wtmpl;
 } pg_statements[] = {
 	{ offsetof(struct pg_be, q_publish), pg_tmpl_publish, pg_tmpl_publish },
+	{ offsetof(struct pg_be, q_publish1), pg_tmpl_publish1, pg_tmpl_publish1 },
+	{ offsetof(struct pg_be, q_wake), pg_tmpl_wake, pg_tmpl_wake },
 	{ offsetof(struct pg_be, q_claim), pg_tmpl_claim, pg_tmpl_w_claim },
 	{ offsetof(struct pg_be, q_claim_ids), pg_tmpl_claim_ids, pg_tmpl_w_claim_ids },
 	{ offsetof(struct pg_be, q_fetch), pg_tmpl_fetch, pg_tmpl_w_fetch },
@@ -99,6 +101,7 @@ pg_connect(struct rb_store *s, struct rb_error *err)
 	bool worker;
 
 	be->prepared = 0;
+	be->wake = 0;		/* a new session: relaybus.notify as the server says */
 	be->live = PG_LIVE_UNTRIED;	/* a session lock goes with its session */
 	if (pg_connect_to(s, &be->conn, err) < 0)
 		return -1;

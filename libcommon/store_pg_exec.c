@@ -177,7 +177,7 @@ pg_retryable(const PGresult *res)
 
 /* ---- running statements -------------------------------------------------- */
 
-/* The hot statements (claim, completion) are prepared once per connection,
+/* The hot statements (claim, completion, publish) are prepared once per connection,
  * on first use, and then only bound and run: parsing and planning the
  * completion took 0.33 ms a call, a tenth of the server's time in a drain.
  * Returns the statement's name, or NULL for any other statement or when
@@ -187,9 +187,9 @@ static const char *
 prepared(struct pg_be *be, PGconn *c, const char *sql, int n)
 {
 	static const char *const names[] = { "relaybus_claim", "relaybus_complete", "relaybus_complete_hist",
-	    "relaybus_claim_ids", "relaybus_fetch" };
+	    "relaybus_claim_ids", "relaybus_fetch", "relaybus_publish", "relaybus_publish1", "relaybus_wake" };
 	const char *const qs[] = { be->q_claim, be->q_complete, be->q_complete_hist, be->q_claim_ids,
-	    be->q_fetch };
+	    be->q_fetch, be->q_publish, be->q_publish1, be->q_wake };
 	unsigned *mask = c == be->conn2 ? &be->prepared2 : c == be->conn3 ? &be->prepared3 : &be->prepared;
 	int which = -1;
 	PGresult *res;

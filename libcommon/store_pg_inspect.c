@@ -292,13 +292,21 @@ index_entries(struct rb_store *s, PGconn *c, const char *table, json_int_t *tota
 		json_t *entry = json_pack("{s:s, s:s}", "name", name, "method", am);
 
 		json_array_append_new(arr, entry);
-		if (strcmp(am, "btree") != 0) {
+		if (strcmp(am, "btree") != 0 && strcmp(am, "hash") != 0) {
 			json_object_set_new(entry, "entries", json_null());
 			json_object_set_new(entry, "heap_tids", tids);
 			continue;
 		}
 		const char *ip[2] = { name, PQgetvalue(ix, k, 1) };
-		PGresult *res = pg_query(s, c,
+		/* a hash index (relaybus_deliveries_event_idx): the entries of its
+		 * bucket and overflow pages (block 0 is the metapage) */
+		PGresult *res = strcmp(am, "hash") == 0 ? pg_query(s, c,
+		    "SELECT i.ctid::text, NULL::text "
+		    "FROM generate_series(1, $2::int - 1) AS s(blkno) "
+		    "CROSS JOIN LATERAL (SELECT get_raw_page($1, s.blkno) AS p) g "
+		    "CROSS JOIN LATERAL hash_page_items(CASE WHEN hash_page_type(g.p) IN ('bucket', 'overflow') "
+		    "  THEN g.p END) AS i "
+		    "ORDER BY s.blkno, i.itemoffset", 2, ip, "hash_page_items", err) : pg_query(s, c,
 		    "SELECT coalesce(to_jsonb(i)->>'htid', to_jsonb(i)->>'ctid'), "
 		    "(to_jsonb(i)->'tids')::text "
 		    "FROM generate_series(1, $2::int - 1) AS s(blkno) "

@@ -72,12 +72,17 @@ struct pg_be {
 	 * PgBouncer, where a session's state does not outlive a transaction:
 	 * no named prepared statements, no LISTEN (polling), no SET */
 	bool	 pooler;
+	/* the wake-up of a publish (store_pg_publish.c), found out on each
+	 * connection's first publish: 0 not yet, 1 sent by the store after the
+	 * commit (the session's relaybus.notify is then off), -1 by the
+	 * publish function in the transaction, or not at all */
+	int	 wake;
 	int	 history;	/* -1 unknown, 0 no completion history, 1 yes */
 	/* the session's user lacks the owner's privileges (a role rb-setup
 	 * --grant made): the statements are the pg_tmpl_w_* ones (pg_open) */
 	bool	 worker, worker_known;
 	/* rendered statements, built once per store (pg_statements in store_pg.c) */
-	char	*q_publish, *q_claim, *q_claim_ids, *q_fetch, *q_extend, *q_complete, *q_complete_hist,
+	char	*q_publish, *q_publish1, *q_wake, *q_claim, *q_claim_ids, *q_fetch, *q_extend, *q_complete, *q_complete_hist,
 		*q_fail, *q_relinquish, *q_relinquish_owner, *q_relinquish_leases, *q_lock_lane, *q_hold;
 	unsigned prepared;		/* hot statements prepared on this connection (bits) */
 	/* the second connection, for reading what a claim took (opened on
@@ -268,7 +273,7 @@ json_t	*pg_jjson(const PGresult *res, int i, int j);
 
 /* ---- the statement templates, rendered by pg_open ---------------------- */
 
-extern const char pg_tmpl_publish[];
+extern const char pg_tmpl_publish[], pg_tmpl_publish1[], pg_tmpl_wake[];
 extern const char pg_tmpl_claim[], pg_tmpl_claim_ids[], pg_tmpl_fetch[], pg_tmpl_extend[],
 	pg_tmpl_relinquish[], pg_tmpl_relinquish_owner[], pg_tmpl_relinquish_leases[], pg_tmpl_hold[];
 extern const char pg_tmpl_complete[], pg_tmpl_complete_hist[], pg_tmpl_fail[], pg_tmpl_lock_lane[];

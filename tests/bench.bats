@@ -19,6 +19,9 @@ load test_helper
   [[ "$output" == *"### pg: mixed steady state (scenario 5)"* ]]
   [[ "$output" == *"| P=1 batch=1 | "*" -> **"*"| VALID |"* ]]
   [[ "$output" == *"| P=1 batch=100 | "*"| VALID |"* ]]
+  # relaybus_publish() once a transaction beside the minimal outbox, and issue 22's target line
+  [[ "$output" == *"| config | minimal outbox events/s | relaybus_publish() events/s (ratio) |"* ]]
+  [[ "$output" == *"Target (issue 22, reported, not asserted): rb-publish at least 0.8x the minimal outbox"* ]]
   [[ "$output" == *"| 1 proc, plain-SQL limit"*"| VALID |"* ]]
   [[ "$output" == *"| 1 proc, row-lease 0.1.0"*"| VALID |"* ]]
   [[ "$output" == *"| 1 x shell pipeline loop"*" -> **"*"| VALID |"* ]]

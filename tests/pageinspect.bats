@@ -39,7 +39,7 @@ entries() { jq -r --arg n "relaybus_deliveries_$1" '.indexes[] | select(.name ==
   [ "$(r .summary.non_hot_updates)" = 0 ]
   # the exact index entries
   [ "$(entries pkey <"$BATS_TEST_TMPDIR/r.json")" = 1 ]
-  [ "$(entries event_handler_unique <"$BATS_TEST_TMPDIR/r.json")" = 1 ]
+  [ "$(entries event_idx <"$BATS_TEST_TMPDIR/r.json")" = 1 ]
   [ "$(entries lane_due_idx <"$BATS_TEST_TMPDIR/r.json")" = 1 ]
   [ "$(entries lane_key_idx <"$BATS_TEST_TMPDIR/r.json")" = 0 ]
   [ "$(entries dead_idx <"$BATS_TEST_TMPDIR/r.json")" = 0 ]

@@ -223,7 +223,7 @@ calls() {  # funcname...
   [ "$status" -eq 1 ]
   # and the rest is refused
   run --separate-stderr as "$R_WRK" rb-publish -q <<<'{"name":"order.paid","payload":1}'
-  refused "permission denied for function relaybus_publish_batch"
+  refused "permission denied for function relaybus_publish"
   run --separate-stderr as "$R_WRK" rb-admin purge --dead-older-than 1ms
   refused "permission denied"
   run --separate-stderr as "$R_WRK" rb-admin stats
@@ -311,7 +311,7 @@ calls() {  # funcname...
   [ "$(q "SELECT string_agg(event_id || ':' || status, ' ' ORDER BY event_id) FROM relaybus_deliveries")" = "$(printf '%s\n' "$dead:pending" "$keep:pending" | sort | tr '\n' ' ' | sed 's/ $//')" ]
   [ "$(q "SELECT count(*) FROM relaybus_events")" = 2 ]
   run --separate-stderr as "$R_ADM" rb-publish -q <<<'{"name":"order.paid","payload":1}'
-  refused "permission denied for function relaybus_publish_batch"
+  refused "permission denied for function relaybus_publish"
   run --separate-stderr as "$R_ADM" rb-claim -H mailer
   refused "permission denied for function relaybus_worker_claim"
   run --separate-stderr as "$R_ADM" rb-setup

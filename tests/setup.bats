@@ -42,7 +42,7 @@ relaybus_worker_events" ]
   setup_schema
   run q "SELECT indexname FROM pg_indexes WHERE schemaname = '$RB_SCHEMA' AND tablename = 'relaybus_deliveries' ORDER BY 1"
   [ "$output" = "relaybus_deliveries_dead_idx
-relaybus_deliveries_event_handler_unique
+relaybus_deliveries_event_idx
 relaybus_deliveries_lane_due_idx
 relaybus_deliveries_lane_key_idx
 relaybus_deliveries_pkey" ]

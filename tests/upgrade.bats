@@ -159,7 +159,7 @@ rows() {  # [schema]
   run q "SELECT indexname FROM pg_indexes WHERE schemaname = '$RB_SCHEMA' AND tablename = 'relaybus_deliveries' ORDER BY 1"
   [ "$output" = "relaybus_deliveries_completed_010_idx
 relaybus_deliveries_dead_idx
-relaybus_deliveries_event_handler_unique
+relaybus_deliveries_event_idx
 relaybus_deliveries_lane_due_idx
 relaybus_deliveries_lane_key_idx
 relaybus_deliveries_pkey" ]
@@ -407,11 +407,17 @@ relaybus_deliveries_pkey" ]
   need_pg
   rb-setup
   # tables there, version there, a function gone: the statement's failure says so plainly
+  # (a batch of one goes through relaybus_publish, larger ones through relaybus_publish_batch)
   q "DROP FUNCTION relaybus_publish_batch(jsonb)"
-  run --separate-stderr rb-publish <<<'{"name":"x","payload":1}'
+  run --separate-stderr rb-publish < <(printf '%s\n' '{"name":"x","payload":1}' '{"name":"x","payload":2}')
   [ "$status" -eq 78 ]
   [ "${stderr_lines[0]}" = "rb-publish: stdin:1: publish: schema \"$RB_SCHEMA\" is not set up: run rb-setup; committed through line 0" ]
   [[ "$stderr" != *relaybus_publish_batch* ]]
+  q "DROP FUNCTION relaybus_publish(text, jsonb, text, text, jsonb, timestamptz, bigint, text[])"
+  run --separate-stderr rb-publish <<<'{"name":"x","payload":1}'
+  [ "$status" -eq 78 ]
+  [ "${stderr_lines[0]}" = "rb-publish: stdin:1: publish: schema \"$RB_SCHEMA\" is not set up: run rb-setup; committed through line 0" ]
+  [[ "$stderr" != *relaybus_publish* ]]
 }
 
 @test "the version is read once per program, not per delivery" {
