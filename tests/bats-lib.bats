@@ -109,6 +109,20 @@ need_db() { [ -n "${RELAYBUS_TEST_DB:-}" ] || skip "no test database (set RELAYB
   assert_delivery_completed x-2 mailer
 }
 
+@test "scripts/pg-tmp started from a folder the postgres user cannot enter prints its URL and nothing else" {
+  [ "$(id -u)" = 0 ] || skip "as root only (the server runs as postgres)"
+  command -v pg_ctl >/dev/null || ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || skip "no PostgreSQL server"
+  local priv=$BATS_TEST_TMPDIR/private dir
+  mkdir -m 700 "$priv"
+  dir=$(mktemp -d) && chmod 755 "$dir"
+  run bash -c 'cd "$1" && "$2" start "$3" 3>&- 2>&1' sh "$priv" "$RB_SRCDIR/scripts/pg-tmp" "$dir"
+  "$RB_SRCDIR/scripts/pg-tmp" stop "$dir" >/dev/null 2>&1 3>&- || true
+  rm -rf "$dir"
+  echo "$output"
+  [ "$status" -eq 0 ]
+  [[ "$output" =~ ^postgresql://postgres@127\.0\.0\.1:[0-9]+/postgres$ ]]
+}
+
 @test "with no database given at all, the library starts a throwaway PostgreSQL for the file" {
   need_db  # a machine with a database to test against can start one
   command -v pg_ctl >/dev/null || ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || skip "no PostgreSQL server"
