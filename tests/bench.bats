@@ -40,6 +40,14 @@ load test_helper
   # raw results beside the tables, and no schema left behind
   [ "$(jq -s 'map(select(.valid == "VALID")) | length' "$BATS_TEST_TMPDIR/out/results.jsonl")" -ge 7 ]
   [ -s "$BATS_TEST_TMPDIR/out/results.csv" ]
+  # the dispatch chart: a bar per row, each with its median and the range of its runs
+  if command -v gnuplot >/dev/null; then
+    [ -s "$BATS_TEST_TMPDIR/out/dispatch.svg" ]
+    grep -q '"1x streaming pipeline"' "$BATS_TEST_TMPDIR/out/dispatch.dat"
+    grep -q '"1x pipeline loop"' "$BATS_TEST_TMPDIR/out/dispatch.dat"
+    awk -F'" ' '{ n = split($2, v, " "); if (n != 9 || v[5] > v[4] || v[6] < v[4]) bad = 1 } END { exit bad }' \
+      "$BATS_TEST_TMPDIR/out/dispatch.dat"
+  fi
   jq -e '.cores > 0 and .synchronous_commit != null and .shared_buffers != null' "$BATS_TEST_TMPDIR/out/machine.json"
   [ "$(q "SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'rbbench\_%'")" = 0 ]
 }
