@@ -39,9 +39,15 @@ CREATE TABLE IF NOT EXISTS @S@.relaybus_deliveries (
     available_at timestamptz NOT NULL DEFAULT now(),
     last_error   text,
     created_at   timestamptz NOT NULL DEFAULT now(),
-    updated_at   timestamptz NOT NULL DEFAULT now(),
+    updated_at   timestamptz,
     CONSTRAINT relaybus_deliveries_pkey PRIMARY KEY (id)
 ) WITH (autovacuum_vacuum_scale_factor = 0.02);
+-- updated_at: NULL until the row is first updated (a failure, a release,
+-- a takeover's charge, rb-admin); readers take created_at then.  A new row
+-- that stored now() twice cost every publish 8 B of WAL (bench/README.md).
+-- Every path that makes a delivery dead sets it (dead_idx, the purge).
+ALTER TABLE @S@.relaybus_deliveries ALTER COLUMN updated_at DROP NOT NULL,
+    ALTER COLUMN updated_at DROP DEFAULT;
 -- The deliveries of an event (a result without its delivery id, the rare
 -- failure paths, rb-admin by event): a hash index on event_id, not the
 -- unique (event_id, handler) btree of 0.1.0.  An event's deliveries are

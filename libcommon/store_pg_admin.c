@@ -248,7 +248,7 @@ static const char list_sql[] =
     "    AND ($3::text IS NULL OR d.event_id = $3)) "
     "SELECT l.id::text, l.event_id, l.handler, e.name, l.key, l.state, l.attempts, l.last_error, "
     "  @S@.relaybus_ts(l.available_at), l.lane, l.owner, @S@.relaybus_ts(l.lease_until), "
-    "  @S@.relaybus_ts(l.created_at), @S@.relaybus_ts(l.updated_at) "
+    "  @S@.relaybus_ts(l.created_at), @S@.relaybus_ts(coalesce(l.updated_at, l.created_at)) "
     "FROM l LEFT JOIN @S@.relaybus_events e ON e.id = l.event_id "
     "WHERE l.state = ANY ($4::text[]) "
     "ORDER BY l.created_at, l.id LIMIT $5::bigint";

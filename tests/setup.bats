@@ -118,6 +118,24 @@ mailer order.created" ]
   [ "$(q "SELECT string_agg(indexname, ',') FROM pg_indexes WHERE schemaname = '$RB_SCHEMA' AND tablename = 'relaybus_lanes'")" = relaybus_lanes_pkey ]
 }
 
+@test "a new delivery stores no updated_at (rb-admin shows its created_at); an older schema gets the column in place" {
+  setup_schema -s h1:a.b
+  # the schema of the last release: updated_at NOT NULL DEFAULT now(), rows holding it
+  q "ALTER TABLE relaybus_deliveries ALTER COLUMN updated_at SET DEFAULT now(), ALTER COLUMN updated_at SET NOT NULL"
+  printf '%s\n' '{"id":"u0","name":"a.b","payload":{}}' | rb-publish -q
+  run -0 rb-setup -s h1:a.b
+  [ "$(q "SELECT is_nullable || ' ' || coalesce(column_default, 'none') FROM information_schema.columns
+          WHERE table_schema = '$RB_SCHEMA' AND table_name = 'relaybus_deliveries' AND column_name = 'updated_at'")" = "YES none" ]
+  [ "$(q "SELECT updated_at IS NOT NULL FROM relaybus_deliveries WHERE event_id = 'u0'")" = t ]
+  printf '%s\n' '{"id":"u1","name":"a.b","payload":{}}' | rb-publish -q
+  [ "$(q "SELECT updated_at IS NULL FROM relaybus_deliveries WHERE event_id = 'u1'")" = t ]
+  run -0 rb-admin list --event u1
+  [ "$(jq -r '.updated_at == .created_at and (.created_at | length) == 24' <<<"$output")" = true ]
+  # a failure sets it
+  rb-claim -H h1 | jq -c 'select(.event_id == "u1") + {ok: false, error: "e"}' | rb-complete -q >/dev/null
+  [ "$(q "SELECT updated_at IS NOT NULL FROM relaybus_deliveries WHERE event_id = 'u1'")" = t ]
+}
+
 @test "four rb-setup at the same moment all succeed and agree" {
   need_pg
   export RELAYBUS_SCHEMA=${RB_SCHEMA}_c
