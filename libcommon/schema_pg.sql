@@ -229,9 +229,18 @@ BEGIN
     END IF;
     IF cardinality(v_new) > 0 THEN
         IF p_key IS NOT NULL THEN
-            INSERT INTO @S@.relaybus_keys AS k (key, sequence) VALUES (p_key, 1)
-            ON CONFLICT (key) DO UPDATE SET sequence = k.sequence + 1
+            -- an UPDATE first: the upsert's ON CONFLICT DO UPDATE locks the
+            -- row it found before updating it, a lock record of 49 B an
+            -- event (bench/wal-breakdown --keyed); the row stays locked
+            -- until commit either way.  A key's first event inserts (and a
+            -- concurrent first one makes that an update).
+            UPDATE @S@.relaybus_keys k SET sequence = k.sequence + 1 WHERE k.key = p_key
             RETURNING k.sequence INTO v_seq;
+            IF NOT FOUND THEN
+                INSERT INTO @S@.relaybus_keys AS k (key, sequence) VALUES (p_key, 1)
+                ON CONFLICT (key) DO UPDATE SET sequence = k.sequence + 1
+                RETURNING k.sequence INTO v_seq;
+            END IF;
         END IF;
         v_at := coalesce(p_available_at, now() + coalesce(p_delay_ms, 0) * interval '1 millisecond');
         INSERT INTO @S@.relaybus_deliveries (event_id, handler, lane, key, sequence, available_at)
