@@ -377,8 +377,8 @@ main(int argc, char **argv)
 			    "numbered AS (SELECT f.*, CASE WHEN f.key IS NOT NULL THEN sq.sequence - kd.n "
 			    "    + row_number() OVER (PARTITION BY f.key ORDER BY f.ord) END AS seqn "
 			    "  FROM fresh f LEFT JOIN seq sq ON sq.key = f.key LEFT JOIN keyed kd ON kd.key = f.key), "
-			    "del AS (INSERT INTO %s.relaybus_deliveries (event_id, handler, lane, key, sequence) "
-			    "  SELECT n.id, h, %s.relaybus_lane(coalesce(n.key, n.id)), n.key, n.seqn FROM numbered n, unnest(n.hs) h "
+			    "del AS (INSERT INTO %s.relaybus_deliveries (event_id, handler, lane, key, sequence, created_at) "
+			    "  SELECT n.id, h, %s.relaybus_lane(coalesce(n.key, n.id)), n.key, n.seqn, NULL FROM numbered n, unnest(n.hs) h "
 			    "  RETURNING handler) "
 			    "SELECT (SELECT count(*) FROM del), %s",
 			    schema, schema, schema, schema, schema, notify ? "" : "0");

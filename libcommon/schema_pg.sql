@@ -46,8 +46,13 @@ CREATE TABLE IF NOT EXISTS @S@.relaybus_deliveries (
 -- a takeover's charge, rb-admin); readers take created_at then.  A new row
 -- that stored now() twice cost every publish 8 B of WAL (bench/README.md).
 -- Every path that makes a delivery dead sets it (dead_idx, the purge).
+-- created_at: NULL when it is available_at, as for every delivery due at
+-- its publish (the publish functions write NULLIF(now(), available_at));
+-- readers take coalesce(created_at, available_at), and the two updates
+-- that move available_at (a failure's retry, rb-admin requeue) first set
+-- it so.  8 B less a delivery row again (bench/README.md).
 ALTER TABLE @S@.relaybus_deliveries ALTER COLUMN updated_at DROP NOT NULL,
-    ALTER COLUMN updated_at DROP DEFAULT;
+    ALTER COLUMN updated_at DROP DEFAULT, ALTER COLUMN created_at DROP NOT NULL;
 -- The deliveries of an event (a result without its delivery id, the rare
 -- failure paths, rb-admin by event): a hash index on event_id, not the
 -- unique (event_id, handler) btree of 0.1.0.  An event's deliveries are
@@ -243,8 +248,8 @@ BEGIN
             END IF;
         END IF;
         v_at := coalesce(p_available_at, now() + coalesce(p_delay_ms, 0) * interval '1 millisecond');
-        INSERT INTO @S@.relaybus_deliveries (event_id, handler, lane, key, sequence, available_at)
-        SELECT v_id, h, @S@.relaybus_lane(coalesce(p_key, v_id)), p_key, v_seq, v_at
+        INSERT INTO @S@.relaybus_deliveries (event_id, handler, lane, key, sequence, available_at, created_at)
+        SELECT v_id, h, @S@.relaybus_lane(coalesce(p_key, v_id)), p_key, v_seq, v_at, nullif(now(), v_at)
           FROM unnest(v_new) h;
         -- one notification per handler and transaction: PostgreSQL folds
         -- identical notifications of a transaction into one
@@ -300,8 +305,8 @@ BEGIN
             INSERT INTO @S@.relaybus_events (id, name, payload, headers, handlers)
             SELECT id, name, payload, headers, hs FROM routed
         ), del AS (
-            INSERT INTO @S@.relaybus_deliveries (event_id, handler, lane, available_at)
-            SELECT r.id, h, @S@.relaybus_lane(r.id), r.at FROM routed r, unnest(r.hs) h
+            INSERT INTO @S@.relaybus_deliveries (event_id, handler, lane, available_at, created_at)
+            SELECT r.id, h, @S@.relaybus_lane(r.id), r.at, nullif(now(), r.at) FROM routed r, unnest(r.hs) h
             RETURNING handler, available_at
         )
         SELECT array_agg(f.ord ORDER BY f.ord), array_agg(f.id ORDER BY f.ord), array_agg(to_jsonb(f.hs) ORDER BY f.ord),
@@ -346,8 +351,8 @@ BEGIN
           FROM fresh f LEFT JOIN seq sq ON sq.key = f.key LEFT JOIN keyed kd ON kd.key = f.key
          WHERE cardinality(f.hs) > 0
     ), del AS (
-        INSERT INTO @S@.relaybus_deliveries (event_id, handler, lane, key, sequence, available_at)
-        SELECT n.id, h, @S@.relaybus_lane(coalesce(n.key, n.id)), n.key, n.sequence, n.at
+        INSERT INTO @S@.relaybus_deliveries (event_id, handler, lane, key, sequence, available_at, created_at)
+        SELECT n.id, h, @S@.relaybus_lane(coalesce(n.key, n.id)), n.key, n.sequence, n.at, nullif(now(), n.at)
           FROM numbered n, unnest(n.hs) h
         RETURNING handler, available_at
     )
@@ -412,7 +417,8 @@ RETURNS TABLE (id bigint, event_id text, claims integer, attempts integer, seque
 -- left, far above jit_above_cost, and compiling costs a claim 10-100 ms
 -- (Debian's PostgreSQL 15 has jit on)
 LANGUAGE sql STABLE AS $$
-    (SELECT d.id, d.event_id, d.claims, d.attempts, d.sequence, d.created_at FROM @S@.relaybus_deliveries d
+    (SELECT d.id, d.event_id, d.claims, d.attempts, d.sequence, coalesce(d.created_at, d.available_at) AS created_at
+       FROM @S@.relaybus_deliveries d
       WHERE d.handler = p_handler AND d.lane = p_lane AND d.status = 'pending' AND d.key IS NULL
         AND d.available_at <= p_now AND d.id NOT IN (SELECT v FROM unnest(p_live) v WHERE v IS NOT NULL)
       ORDER BY d.available_at, d.id
@@ -436,7 +442,8 @@ LANGUAGE sql STABLE AS $$
       CROSS JOIN LATERAL (
         SELECT r.id, r.event_id, r.claims, r.attempts, r.sequence, r.created_at FROM (
             SELECT x.*, bool_and(x.available_at <= p_now) OVER (ORDER BY x.sequence) AS due
-              FROM (SELECT d.id, d.event_id, d.claims, d.attempts, d.sequence, d.created_at, d.available_at
+              FROM (SELECT d.id, d.event_id, d.claims, d.attempts, d.sequence,
+                           coalesce(d.created_at, d.available_at) AS created_at, d.available_at
                       FROM @S@.relaybus_deliveries d
                      WHERE d.handler = p_handler AND d.lane = p_lane AND d.key = h.key
                        AND d.key IS NOT NULL AND d.status = 'pending'
@@ -914,7 +921,7 @@ BEGIN
             ELSE
                 UPDATE @S@.relaybus_deliveries d
                    SET attempts = d.attempts + 1, claims = d.claims + 1, updated_at = v_now,
-                       last_error = p_errors[i],
+                       last_error = p_errors[i], created_at = coalesce(d.created_at, d.available_at),
                        status = CASE WHEN p_kinds[i] = 'bury' OR d.attempts + 1 >= p_max_attempts
                                      THEN 'dead' ELSE 'pending' END,
                        available_at = v_now + least(p_max_ms::double precision,

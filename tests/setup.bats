@@ -136,6 +136,24 @@ mailer order.created" ]
   [ "$(q "SELECT updated_at IS NOT NULL FROM relaybus_deliveries WHERE event_id = 'u1'")" = t ]
 }
 
+@test "a delivery due at its publish stores no created_at (it is its available_at), kept through a retry; a delayed one stores it" {
+  setup_schema -s h1:a.b
+  printf '%s\n' '{"id":"c1","name":"a.b","payload":{}}' '{"id":"c2","name":"a.b","payload":{},"delay_ms":60000}' | rb-publish -q
+  [ "$(q "SELECT string_agg(event_id || ':' || (created_at IS NULL), ',' ORDER BY event_id) FROM relaybus_deliveries WHERE event_id IN ('c1', 'c2')")" = "c1:true,c2:false" ]
+  [ "$(q "SELECT is_nullable FROM information_schema.columns WHERE table_schema = '$RB_SCHEMA'
+          AND table_name = 'relaybus_deliveries' AND column_name = 'created_at'")" = YES ]
+  created=$(q "SELECT relaybus_ts(available_at) FROM relaybus_deliveries WHERE event_id = 'c1'")
+  run -0 rb-admin list --event c1
+  [ "$(jq -r .created_at <<<"$output")" = "$created" ]
+  # a retry moves available_at, not created_at (claim output and listings)
+  sleep 0.05
+  rb-claim -H h1 | jq -c 'select(.event_id == "c1") | . + {ok: false, error: "e", retry_ms: 0}' | rb-complete -q >/dev/null
+  [ "$(q "SELECT relaybus_ts(created_at) || ' ' || (available_at > created_at) FROM relaybus_deliveries WHERE event_id = 'c1'")" = "$created true" ]
+  run -0 rb-admin list --event c1
+  [ "$(jq -r .created_at <<<"$output")" = "$created" ]
+  [ "$(rb-claim -H h1 | jq -r 'select(.event_id == "c1") | .created_at')" = "$created" ]
+}
+
 @test "four rb-setup at the same moment all succeed and agree" {
   need_pg
   export RELAYBUS_SCHEMA=${RB_SCHEMA}_c
