@@ -16,10 +16,14 @@ CREATE TABLE IF NOT EXISTS @S@.relaybus_events (
     name       text NOT NULL,
     key        text,
     payload    jsonb NOT NULL,
-    headers    jsonb NOT NULL DEFAULT '{}',
+    headers    jsonb DEFAULT '{}',
     handlers   text[] NOT NULL DEFAULT '{}',
     created_at timestamptz NOT NULL DEFAULT now()
 );
+-- headers: NULL for none ({}), as the publish functions write an event
+-- without headers (8 B less an event row, bench/README.md); readers take
+-- coalesce(headers, '{}') (relaybus_worker_events, the claims, rb-admin).
+ALTER TABLE @S@.relaybus_events ALTER COLUMN headers DROP NOT NULL;
 
 -- One row per (event, handler) from publish until completion, which
 -- deletes it.  No index covers a column a happy-path statement writes
@@ -215,10 +219,10 @@ BEGIN
     -- the speculative insertion of ON CONFLICT (48 B of WAL an event)
     IF p_id IS NULL THEN
         INSERT INTO @S@.relaybus_events (id, name, key, payload, headers, handlers)
-        VALUES (v_id, p_name, p_key, p_payload, coalesce(p_headers, '{}'), v_handlers);
+        VALUES (v_id, p_name, p_key, p_payload, nullif(p_headers, '{}'), v_handlers);
     ELSE
         INSERT INTO @S@.relaybus_events (id, name, key, payload, headers, handlers)
-        VALUES (v_id, p_name, p_key, p_payload, coalesce(p_headers, '{}'), v_handlers)
+        VALUES (v_id, p_name, p_key, p_payload, nullif(p_headers, '{}'), v_handlers)
         ON CONFLICT (id) DO NOTHING;
     END IF;
     IF FOUND THEN
@@ -290,7 +294,7 @@ BEGIN
     IF NOT jsonb_path_exists(p_events, '$[*] ? (exists (@.id) || exists (@.key))') THEN
         WITH src AS (
             SELECT x.o::integer AS ord, gen_random_uuid()::text AS id, x.e->>'name' AS name, x.e->'payload' AS payload,
-                   CASE WHEN jsonb_typeof(x.e->'headers') = 'object' THEN x.e->'headers' ELSE '{}' END AS headers,
+                   CASE WHEN jsonb_typeof(x.e->'headers') = 'object' THEN nullif(x.e->'headers', '{}') END AS headers,
                    coalesce((x.e->>'available_at')::timestamptz,
                             now() + coalesce((x.e->>'delay_ms')::bigint, 0) * interval '1 millisecond') AS at,
                    CASE WHEN jsonb_typeof(x.e->'handlers') = 'array' THEN
@@ -318,7 +322,7 @@ BEGIN
     WITH src AS (
         SELECT x.o::integer AS ord, coalesce(x.e->>'id', gen_random_uuid()::text) AS id,
                x.e->>'name' AS name, x.e->>'key' AS key, x.e->'payload' AS payload,
-               CASE WHEN jsonb_typeof(x.e->'headers') = 'object' THEN x.e->'headers' ELSE '{}' END AS headers,
+               CASE WHEN jsonb_typeof(x.e->'headers') = 'object' THEN nullif(x.e->'headers', '{}') END AS headers,
                coalesce((x.e->>'available_at')::timestamptz,
                         now() + coalesce((x.e->>'delay_ms')::bigint, 0) * interval '1 millisecond') AS at,
                CASE WHEN jsonb_typeof(x.e->'handlers') = 'array' THEN
@@ -876,7 +880,7 @@ BEGIN
                                   lane, epoch, claims, attempts, sequence, created_at, o);
     RETURN QUERY
         SELECT c.id, c.event_id, c.handler, c.lane, c.epoch, c.claims, c.attempts,
-               e.name, e.key, c.sequence, e.payload, e.headers, c.created_at
+               e.name, e.key, c.sequence, e.payload, coalesce(e.headers, '{}'), c.created_at
           FROM unnest(v_id, v_ev, v_h, v_lane, v_epoch, v_claims, v_att, v_seq, v_ts)
                WITH ORDINALITY c(id, event_id, handler, lane, epoch, claims, attempts, sequence, created_at, o)
          CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_events ee WHERE ee.id = c.event_id OFFSET 0) e
@@ -1094,7 +1098,7 @@ END $$;
 -- claimed here): those of its handlers.  security_barrier: no function of
 -- the caller's sees a row the filter refuses.
 CREATE OR REPLACE VIEW @S@.relaybus_worker_events WITH (security_barrier) AS
-    SELECT e.id, e.name, e.key, e.payload, e.headers, e.handlers, e.created_at
+    SELECT e.id, e.name, e.key, e.payload, coalesce(e.headers, '{}') AS headers, e.handlers, e.created_at
       FROM @S@.relaybus_events e
      WHERE (SELECT @S@.relaybus_allowed('{worker}') IS NULL)
         OR e.handlers && (SELECT @S@.relaybus_allowed('{worker}'));

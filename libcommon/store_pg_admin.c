@@ -370,7 +370,7 @@ pg_admin_list(struct rb_store *s, const struct rb_admin_filter *f, json_t **out,
 }
 
 static const char show_sql[] =
-    "SELECT id, name, key, payload::text, headers::text, array_to_json(handlers)::text, "
+    "SELECT id, name, key, payload::text, coalesce(headers, '{}')::text, array_to_json(handlers)::text, "
     "  @S@.relaybus_ts(created_at) FROM @S@.relaybus_events WHERE id = $1";
 
 int

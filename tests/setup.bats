@@ -154,6 +154,23 @@ mailer order.created" ]
   [ "$(rb-claim -H h1 | jq -r 'select(.event_id == "c1") | .created_at')" = "$created" ]
 }
 
+@test "an event without headers stores none; claims, rb-admin show and relaybus_worker_events give {}" {
+  setup_schema -s h1:a.b
+  # the schema of the last release: headers NOT NULL
+  q "UPDATE relaybus_events SET headers = '{}' WHERE headers IS NULL;
+     ALTER TABLE relaybus_events ALTER COLUMN headers SET NOT NULL"
+  run -0 rb-setup -s h1:a.b -s h9:z.z
+  printf '%s\n' '{"id":"h1","name":"a.b","payload":{}}' '{"id":"h2","name":"a.b","payload":{},"headers":{"x":"1"}}' | rb-publish -q
+  q "SELECT relaybus_publish('a.b', '{}', NULL, 'h3')" >/dev/null
+  [ "$(q "SELECT string_agg(id || ':' || coalesce(headers::text, 'none'), ',' ORDER BY id) FROM relaybus_events WHERE id IN ('h1', 'h2', 'h3')")" = 'h1:none,h2:{"x": "1"},h3:none' ]
+  [ "$(q "SELECT string_agg(id || ':' || headers::text, ',' ORDER BY id) FROM relaybus_worker_events WHERE id IN ('h1', 'h2', 'h3')")" = 'h1:{},h2:{"x": "1"},h3:{}' ]
+  run -0 rb-admin show h1
+  [ "$(jq -c .headers <<<"$output")" = '{}' ]
+  [ "$(rb-claim -H h1 --batch 100 | jq -c 'select(.event_id | test("^h[123]$")) | [.event_id, .headers]' | sort | tr -d '\n')" = '["h1",{}]["h2",{"x":"1"}]["h3",{}]' ]
+  q "SELECT relaybus_publish('z.z', '{}', NULL, 'h4')" >/dev/null
+  [ "$(q "SELECT event_id || ':' || headers::text FROM relaybus_claim('h9', 'psql', 100, 60000, 5)")" = 'h4:{}' ]
+}
+
 @test "four rb-setup at the same moment all succeed and agree" {
   need_pg
   export RELAYBUS_SCHEMA=${RB_SCHEMA}_c
