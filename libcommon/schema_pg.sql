@@ -321,6 +321,7 @@ BEGIN
     ELSE
     WITH src AS (
         SELECT x.o::integer AS ord, coalesce(x.e->>'id', gen_random_uuid()::text) AS id,
+               x.e->>'id' IS NOT NULL AS named,
                x.e->>'name' AS name, x.e->>'key' AS key, x.e->'payload' AS payload,
                CASE WHEN jsonb_typeof(x.e->'headers') = 'object' THEN nullif(x.e->'headers', '{}') END AS headers,
                coalesce((x.e->>'available_at')::timestamptz,
@@ -334,13 +335,22 @@ BEGIN
                     WHERE s.name LIKE sub.like_pattern ORDER BY 1)) AS hs
           FROM src s
     ), ins AS (
+        -- the events that name no id (keyed ones, say) get a new one,
+        -- which nothing has yet: a plain insert, without the speculative
+        -- insertion of ON CONFLICT (a confirm record of 48 B an event)
         INSERT INTO @S@.relaybus_events AS ev (id, name, key, payload, headers, handlers)
-        SELECT id, name, key, payload, headers, hs FROM routed ORDER BY ord
+        SELECT id, name, key, payload, headers, hs FROM routed WHERE NOT named ORDER BY ord
+        RETURNING ev.id
+    ), ins_named AS (
+        INSERT INTO @S@.relaybus_events AS ev (id, name, key, payload, headers, handlers)
+        SELECT id, name, key, payload, headers, hs FROM routed WHERE named ORDER BY ord
         ON CONFLICT (id) DO NOTHING
         RETURNING ev.id
     ), fresh AS (
         -- the first occurrence of each inserted id
-        SELECT DISTINCT ON (r.id) r.* FROM routed r JOIN ins ON ins.id = r.id ORDER BY r.id, r.ord
+        SELECT DISTINCT ON (r.id) r.* FROM routed r
+          JOIN (SELECT id FROM ins UNION ALL SELECT id FROM ins_named) i ON i.id = r.id
+         ORDER BY r.id, r.ord
     ), keyed AS (
         SELECT f.key, count(*) AS n FROM fresh f
          WHERE f.key IS NOT NULL AND cardinality(f.hs) > 0 GROUP BY f.key
