@@ -368,8 +368,8 @@ main(int argc, char **argv)
 			    "  FROM jsonb_array_elements($1::jsonb) WITH ORDINALITY AS x(e, o)), "
 			    "routed AS (SELECT s.*, ARRAY(SELECT DISTINCT sub.handler FROM %s.relaybus_subscriptions sub "
 			    "    WHERE s.name LIKE sub.like_pattern ORDER BY 1) AS hs FROM src s), "
-			    "ins AS (INSERT INTO %s.relaybus_events AS ev (id, name, key, payload, handlers) "
-			    "  SELECT id, name, key, payload, hs FROM routed ORDER BY ord ON CONFLICT (id) DO NOTHING RETURNING ev.id), "
+			    "ins AS (INSERT INTO %s.relaybus_events AS ev (id, name, key, payload, headers, handlers) "
+			    "  SELECT id, name, key, payload, NULL::jsonb, hs FROM routed ORDER BY ord ON CONFLICT (id) DO NOTHING RETURNING ev.id), "
 			    "fresh AS (SELECT r.* FROM routed r JOIN ins ON ins.id = r.id), "
 			    "keyed AS (SELECT key, count(*) AS n FROM fresh WHERE key IS NOT NULL GROUP BY key), "
 			    "seq AS (INSERT INTO %s.relaybus_keys AS k (key, sequence) SELECT key, n FROM keyed ORDER BY key "
@@ -377,8 +377,8 @@ main(int argc, char **argv)
 			    "numbered AS (SELECT f.*, CASE WHEN f.key IS NOT NULL THEN sq.sequence - kd.n "
 			    "    + row_number() OVER (PARTITION BY f.key ORDER BY f.ord) END AS seqn "
 			    "  FROM fresh f LEFT JOIN seq sq ON sq.key = f.key LEFT JOIN keyed kd ON kd.key = f.key), "
-			    "del AS (INSERT INTO %s.relaybus_deliveries (event_id, handler, lane, key, sequence) "
-			    "  SELECT n.id, h, %s.relaybus_lane(coalesce(n.key, n.id)), n.key, n.seqn FROM numbered n, unnest(n.hs) h "
+			    "del AS (INSERT INTO %s.relaybus_deliveries (event_id, handler, lane, key, sequence, created_at) "
+			    "  SELECT n.id, h, %s.relaybus_lane(coalesce(n.key, n.id)), n.key, n.seqn, NULL FROM numbered n, unnest(n.hs) h "
 			    "  RETURNING handler) "
 			    "SELECT (SELECT count(*) FROM del), %s",
 			    schema, schema, schema, schema, schema, notify ? "" : "0");

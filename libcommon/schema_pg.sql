@@ -16,10 +16,14 @@ CREATE TABLE IF NOT EXISTS @S@.relaybus_events (
     name       text NOT NULL,
     key        text,
     payload    jsonb NOT NULL,
-    headers    jsonb NOT NULL DEFAULT '{}',
+    headers    jsonb DEFAULT '{}',
     handlers   text[] NOT NULL DEFAULT '{}',
     created_at timestamptz NOT NULL DEFAULT now()
 );
+-- headers: NULL for none ({}), as the publish functions write an event
+-- without headers (8 B less an event row, bench/README.md); readers take
+-- coalesce(headers, '{}') (relaybus_worker_events, the claims, rb-admin).
+ALTER TABLE @S@.relaybus_events ALTER COLUMN headers DROP NOT NULL;
 
 -- One row per (event, handler) from publish until completion, which
 -- deletes it.  No index covers a column a happy-path statement writes
@@ -39,9 +43,20 @@ CREATE TABLE IF NOT EXISTS @S@.relaybus_deliveries (
     available_at timestamptz NOT NULL DEFAULT now(),
     last_error   text,
     created_at   timestamptz NOT NULL DEFAULT now(),
-    updated_at   timestamptz NOT NULL DEFAULT now(),
+    updated_at   timestamptz,
     CONSTRAINT relaybus_deliveries_pkey PRIMARY KEY (id)
 ) WITH (autovacuum_vacuum_scale_factor = 0.02);
+-- updated_at: NULL until the row is first updated (a failure, a release,
+-- a takeover's charge, rb-admin); readers take created_at then.  A new row
+-- that stored now() twice cost every publish 8 B of WAL (bench/README.md).
+-- Every path that makes a delivery dead sets it (dead_idx, the purge).
+-- created_at: NULL when it is available_at, as for every delivery due at
+-- its publish (the publish functions write NULLIF(now(), available_at));
+-- readers take coalesce(created_at, available_at), and the two updates
+-- that move available_at (a failure's retry, rb-admin requeue) first set
+-- it so.  8 B less a delivery row again (bench/README.md).
+ALTER TABLE @S@.relaybus_deliveries ALTER COLUMN updated_at DROP NOT NULL,
+    ALTER COLUMN updated_at DROP DEFAULT, ALTER COLUMN created_at DROP NOT NULL;
 -- The deliveries of an event (a result without its delivery id, the rare
 -- failure paths, rb-admin by event): a hash index on event_id, not the
 -- unique (event_id, handler) btree of 0.1.0.  An event's deliveries are
@@ -204,10 +219,10 @@ BEGIN
     -- the speculative insertion of ON CONFLICT (48 B of WAL an event)
     IF p_id IS NULL THEN
         INSERT INTO @S@.relaybus_events (id, name, key, payload, headers, handlers)
-        VALUES (v_id, p_name, p_key, p_payload, coalesce(p_headers, '{}'), v_handlers);
+        VALUES (v_id, p_name, p_key, p_payload, nullif(p_headers, '{}'), v_handlers);
     ELSE
         INSERT INTO @S@.relaybus_events (id, name, key, payload, headers, handlers)
-        VALUES (v_id, p_name, p_key, p_payload, coalesce(p_headers, '{}'), v_handlers)
+        VALUES (v_id, p_name, p_key, p_payload, nullif(p_headers, '{}'), v_handlers)
         ON CONFLICT (id) DO NOTHING;
     END IF;
     IF FOUND THEN
@@ -223,13 +238,22 @@ BEGIN
     END IF;
     IF cardinality(v_new) > 0 THEN
         IF p_key IS NOT NULL THEN
-            INSERT INTO @S@.relaybus_keys AS k (key, sequence) VALUES (p_key, 1)
-            ON CONFLICT (key) DO UPDATE SET sequence = k.sequence + 1
+            -- an UPDATE first: the upsert's ON CONFLICT DO UPDATE locks the
+            -- row it found before updating it, a lock record of 49 B an
+            -- event (bench/wal-breakdown --keyed); the row stays locked
+            -- until commit either way.  A key's first event inserts (and a
+            -- concurrent first one makes that an update).
+            UPDATE @S@.relaybus_keys k SET sequence = k.sequence + 1 WHERE k.key = p_key
             RETURNING k.sequence INTO v_seq;
+            IF NOT FOUND THEN
+                INSERT INTO @S@.relaybus_keys AS k (key, sequence) VALUES (p_key, 1)
+                ON CONFLICT (key) DO UPDATE SET sequence = k.sequence + 1
+                RETURNING k.sequence INTO v_seq;
+            END IF;
         END IF;
         v_at := coalesce(p_available_at, now() + coalesce(p_delay_ms, 0) * interval '1 millisecond');
-        INSERT INTO @S@.relaybus_deliveries (event_id, handler, lane, key, sequence, available_at)
-        SELECT v_id, h, @S@.relaybus_lane(coalesce(p_key, v_id)), p_key, v_seq, v_at
+        INSERT INTO @S@.relaybus_deliveries (event_id, handler, lane, key, sequence, available_at, created_at)
+        SELECT v_id, h, @S@.relaybus_lane(coalesce(p_key, v_id)), p_key, v_seq, v_at, nullif(now(), v_at)
           FROM unnest(v_new) h;
         -- one notification per handler and transaction: PostgreSQL folds
         -- identical notifications of a transaction into one
@@ -270,7 +294,7 @@ BEGIN
     IF NOT jsonb_path_exists(p_events, '$[*] ? (exists (@.id) || exists (@.key))') THEN
         WITH src AS (
             SELECT x.o::integer AS ord, gen_random_uuid()::text AS id, x.e->>'name' AS name, x.e->'payload' AS payload,
-                   CASE WHEN jsonb_typeof(x.e->'headers') = 'object' THEN x.e->'headers' ELSE '{}' END AS headers,
+                   CASE WHEN jsonb_typeof(x.e->'headers') = 'object' THEN nullif(x.e->'headers', '{}') END AS headers,
                    coalesce((x.e->>'available_at')::timestamptz,
                             now() + coalesce((x.e->>'delay_ms')::bigint, 0) * interval '1 millisecond') AS at,
                    CASE WHEN jsonb_typeof(x.e->'handlers') = 'array' THEN
@@ -285,8 +309,8 @@ BEGIN
             INSERT INTO @S@.relaybus_events (id, name, payload, headers, handlers)
             SELECT id, name, payload, headers, hs FROM routed
         ), del AS (
-            INSERT INTO @S@.relaybus_deliveries (event_id, handler, lane, available_at)
-            SELECT r.id, h, @S@.relaybus_lane(r.id), r.at FROM routed r, unnest(r.hs) h
+            INSERT INTO @S@.relaybus_deliveries (event_id, handler, lane, available_at, created_at)
+            SELECT r.id, h, @S@.relaybus_lane(r.id), r.at, nullif(now(), r.at) FROM routed r, unnest(r.hs) h
             RETURNING handler, available_at
         )
         SELECT array_agg(f.ord ORDER BY f.ord), array_agg(f.id ORDER BY f.ord), array_agg(to_jsonb(f.hs) ORDER BY f.ord),
@@ -297,8 +321,9 @@ BEGIN
     ELSE
     WITH src AS (
         SELECT x.o::integer AS ord, coalesce(x.e->>'id', gen_random_uuid()::text) AS id,
+               x.e->>'id' IS NOT NULL AS named,
                x.e->>'name' AS name, x.e->>'key' AS key, x.e->'payload' AS payload,
-               CASE WHEN jsonb_typeof(x.e->'headers') = 'object' THEN x.e->'headers' ELSE '{}' END AS headers,
+               CASE WHEN jsonb_typeof(x.e->'headers') = 'object' THEN nullif(x.e->'headers', '{}') END AS headers,
                coalesce((x.e->>'available_at')::timestamptz,
                         now() + coalesce((x.e->>'delay_ms')::bigint, 0) * interval '1 millisecond') AS at,
                CASE WHEN jsonb_typeof(x.e->'handlers') = 'array' THEN
@@ -310,13 +335,22 @@ BEGIN
                     WHERE s.name LIKE sub.like_pattern ORDER BY 1)) AS hs
           FROM src s
     ), ins AS (
+        -- the events that name no id (keyed ones, say) get a new one,
+        -- which nothing has yet: a plain insert, without the speculative
+        -- insertion of ON CONFLICT (a confirm record of 48 B an event)
         INSERT INTO @S@.relaybus_events AS ev (id, name, key, payload, headers, handlers)
-        SELECT id, name, key, payload, headers, hs FROM routed ORDER BY ord
+        SELECT id, name, key, payload, headers, hs FROM routed WHERE NOT named ORDER BY ord
+        RETURNING ev.id
+    ), ins_named AS (
+        INSERT INTO @S@.relaybus_events AS ev (id, name, key, payload, headers, handlers)
+        SELECT id, name, key, payload, headers, hs FROM routed WHERE named ORDER BY ord
         ON CONFLICT (id) DO NOTHING
         RETURNING ev.id
     ), fresh AS (
         -- the first occurrence of each inserted id
-        SELECT DISTINCT ON (r.id) r.* FROM routed r JOIN ins ON ins.id = r.id ORDER BY r.id, r.ord
+        SELECT DISTINCT ON (r.id) r.* FROM routed r
+          JOIN (SELECT id FROM ins UNION ALL SELECT id FROM ins_named) i ON i.id = r.id
+         ORDER BY r.id, r.ord
     ), keyed AS (
         SELECT f.key, count(*) AS n FROM fresh f
          WHERE f.key IS NOT NULL AND cardinality(f.hs) > 0 GROUP BY f.key
@@ -331,8 +365,8 @@ BEGIN
           FROM fresh f LEFT JOIN seq sq ON sq.key = f.key LEFT JOIN keyed kd ON kd.key = f.key
          WHERE cardinality(f.hs) > 0
     ), del AS (
-        INSERT INTO @S@.relaybus_deliveries (event_id, handler, lane, key, sequence, available_at)
-        SELECT n.id, h, @S@.relaybus_lane(coalesce(n.key, n.id)), n.key, n.sequence, n.at
+        INSERT INTO @S@.relaybus_deliveries (event_id, handler, lane, key, sequence, available_at, created_at)
+        SELECT n.id, h, @S@.relaybus_lane(coalesce(n.key, n.id)), n.key, n.sequence, n.at, nullif(now(), n.at)
           FROM numbered n, unnest(n.hs) h
         RETURNING handler, available_at
     )
@@ -397,7 +431,8 @@ RETURNS TABLE (id bigint, event_id text, claims integer, attempts integer, seque
 -- left, far above jit_above_cost, and compiling costs a claim 10-100 ms
 -- (Debian's PostgreSQL 15 has jit on)
 LANGUAGE sql STABLE AS $$
-    (SELECT d.id, d.event_id, d.claims, d.attempts, d.sequence, d.created_at FROM @S@.relaybus_deliveries d
+    (SELECT d.id, d.event_id, d.claims, d.attempts, d.sequence, coalesce(d.created_at, d.available_at) AS created_at
+       FROM @S@.relaybus_deliveries d
       WHERE d.handler = p_handler AND d.lane = p_lane AND d.status = 'pending' AND d.key IS NULL
         AND d.available_at <= p_now AND d.id NOT IN (SELECT v FROM unnest(p_live) v WHERE v IS NOT NULL)
       ORDER BY d.available_at, d.id
@@ -421,7 +456,8 @@ LANGUAGE sql STABLE AS $$
       CROSS JOIN LATERAL (
         SELECT r.id, r.event_id, r.claims, r.attempts, r.sequence, r.created_at FROM (
             SELECT x.*, bool_and(x.available_at <= p_now) OVER (ORDER BY x.sequence) AS due
-              FROM (SELECT d.id, d.event_id, d.claims, d.attempts, d.sequence, d.created_at, d.available_at
+              FROM (SELECT d.id, d.event_id, d.claims, d.attempts, d.sequence,
+                           coalesce(d.created_at, d.available_at) AS created_at, d.available_at
                       FROM @S@.relaybus_deliveries d
                      WHERE d.handler = p_handler AND d.lane = p_lane AND d.key = h.key
                        AND d.key IS NOT NULL AND d.status = 'pending'
@@ -854,7 +890,7 @@ BEGIN
                                   lane, epoch, claims, attempts, sequence, created_at, o);
     RETURN QUERY
         SELECT c.id, c.event_id, c.handler, c.lane, c.epoch, c.claims, c.attempts,
-               e.name, e.key, c.sequence, e.payload, e.headers, c.created_at
+               e.name, e.key, c.sequence, e.payload, coalesce(e.headers, '{}'), c.created_at
           FROM unnest(v_id, v_ev, v_h, v_lane, v_epoch, v_claims, v_att, v_seq, v_ts)
                WITH ORDINALITY c(id, event_id, handler, lane, epoch, claims, attempts, sequence, created_at, o)
          CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_events ee WHERE ee.id = c.event_id OFFSET 0) e
@@ -899,7 +935,7 @@ BEGIN
             ELSE
                 UPDATE @S@.relaybus_deliveries d
                    SET attempts = d.attempts + 1, claims = d.claims + 1, updated_at = v_now,
-                       last_error = p_errors[i],
+                       last_error = p_errors[i], created_at = coalesce(d.created_at, d.available_at),
                        status = CASE WHEN p_kinds[i] = 'bury' OR d.attempts + 1 >= p_max_attempts
                                      THEN 'dead' ELSE 'pending' END,
                        available_at = v_now + least(p_max_ms::double precision,
@@ -1072,7 +1108,7 @@ END $$;
 -- claimed here): those of its handlers.  security_barrier: no function of
 -- the caller's sees a row the filter refuses.
 CREATE OR REPLACE VIEW @S@.relaybus_worker_events WITH (security_barrier) AS
-    SELECT e.id, e.name, e.key, e.payload, e.headers, e.handlers, e.created_at
+    SELECT e.id, e.name, e.key, e.payload, coalesce(e.headers, '{}') AS headers, e.handlers, e.created_at
       FROM @S@.relaybus_events e
      WHERE (SELECT @S@.relaybus_allowed('{worker}') IS NULL)
         OR e.handlers && (SELECT @S@.relaybus_allowed('{worker}'));

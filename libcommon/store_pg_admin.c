@@ -75,7 +75,7 @@ has_old_completed(struct rb_store *s, struct rb_error *err)
 	"  count(*) FILTER (WHERE d.status = 'pending' AND f.id IS NULL AND d.available_at > now()) AS delayed, " \
 	"  count(*) FILTER (WHERE d.status = 'pending' AND f.id IS NOT NULL) AS processing, " \
 	"  count(*) FILTER (WHERE d.status = 'dead') AS dead, "		\
-	"  min(d.created_at) FILTER (WHERE d.status = 'pending' AND f.id IS NULL) AS oldest, " \
+	"  min(coalesce(d.created_at, d.available_at)) FILTER (WHERE d.status = 'pending' AND f.id IS NULL) AS oldest, " \
 	"  count(*) FILTER (WHERE d.status = 'completed') AS completed, " \
 	"  min(d.available_at) FILTER (WHERE d.status = 'pending' AND f.id IS NULL AND d.available_at <= now()) AS oldest_due " \
 	"  FROM @S@.relaybus_deliveries d "				\
@@ -237,7 +237,7 @@ out:
 
 static const char list_sql[] =
     "WITH " IN_FLIGHT_CTE ", "
-    "l AS (SELECT d.*, "
+    "l AS (SELECT d.*, coalesce(d.created_at, d.available_at) AS created, "
     "  CASE WHEN d.status = 'dead' THEN 'dead' WHEN d.status = 'completed' THEN 'completed' "
     "       WHEN f.id IS NOT NULL THEN 'processing' ELSE 'pending' END AS state, "
     "  CASE WHEN d.status = 'pending' THEN f.lease_owner END AS owner, "
@@ -248,10 +248,10 @@ static const char list_sql[] =
     "    AND ($3::text IS NULL OR d.event_id = $3)) "
     "SELECT l.id::text, l.event_id, l.handler, e.name, l.key, l.state, l.attempts, l.last_error, "
     "  @S@.relaybus_ts(l.available_at), l.lane, l.owner, @S@.relaybus_ts(l.lease_until), "
-    "  @S@.relaybus_ts(l.created_at), @S@.relaybus_ts(l.updated_at) "
+    "  @S@.relaybus_ts(l.created), @S@.relaybus_ts(coalesce(l.updated_at, l.created)) "
     "FROM l LEFT JOIN @S@.relaybus_events e ON e.id = l.event_id "
     "WHERE l.state = ANY ($4::text[]) "
-    "ORDER BY l.created_at, l.id LIMIT $5::bigint";
+    "ORDER BY l.created, l.id LIMIT $5::bigint";
 
 static const char list_completed_sql[] =
     "SELECT c.event_id, c.handler, e.name, e.key, c.attempts, @S@.relaybus_ts(c.completed_at) "
@@ -370,7 +370,7 @@ pg_admin_list(struct rb_store *s, const struct rb_admin_filter *f, json_t **out,
 }
 
 static const char show_sql[] =
-    "SELECT id, name, key, payload::text, headers::text, array_to_json(handlers)::text, "
+    "SELECT id, name, key, payload::text, coalesce(headers, '{}')::text, array_to_json(handlers)::text, "
     "  @S@.relaybus_ts(created_at) FROM @S@.relaybus_events WHERE id = $1";
 
 int
@@ -473,7 +473,8 @@ static const char requeue_reorder_sql[] =
 
 static const char requeue_sql[] = APPLY_SQL(
     "UPDATE @S@.relaybus_deliveries d SET status = 'pending', attempts = 0, claims = d.claims + 1, "
-    "  available_at = now(), updated_at = now() FROM m WHERE d.id = m.id AND m.status = 'dead'",
+    "  created_at = coalesce(d.created_at, d.available_at), available_at = now(), updated_at = now() "
+    "  FROM m WHERE d.id = m.id AND m.status = 'dead'",
     "requeued", "'pending'", "");
 static const char bury_sql[] = APPLY_SQL(
     "UPDATE @S@.relaybus_deliveries d SET status = 'dead', last_error = $3, updated_at = now() "

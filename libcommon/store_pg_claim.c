@@ -38,7 +38,7 @@ const char pg_tmpl_claim_ids[] = "SELECT id, event_id, handler, lane, epoch, cla
  * statistics; and with jit off, as the claim does: see
  * relaybus_lane_candidates) */
 const char pg_tmpl_fetch[] =
-    "SELECT p.o, e.name, e.key, e.payload::text, e.headers::text "
+    "SELECT p.o, e.name, e.key, e.payload::text, coalesce(e.headers, '{}')::text "
     "FROM unnest($1::text[]) WITH ORDINALITY p(eid, o) "
     "CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_events ee WHERE ee.id = p.eid OFFSET 0) e";
 /* (holder_live: whether this session holds the holder's liveness lock

@@ -28,7 +28,7 @@ fixture() {
      SELECT count(*) FROM relaybus_publish('user.noop', '{\"n\":5}', NULL, 'e5', NULL, NULL, NULL, '{}');
      UPDATE relaybus_deliveries SET status = 'dead', attempts = 5, last_error = 'boom',
             updated_at = now() - interval '2 days' WHERE event_id = 'e4';
-     UPDATE relaybus_deliveries SET created_at = created_at + (substr(event_id, 2)::int || ' ms')::interval;
+     UPDATE relaybus_deliveries SET created_at = coalesce(created_at, available_at) + (substr(event_id, 2)::int || ' ms')::interval;
      SELECT count(*) FROM relaybus_claim('mailer', 'w1', 1, 600000, 5);
      INSERT INTO relaybus_completions (event_id, handler, attempts, completed_at)
      VALUES ('e0', 'mailer', 1, now() - interval '3 days');" >/dev/null

@@ -118,6 +118,59 @@ mailer order.created" ]
   [ "$(q "SELECT string_agg(indexname, ',') FROM pg_indexes WHERE schemaname = '$RB_SCHEMA' AND tablename = 'relaybus_lanes'")" = relaybus_lanes_pkey ]
 }
 
+@test "a new delivery stores no updated_at (rb-admin shows its created_at); an older schema gets the column in place" {
+  setup_schema -s h1:a.b
+  # the schema of the last release: updated_at NOT NULL DEFAULT now(), rows holding it
+  q "ALTER TABLE relaybus_deliveries ALTER COLUMN updated_at SET DEFAULT now(), ALTER COLUMN updated_at SET NOT NULL"
+  printf '%s\n' '{"id":"u0","name":"a.b","payload":{}}' | rb-publish -q
+  run -0 rb-setup -s h1:a.b
+  [ "$(q "SELECT is_nullable || ' ' || coalesce(column_default, 'none') FROM information_schema.columns
+          WHERE table_schema = '$RB_SCHEMA' AND table_name = 'relaybus_deliveries' AND column_name = 'updated_at'")" = "YES none" ]
+  [ "$(q "SELECT updated_at IS NOT NULL FROM relaybus_deliveries WHERE event_id = 'u0'")" = t ]
+  printf '%s\n' '{"id":"u1","name":"a.b","payload":{}}' | rb-publish -q
+  [ "$(q "SELECT updated_at IS NULL FROM relaybus_deliveries WHERE event_id = 'u1'")" = t ]
+  run -0 rb-admin list --event u1
+  [ "$(jq -r '.updated_at == .created_at and (.created_at | length) == 24' <<<"$output")" = true ]
+  # a failure sets it
+  rb-claim -H h1 | jq -c 'select(.event_id == "u1") + {ok: false, error: "e"}' | rb-complete -q >/dev/null
+  [ "$(q "SELECT updated_at IS NOT NULL FROM relaybus_deliveries WHERE event_id = 'u1'")" = t ]
+}
+
+@test "a delivery due at its publish stores no created_at (it is its available_at), kept through a retry; a delayed one stores it" {
+  setup_schema -s h1:a.b
+  printf '%s\n' '{"id":"c1","name":"a.b","payload":{}}' '{"id":"c2","name":"a.b","payload":{},"delay_ms":60000}' | rb-publish -q
+  [ "$(q "SELECT string_agg(event_id || ':' || (created_at IS NULL), ',' ORDER BY event_id) FROM relaybus_deliveries WHERE event_id IN ('c1', 'c2')")" = "c1:true,c2:false" ]
+  [ "$(q "SELECT is_nullable FROM information_schema.columns WHERE table_schema = '$RB_SCHEMA'
+          AND table_name = 'relaybus_deliveries' AND column_name = 'created_at'")" = YES ]
+  created=$(q "SELECT relaybus_ts(available_at) FROM relaybus_deliveries WHERE event_id = 'c1'")
+  run -0 rb-admin list --event c1
+  [ "$(jq -r .created_at <<<"$output")" = "$created" ]
+  # a retry moves available_at, not created_at (claim output and listings)
+  sleep 0.05
+  rb-claim -H h1 | jq -c 'select(.event_id == "c1") | . + {ok: false, error: "e", retry_ms: 0}' | rb-complete -q >/dev/null
+  [ "$(q "SELECT relaybus_ts(created_at) || ' ' || (available_at > created_at) FROM relaybus_deliveries WHERE event_id = 'c1'")" = "$created true" ]
+  run -0 rb-admin list --event c1
+  [ "$(jq -r .created_at <<<"$output")" = "$created" ]
+  [ "$(rb-claim -H h1 | jq -r 'select(.event_id == "c1") | .created_at')" = "$created" ]
+}
+
+@test "an event without headers stores none; claims, rb-admin show and relaybus_worker_events give {}" {
+  setup_schema -s h1:a.b
+  # the schema of the last release: headers NOT NULL
+  q "UPDATE relaybus_events SET headers = '{}' WHERE headers IS NULL;
+     ALTER TABLE relaybus_events ALTER COLUMN headers SET NOT NULL"
+  run -0 rb-setup -s h1:a.b -s h9:z.z
+  printf '%s\n' '{"id":"h1","name":"a.b","payload":{}}' '{"id":"h2","name":"a.b","payload":{},"headers":{"x":"1"}}' | rb-publish -q
+  q "SELECT relaybus_publish('a.b', '{}', NULL, 'h3')" >/dev/null
+  [ "$(q "SELECT string_agg(id || ':' || coalesce(headers::text, 'none'), ',' ORDER BY id) FROM relaybus_events WHERE id IN ('h1', 'h2', 'h3')")" = 'h1:none,h2:{"x": "1"},h3:none' ]
+  [ "$(q "SELECT string_agg(id || ':' || headers::text, ',' ORDER BY id) FROM relaybus_worker_events WHERE id IN ('h1', 'h2', 'h3')")" = 'h1:{},h2:{"x": "1"},h3:{}' ]
+  run -0 rb-admin show h1
+  [ "$(jq -c .headers <<<"$output")" = '{}' ]
+  [ "$(rb-claim -H h1 --batch 100 | jq -c 'select(.event_id | test("^h[123]$")) | [.event_id, .headers]' | sort | tr -d '\n')" = '["h1",{}]["h2",{"x":"1"}]["h3",{}]' ]
+  q "SELECT relaybus_publish('z.z', '{}', NULL, 'h4')" >/dev/null
+  [ "$(q "SELECT event_id || ':' || headers::text FROM relaybus_claim('h9', 'psql', 100, 60000, 5)")" = 'h4:{}' ]
+}
+
 @test "four rb-setup at the same moment all succeed and agree" {
   need_pg
   export RELAYBUS_SCHEMA=${RB_SCHEMA}_c
