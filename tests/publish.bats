@@ -313,3 +313,24 @@ EOF2
   echo "peak RSS: 2000 events ${small} kB, 40000 events ${big} kB" >&3
   [ "$big" -lt $(( small + 4096 )) ]
 }
+
+@test "a batch's deliveries are stored handler by handler: one handler's drain among many touches few pages" {
+  pg_only "where rows lie on heap pages is PostgreSQL's"
+  # 200 events for 20 handlers in one batch: 4,000 deliveries.  Handler h1's
+  # 200 lie together (about four heap pages), not one on every page of the
+  # batch, where completing them would dirty (and after a checkpoint
+  # full-page-write) a page a delivery
+  hs=$(jq -cn '[range(1; 21) | "h\(.)"]')
+  run --separate-stderr bash -c "seq 1 200 | jq -c --argjson hs '$hs' '{name: \"fan.out\", payload: {n: .}, handlers: \$hs}' | rb-publish -q --batch 500"
+  [ "$status" -eq 0 ]
+  [ "$(q "SELECT count(*) FROM relaybus_deliveries")" = 4000 ]
+  pages=$(q "SELECT count(DISTINCT (ctid::text::point)[0]) FROM relaybus_deliveries WHERE handler = 'h1'")
+  all=$(q "SELECT count(DISTINCT (ctid::text::point)[0]) FROM relaybus_deliveries")
+  echo "h1's deliveries on $pages of $all pages" >&2
+  [ "$pages" -le 8 ]
+  [ "$all" -ge 40 ]
+  # and each handler's deliveries still follow the batch's order
+  [ "$(q "SELECT count(*) FROM (SELECT d.id, e.payload->>'n' AS n, lag(e.payload->>'n') OVER (ORDER BY d.id) AS prev
+            FROM relaybus_deliveries d JOIN relaybus_events e ON e.id = d.event_id WHERE d.handler = 'h7') x
+          WHERE x.n::int < x.prev::int")" = 0 ]
+}
