@@ -128,3 +128,33 @@ in_order() {  # n file...
   done
   [ "$(rbq count deliveries '{"status":"pending"}')" = 0 ]
 }
+
+@test "a marker buried by a takeover's charge or by its handler (dead): the next ones are ready at once" {
+  keyed 40
+  for ((n = 1; n <= 3; n++)); do
+    run -0 rb-claim -H h -b 1 --owner c1
+    [ "$(jq -r .event_id <<<"$output")" = "k$n" ]
+    jq -c '. + {ok: true}' <<<"$output" | rb-complete -q
+  done
+  [ "$(parked)" = 36 ]
+  # k4, the marker, claimed and never completed: its lease ends
+  run -0 rb-claim -H h -b 1 --owner c1 --lease 1s
+  [ "$(jq -r .event_id <<<"$output")" = k4 ]
+  sleep 1.5
+  # the takeover charges it its last attempt (buried); k5 .. k8 are ready
+  run -0 rb-claim -H h -b 1 --owner c2 --max-attempts 1
+  [ "$(jq -r .event_id <<<"$output")" = k5 ]
+  [ "$(rbq find deliveries '{"eventId":"k4"}' status)" = dead ]
+  jq -c '. + {ok: true}' <<<"$output" | rb-complete -q
+  for ((n = 6; n <= 8; n++)); do
+    run -0 rb-claim -H h -b 1 --owner c2
+    [ "$(jq -r .event_id <<<"$output")" = "k$n" ]
+    [ $n = 8 ] || jq -c '. + {ok: true}' <<<"$output" | rb-complete -q
+  done
+  # k8, the next marker, buried by its handler: k9 next
+  jq -c '. + {ok: false, dead: true, error: "no"}' <<<"$output" | rb-complete -q
+  [ "$(rbq find deliveries '{"eventId":"k8"}' status)" = dead ]
+  run -0 rb-claim -H h -b 1 --owner c2
+  [ "$(jq -r .event_id <<<"$output")" = k9 ]
+  [ "$(parked)" = 28 ]
+}
