@@ -158,3 +158,21 @@ in_order() {  # n file...
   [ "$(jq -r .event_id <<<"$output")" = k9 ]
   [ "$(parked)" = 28 ]
 }
+
+@test "deliveries published after a parking run after the parked ones: a chain stops at the marker" {
+  local out=$BATS_TEST_TMPDIR/out
+  keyed 60
+  run -0 rb-claim -H h -b 1 --owner c1
+  [ "$(parked)" = 56 ]
+  jq -c '. + {ok: true}' <<<"$output" | rb-complete -q
+  # four more of K, published ready behind the parked run
+  awk 'BEGIN { for (i = 61; i <= 64; i++)
+    printf "{\"id\":\"k%d\",\"name\":\"k.x\",\"key\":\"K\",\"payload\":{\"i\":%d}}\n", i, i }' | rb-publish -q
+  [ "$(rbq count deliveries '{"lane":"ready"}')" = 7 ]
+  run -0 timeout 300 rb-dispatch -H h --chain 32 -c 64 --drain --pipe "rb-test-pipe $out" 3>&-
+  [ "$(rbq count deliveries)" = 0 ]
+  # k1 ran before (by rb-claim)
+  sed -i '1i k1 K 1 1' "$out"
+  in_order 64 "$out"
+  [ "$(wc -l <"$out")" = 64 ]
+}
