@@ -435,6 +435,21 @@ create_index(struct rb_store *s, const char *coll, const char *name, const bson_
 			return -1;							\
 	} while (0)
 
+/* drop an index that is no more (of a database set up before parking) */
+static int
+drop_index(struct rb_store *s, const char *coll, const char *name, struct rb_error *err)
+{
+	mongoc_collection_t *c = mg_coll(s, coll);
+	bson_error_t e;
+	bool ok = mongoc_collection_drop_index_with_opts(c, name, NULL, &e);
+
+	mongoc_collection_destroy(c);
+	/* 27 IndexNotFound, 26 NamespaceNotFound: gone already */
+	if (!ok && e.code != 27 && e.code != 26)
+		return mg_err(s, &e, "setup", err);
+	return 0;
+}
+
 int
 mg_seed_lanes(struct rb_store *s, const char *handler, struct rb_error *err)
 {
@@ -599,10 +614,14 @@ mg_setup(struct rb_store *s, const struct rb_setup_opts *o, struct rb_error *err
 	if (mg_schema_info(s, &info, err) < 0 || (info.installed == 0 && mg_upgrade_010(s, err) < 0))
 		return -1;
 	IDX(s, "deliveries", "event_handler", true, err, "eventId", BCON_INT32(1), "handler", BCON_INT32(1));
-	IDX(s, "deliveries", "lane_due", false, err, "handler", BCON_INT32(1), "laneId", BCON_INT32(1),
-	    "status", BCON_INT32(1), "key", BCON_INT32(1), "availableAt", BCON_INT32(1));
-	IDX(s, "deliveries", "lane_key", false, err, "handler", BCON_INT32(1), "laneId", BCON_INT32(1),
-	    "status", BCON_INT32(1), "key", BCON_INT32(1), "seq", BCON_INT32(1));
+	/* the claim index: ready deliveries (a parked one is in another range,
+	 * which only an unparking reads) */
+	IDX(s, "deliveries", "ready_due", false, err, "handler", BCON_INT32(1), "laneId", BCON_INT32(1),
+	    "status", BCON_INT32(1), "lane", BCON_INT32(1), "key", BCON_INT32(1), "availableAt", BCON_INT32(1));
+	IDX(s, "deliveries", "ready_key", false, err, "handler", BCON_INT32(1), "laneId", BCON_INT32(1),
+	    "status", BCON_INT32(1), "lane", BCON_INT32(1), "key", BCON_INT32(1), "seq", BCON_INT32(1));
+	if (drop_index(s, "deliveries", "lane_due", err) < 0 || drop_index(s, "deliveries", "lane_key", err) < 0)
+		return -1;
 	IDX(s, "deliveries", "dead", false, err, "status", BCON_INT32(1), "updatedAt", BCON_INT32(1));
 	IDX(s, "lanes", "handler_lane", true, err, "handler", BCON_INT32(1), "laneId", BCON_INT32(1));
 	IDX(s, "events", "created", false, err, "createdAt", BCON_INT32(1));

@@ -478,9 +478,10 @@ mg_admin_show(struct rb_store *s, const char *event_id, json_t **out, struct rb_
 
 struct bury {
 	struct rb_store	*s;
-	const bson_t	*q, *u;
+	const bson_t	*q, *u;		/* u NULL: cancel (delete) */
 	const char	*handler;
 	int		 lane;
+	const bson_t	*doc;		/* the delivery (a parking's marker: unpark) */
 	int64_t		 n;	/* out: buried */
 };
 
@@ -494,11 +495,14 @@ bury_txn(mongoc_client_session_t *cs, void *ctx, bson_error_t *e)
 
 	mg_sopts(cs, &opts);
 	b->n = 0;
-	ok = mongoc_collection_update_one(dc, b->q, b->u, &opts, &reply, e);
+	ok = b->u != NULL ? mongoc_collection_update_one(dc, b->q, b->u, &opts, &reply, e) :
+	    mongoc_collection_delete_one(dc, b->q, &opts, &reply, e);
 	if (ok)
-		b->n = mg_get_int(&reply, "modifiedCount", 0);
+		b->n = mg_get_int(&reply, b->u != NULL ? "modifiedCount" : "deletedCount", 0);
 	bson_destroy(&reply);
-	if (ok && b->n == 1 && b->handler != NULL) {
+	if (ok && b->n == 1 && b->doc != NULL)
+		ok = mg_unpark_after(b->s, cs, b->doc, e);
+	if (ok && b->n == 1 && b->handler != NULL && b->u != NULL) {
 		char id[MG_LANE_ID_LEN];
 		bson_t *lq, *lu;
 
@@ -566,12 +570,24 @@ mg_admin_apply(struct rb_store *s, enum rb_admin_action action, const json_t *ta
 				bson_t reply;
 				bool ok;
 
-				if (action == RB_ADMIN_CANCEL)
+				if (action == RB_ADMIN_CANCEL && mg_get_int(d, "parkNext", 0) > 0) {
+					/* a parking's marker: with the unparking, in one transaction */
+					struct bury b = { .s = s, .q = fq, .doc = d };
+
+					ok = mg_txn(s, bury_txn, &b, "cancel", err) == 0;
+					bson_init(&reply);
+					BSON_APPEND_INT64(&reply, "deletedCount", b.n);
+					if (!ok)
+						rc = -1;
+				} else if (action == RB_ADMIN_CANCEL)
 					ok = mongoc_collection_delete_one(c, fq, NULL, &reply, &e);
 				else {
+					/* (requeued: ready, as any delivery that becomes pending) */
 					bson_t *u = action == RB_ADMIN_REQUEUE ?
 					    BCON_NEW("$set", "{", "status", BCON_UTF8("pending"), "attempts", BCON_INT32(0),
-						"availableAt", BCON_DATE_TIME(mg_now()), "updatedAt", BCON_DATE_TIME(mg_now()), "}",
+						"availableAt", BCON_DATE_TIME(mg_now()), "updatedAt", BCON_DATE_TIME(mg_now()),
+						"lane", BCON_UTF8("ready"), "}",
+						"$unset", "{", "parkNext", BCON_UTF8(""), "}",
 						"$inc", "{", "claims", BCON_INT64(1), "}") :
 					    BCON_NEW("$set", "{", "status", BCON_UTF8("dead"), "lastError",
 						BCON_UTF8(reason != NULL ? reason : "buried by rb-admin"),
@@ -580,7 +596,7 @@ mg_admin_apply(struct rb_store *s, enum rb_admin_action action, const json_t *ta
 					if (action == RB_ADMIN_BURY) {
 						/* with the lane's burial counter, in one transaction */
 						struct bury b = { .s = s, .q = fq, .u = u, .handler = mg_get_str(d, "handler"),
-						    .lane = (int)mg_get_int(d, "laneId", 0) };
+						    .lane = (int)mg_get_int(d, "laneId", 0), .doc = d };
 
 						ok = mg_txn(s, bury_txn, &b, "bury", err) == 0;
 						bson_init(&reply);

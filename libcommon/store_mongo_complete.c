@@ -6,7 +6,9 @@
  * lease (the lane's epoch, the delivery's claim count, the lane's inFlight
  * list), delete those that pass (and write their history documents).  The
  * rare path (reschedule, bury, release) is one transaction that updates
- * each delivery and pulls it from its lane's inFlight list.
+ * each delivery and pulls it from its lane's inFlight list.  A delivery
+ * that leaves the pending ones as a parking's marker unparks the next ones
+ * of its key in the same transaction (store_mongo_park.c).
  */
 #include "config.h"
 
@@ -31,6 +33,7 @@ struct res {
 	enum rb_verdict	 verdict;
 	/* found in the transaction */
 	bool		 exists, fenced;
+	const bson_t	*doc;		/* its delivery document (cctx's dels) */
 	int64_t		 did;
 	int		 attempts;
 	enum rb_outcome	 outcome;
@@ -43,7 +46,19 @@ struct cctx {
 	struct res			*v;
 	size_t				 n;
 	bool				 ok_path, history;
+	bson_t				**dels;	/* the deliveries fence read */
+	size_t				 nd;
 };
+
+static void
+cctx_free_dels(struct cctx *c)
+{
+	for (size_t k = 0; k < c->nd; k++)
+		bson_destroy(c->dels[k]);
+	free(c->dels);
+	c->dels = NULL;
+	c->nd = 0;
+}
 
 static bool
 in_array(const bson_t *d, const char *key, int64_t v)
@@ -65,9 +80,13 @@ fence(struct cctx *c, mongoc_client_session_t *cs, bson_error_t *e)
 	bson_t q = BSON_INITIALIZER, in, arr, opts;
 	mongoc_cursor_t *cur;
 	const bson_t *d;
-	bson_t **lanes = NULL, **dels = NULL;
-	size_t nl = 0, nd = 0;
+	bson_t **lanes = NULL, **dels;
+	size_t nl = 0, nd;
 	bool ok = true;
+
+	cctx_free_dels(c);
+	dels = NULL;
+	nd = 0;
 
 	BSON_APPEND_DOCUMENT_BEGIN(&q, "_id", &in);
 	BSON_APPEND_ARRAY_BEGIN(&in, "$in", &arr);
@@ -121,6 +140,7 @@ fence(struct cctx *c, mongoc_client_session_t *cs, bson_error_t *e)
 		const char *st;
 
 		r->exists = r->fenced = false;
+		r->doc = NULL;
 		mg_lane_id(id, r->handler, r->l.lane);
 		for (size_t k = 0; k < nl && ld == NULL; k++)
 			if (mg_get_str(lanes[k], "_id") != NULL && strcmp(mg_get_str(lanes[k], "_id"), id) == 0)
@@ -134,6 +154,7 @@ fence(struct cctx *c, mongoc_client_session_t *cs, bson_error_t *e)
 		if (dd == NULL)
 			continue;
 		r->exists = true;
+		r->doc = dd;
 		r->did = mg_get_int(dd, "_id", 0);
 		r->attempts = (int)mg_get_int(dd, "attempts", 0);
 		st = mg_get_str(dd, "status");
@@ -148,10 +169,9 @@ fence(struct cctx *c, mongoc_client_session_t *cs, bson_error_t *e)
 	}
 	for (size_t k = 0; k < nl; k++)
 		bson_destroy(lanes[k]);
-	for (size_t k = 0; k < nd; k++)
-		bson_destroy(dels[k]);
 	free(lanes);
-	free(dels);
+	c->dels = dels;
+	c->nd = nd;
 	bson_destroy(&opts);
 	mongoc_collection_destroy(lc);
 	mongoc_collection_destroy(dc);
@@ -193,6 +213,9 @@ ok_txn(mongoc_client_session_t *cs, void *ctx, bson_error_t *e)
 		}
 		bson_destroy(&reply);
 	}
+	for (size_t i = 0; ok && i < c->n; i++)
+		if (c->v[i].fenced)
+			ok = mg_unpark_after(c->s, cs, c->v[i].doc, e);
 	if (ok && k > 0 && c->history) {
 		mongoc_collection_t *hc = mg_coll(c->s, "completed_deliveries");
 
@@ -272,6 +295,8 @@ fail_txn(mongoc_client_session_t *cs, void *ctx, bson_error_t *e)
 		ok = mongoc_collection_update_one(dc, q, &u, &opts, NULL, e);
 		bson_destroy(q);
 		bson_destroy(&u);
+		if (ok && r->outcome == RB_OUTCOME_BURIED)
+			ok = mg_unpark_after(c->s, cs, r->doc, e);
 		if (ok) {
 			bson_t *lq, *lu;
 
@@ -340,16 +365,22 @@ mg_complete(struct rb_store *s, const struct rb_complete_opts *o, struct rb_resu
 	if (nok > 0) {
 		struct cctx c = { .s = s, .o = o, .v = ok, .n = nok, .ok_path = true, .history = mg_history(s) };
 
-		if (mg_txn(s, ok_txn, &c, "complete", err) < 0)
+		rc = mg_txn(s, ok_txn, &c, "complete", err);
+		cctx_free_dels(&c);
+		if (rc < 0)
 			goto out;
+		rc = -1;
 		for (size_t k = 0; k < nok; k++)
 			v[okat[k]] = ok[k];
 	}
 	if (nfail > 0) {
 		struct cctx c = { .s = s, .o = o, .v = fail, .n = nfail };
 
-		if (mg_txn(s, fail_txn, &c, "reschedule", err) < 0)
+		rc = mg_txn(s, fail_txn, &c, "reschedule", err);
+		cctx_free_dels(&c);
+		if (rc < 0)
 			goto out;
+		rc = -1;
 		for (size_t k = 0; k < nfail; k++)
 			v[failat[k]] = fail[k];
 	}
@@ -516,7 +547,9 @@ mg_in_flight(struct rb_store *s, const struct rb_result *v, size_t n, bool *live
 		x[i].l = v[i].lease;
 		x[i].id = v[i].delivery_id > 0 ? v[i].delivery_id : 0;
 	}
-	if (mg_txn(s, live_txn, &c, "in flight", err) < 0)
+	rc = mg_txn(s, live_txn, &c, "in flight", err);
+	cctx_free_dels(&c);
+	if (rc < 0)
 		goto out;
 	for (size_t i = 0; i < n; i++)
 		live[i] = x[i].fenced;

@@ -7,7 +7,7 @@
  *   events        {_id: event id, name, key, payload, headers, handlers, createdAt}
  *   deliveries    {_id: delivery id (int64), eventId, handler, laneId, key, seq,
  *                  status: pending|dead, availableAt, attempts, claims, lastError,
- *                  createdAt, updatedAt, lane: "ready"}
+ *                  createdAt, updatedAt, lane: "ready"|"parked", parkNext}
  *   lanes         {_id: "<handler>/<lane>", handler, laneId, epoch, owner, holder,
  *                  leaseExpiresAt, inFlight: [ids], chainEarly, lost: [ids], lostOwner,
  *                  lostChainEarly, failed, buried (the exact counters)}
@@ -93,6 +93,25 @@ int	mg_relinquish(struct rb_store *, const char *, const char *, struct rb_error
 int	mg_relinquish_owner(struct rb_store *, const char *, const char *, struct rb_error *);
 int	mg_relinquish_leases(struct rb_store *, const struct rb_result *, size_t, struct rb_error *);
 int	mg_in_flight(struct rb_store *, const struct rb_result *, size_t, bool *, struct rb_error *);
+
+/* store_mongo_park.c: a key's backlog parked out of the claim index */
+#define MG_PARK_KEEP	4	/* a key's ready deliveries kept by a parking (at least) */
+#define MG_PARK_MIN	16	/* parked only when at least this many more are ready */
+#define MG_PARK_MAX	10000	/* unparked at most at once */
+struct mg_park {
+	int		 lane;
+	char		*key;
+	int64_t		 marker, seq;	/* the last one kept ready, and its seq */
+	int64_t		 k;		/* unparked at a time (its parkNext) */
+};
+/* park, after each marker, the key's pending ready ones: best effort, one transaction */
+void	mg_park(struct rb_store *, const char *handler, const struct mg_park *, size_t);
+/* in transaction cs: the next k parked ones of the key ready again (the
+ * k-th the next marker when more stay parked) */
+bool	mg_unpark(struct rb_store *, mongoc_client_session_t *, const char *handler, int lane, const char *key,
+	    int64_t k, bson_error_t *);
+/* the same when delivery document d (leaving the pending ready ones) is a marker */
+bool	mg_unpark_after(struct rb_store *, mongoc_client_session_t *, const bson_t *d, bson_error_t *);
 
 /* store_mongo_admin.c */
 int	mg_admin_stats(struct rb_store *, json_t **, struct rb_error *);

@@ -18,7 +18,8 @@
  * PostgreSQL.  A completion deletes its deliveries in one transaction after
  * checking each lane's epoch, the delivery's claim count and the lane's
  * inFlight list: it writes the same documents as the charge, so exactly one
- * of the two commits.
+ * of the two commits.  A claim reads only ready deliveries (lane: "ready")
+ * and parks a long backlog of one key (store_mongo_park.c).
  */
 #include "config.h"
 
@@ -117,6 +118,8 @@ struct claim {
 	struct pick			*p;
 	size_t				 np, cap;
 	int64_t				 now, expires;
+	struct mg_park			*park;	/* the keys to park after the claim */
+	size_t				 npark;
 };
 
 static void
@@ -249,6 +252,7 @@ struct lrow {
 	int64_t	 id, seq;
 	char	*key;		/* NULL: unkeyed */
 	int	 attempts;
+	int64_t	 park_k;	/* parkNext: a parking's marker */
 	bool	 lost;
 };
 
@@ -280,6 +284,7 @@ read_rows(mongoc_collection_t *dc, const bson_t *q, const bson_t *opts, const st
 		w->seq = mg_get_int(d, "seq", 0);
 		w->key = dup_str(d, "key");
 		w->attempts = (int)mg_get_int(d, "attempts", 0);
+		w->park_k = mg_get_int(d, "parkNext", 0);
 		w->lost = ids_has(lost, id);
 	}
 	ok = !mongoc_cursor_error(cur, e);
@@ -340,7 +345,7 @@ charge_txn(mongoc_client_session_t *cs, void *ctx, bson_error_t *e)
 	if (!ok || !found || lost.n == 0)
 		goto out;
 	popts = BCON_NEW("projection", "{", "_id", BCON_INT32(1), "key", BCON_INT32(1), "seq", BCON_INT32(1),
-	    "attempts", BCON_INT32(1), "}");
+	    "attempts", BCON_INT32(1), "parkNext", BCON_INT32(1), "}");
 	bson_concat(popts, &opts);
 	/* the lost ones still pending */
 	BSON_APPEND_DOCUMENT_BEGIN(&q, "_id", &in);
@@ -400,6 +405,10 @@ charge_txn(mongoc_client_session_t *cs, void *ctx, bson_error_t *e)
 		bson_destroy(u);
 		bson_destroy(&q);
 	}
+	/* a buried marker: the next parked ones of its key ready */
+	for (size_t i = 0; ok && i < rows.n; i++)
+		if (rows.v[i].park_k > 0 && ids_has(&pass[0], rows.v[i].id))
+			ok = mg_unpark(g->s, cs, g->handler, g->lane, rows.v[i].key, rows.v[i].park_k, e);
 	if (ok) {
 		bson_t *q2 = BCON_NEW("_id", BCON_UTF8(id), "epoch", BCON_INT64(g->epoch));
 		bson_t *u2 = BCON_NEW("$set", "{", "lost", "[", "]", "lostOwner", BCON_NULL, "lostChainEarly", BCON_NULL,
@@ -562,6 +571,7 @@ find_candidates(struct claim *c, const int *lanes, size_t nl, bool keyed, int64_
 	bson_append_array_end(&in, &arr);
 	bson_append_document_end(&q, &in);
 	BSON_APPEND_UTF8(&q, "status", "pending");
+	BSON_APPEND_UTF8(&q, "lane", "ready");
 	if (keyed) {
 		BSON_APPEND_DOCUMENT_BEGIN(&q, "key", &k);
 		BSON_APPEND_NULL(&k, "$ne");
@@ -593,6 +603,40 @@ is_live(const struct claim *c, const struct lane *l, int64_t id)
 		return false;
 	}
 	return ids_has(&l->live, id);
+}
+
+/* The keys of ky (sorted by lane, key, seq) to park: a key with at least
+ * MG_PARK_MIN ready ones after its first marker, or, without one, after the
+ * first keep (the head and its chain, MG_PARK_KEEP at least). */
+static void
+park_plan(struct claim *c, bson_t **ky, size_t nky, int chain)
+{
+	int64_t keep = chain > MG_PARK_KEEP ? chain : MG_PARK_KEEP;
+
+	for (size_t i = 0, j; i < nky; i = j) {
+		const char *key = mg_get_str(ky[i], "key");
+		int64_t ln = mg_get_int(ky[i], "laneId", -1);
+		size_t m = nky, x = nky;
+		int64_t k = keep;
+
+		for (j = i + 1; j < nky && mg_get_int(ky[j], "laneId", -1) == ln && str_eq(mg_get_str(ky[j], "key"), key); j++)
+			;
+		if (key == NULL || ln < 0 || ln >= RB_LANES)
+			continue;
+		for (size_t t = i; t < j && m == nky; t++)
+			if (mg_get_int(ky[t], "parkNext", 0) > 0)
+				m = t;
+		if (m < nky && j - m - 1 >= MG_PARK_MIN) {
+			x = m;
+			k = mg_get_int(ky[m], "parkNext", keep);
+		} else if (m == nky && j - i >= (size_t)(keep + MG_PARK_MIN))
+			x = i + (size_t)keep - 1;
+		if (x == nky)
+			continue;
+		c->park = xrealloc(c->park, (c->npark + 1) * sizeof *c->park);
+		c->park[c->npark++] = (struct mg_park){ .lane = (int)ln, .key = xstrdup(key),
+		    .marker = mg_get_int(ky[x], "_id", 0), .seq = mg_get_int(ky[x], "seq", 0), .k = k };
+	}
 }
 
 /* Pick from lanes (in that order) up to want deliveries, by the per-key rules. */
@@ -661,11 +705,15 @@ pick_lanes(struct claim *c, const int *lanes, size_t nl, size_t want, struct rb_
 					pick_add(c, ky[k]);
 					got++;
 					taken++;
+					/* a marker: parked ones may follow it */
+					if (mg_get_int(ky[k], "parkNext", 0) > 0)
+						break;
 				}
 			i = j;
 		}
 		(void)want;
 	}
+	park_plan(c, ky, nky, chain);
 	for (size_t i = 0; i < nun; i++)
 		bson_destroy(un[i]);
 	for (size_t i = 0; i < nky; i++)
@@ -692,6 +740,7 @@ due_free_lanes(struct claim *c, int *out, size_t *nout, struct rb_error *err)
 	BSON_APPEND_DOCUMENT_BEGIN(&cmd, "query", &q);
 	BSON_APPEND_UTF8(&q, "handler", c->o->handler);
 	BSON_APPEND_UTF8(&q, "status", "pending");
+	BSON_APPEND_UTF8(&q, "lane", "ready");
 	BSON_APPEND_DOCUMENT_BEGIN(&q, "availableAt", &at);
 	BSON_APPEND_DATE_TIME(&at, "$lte", c->now);
 	bson_append_document_end(&q, &at);
@@ -1041,6 +1090,21 @@ mg_claim(struct rb_store *s, const struct rb_claim_opts *o, struct rb_dl ***out,
 	if (record(c, read_all, err) < 0)
 		goto out;
 	rc = emit(c, out, err);
+	if (rc >= 0) {
+		/* the backlogs of the lanes this claim holds */
+		size_t k = 0;
+
+		for (size_t i = 0; i < c->npark; i++) {
+			struct lane *l = &c->l[c->park[i].lane];
+
+			if (l->kind == L_HELD || l->ok)
+				c->park[k++] = c->park[i];
+			else
+				free(c->park[i].key);
+		}
+		c->npark = k;
+		mg_park(s, o->handler, c->park, c->npark);
+	}
 out:
 	for (int ln = 0; ln < RB_LANES; ln++)
 		lane_free(&c->l[ln]);
@@ -1049,6 +1113,9 @@ out:
 		free(c->p[i].key);
 	}
 	free(c->p);
+	for (size_t i = 0; i < c->npark; i++)
+		free(c->park[i].key);
+	free(c->park);
 	free(c);
 	free(probe.v);
 	free(pend.v);

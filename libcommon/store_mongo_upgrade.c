@@ -312,7 +312,9 @@ mg_upgrade_010(struct rb_store *s, struct rb_error *err)
 	if (update_many(s, "deliveries", BCON_NEW("claims", "{", "$exists", BCON_BOOL(false), "}"),
 	    BCON_NEW("$set", "{", "claims", BCON_INT64(0), "}"), err) < 0)
 		return -1;
-	if (update_many(s, "deliveries", BCON_NEW("lane", "{", "$exists", BCON_BOOL(false), "}"),
+	/* 0.1.0's parked ones too: this release parks behind a marker
+	 * (store_mongo_park.c) that 0.1.0 did not write */
+	if (update_many(s, "deliveries", BCON_NEW("lane", "{", "$ne", BCON_UTF8("ready"), "}"),
 	    BCON_NEW("$set", "{", "lane", BCON_UTF8("ready"), "}"), err) < 0)
 		return -1;
 	if (upgrade_events(s, err) < 0 || upgrade_keys(s, err) < 0)

@@ -90,7 +90,30 @@ PY
   for c in deliveries events lanes keys; do
     [ "$(rbq indexes $c)" = "$(/usr/bin/python3 "$RB_SRCDIR/tests/mongo/rbq.py" "$(mongo_file_url)" "$fresh" indexes $c)" ]
   done
-  [ "$(rbq indexes deliveries | tr '\n' ' ')" = "_id_ dead event_handler lane_due lane_key " ]
+  [ "$(rbq indexes deliveries | tr '\n' ' ')" = "_id_ dead event_handler ready_due ready_key " ]
+}
+
+@test "0.1.0's parked deliveries come back ready: a claim reads only ready ones, and 0.1.0 left no marker" {
+  load_010
+  # K1's mailer o3 parked behind o2 (processing), as 0.1.0 could leave it
+  [ "$(rbq update deliveries '{"_id":5}' '{"$set":{"lane":"parked"}}')" = 1 ]
+  rb-setup
+  [ "$(rbq count deliveries '{"lane":{"$ne":"ready"}}')" = 0 ]
+  # the lane_due and lane_key indexes of a set-up before parking go too
+  /usr/bin/python3 - "$(mongo_file_url)" "$RB_SCHEMA.deliveries" <<'PY'
+import sys, pymongo
+c = pymongo.MongoClient(sys.argv[1], serverSelectionTimeoutMS=5000).get_default_database()[sys.argv[2]]
+c.create_index([("handler", 1), ("laneId", 1), ("status", 1), ("key", 1), ("availableAt", 1)], name="lane_due")
+c.create_index([("handler", 1), ("laneId", 1), ("status", 1), ("key", 1), ("seq", 1)], name="lane_key")
+PY
+  rb-setup
+  [ "$(rbq indexes deliveries | tr '\n' ' ')" = "_id_ dead event_handler ready_due ready_key " ]
+  # o2 (K1's head, its 0.1.0 lease gone), then o3: not left parked for ever
+  run -0 rb-claim -H mailer -b 10 --owner c1
+  [ "$(jq -r 'select(.key == "K1") | .event_id' <<<"$output" | tr '\n' ' ')" = "o2 " ]
+  jq -c '. + {ok: true}' <<<"$output" | rb-complete -q
+  run -0 rb-claim -H mailer -b 10 --owner c1
+  [ "$(jq -r 'select(.key == "K1") | .event_id' <<<"$output" | tr '\n' ' ')" = "o3 " ]
 }
 
 @test "a second rb-setup changes nothing" {

@@ -112,7 +112,9 @@ class Engine:
         self.counts = {'started': 0, 'committed': 0, 'aborted': 0}
         # serverStatus opcounters and metrics.document, counted as MongoDB does:
         # insert per document, update and delete per statement, query per
-        # find, getmore per getMore, command for every other command
+        # find, getmore per getMore, command for every other command;
+        # returned: the documents of the batches of find, aggregate and
+        # getMore (not of listCollections and listIndexes)
         self.opcounters = {'insert': 0, 'query': 0, 'update': 0, 'delete': 0, 'getmore': 0, 'command': 0}
         self.documents = {'inserted': 0, 'updated': 0, 'deleted': 0, 'returned': 0}
         self.connections = 0
@@ -365,6 +367,8 @@ class Engine:
         """A command cursor reply; keeps a cursor when documents are left."""
         c = Cursor(0, ns, docs, limit, session.key if session else None)
         batch = c.batch(first)
+        if '.$cmd.' not in ns:
+            self.documents['returned'] += len(batch)
         cid = 0
         if not single and not c.exhausted():
             cid = int.from_bytes(os.urandom(8), 'little') & 0x7FFFFFFFFFFFFFFF or 1
@@ -380,6 +384,8 @@ class Engine:
             raise CmdError(13, 'cursor %d belongs to %s, not %s' % (cid, c.ns, ns))
         c.used = time.monotonic()
         batch = c.batch(n)
+        if '.$cmd.' not in ns:
+            self.documents['returned'] += len(batch)
         if c.exhausted():
             del self.cursors[cid]
             cid = 0

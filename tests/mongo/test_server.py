@@ -289,14 +289,19 @@ def run(port):
                                         {'q': {}, 'u': {'$set': {'y': 1}}, 'multi': True}])
     db1.g.delete_many({'_id': {'$gte': 3}})
     list(db1.g.find({}))
+    list(db1.g.find({}, batch_size=1))
     db1.g.count_documents({})
     db1.g.find_one_and_update({'_id': 0}, {'$inc': {'n': 1}})
     o1, d1 = ops()
     delta = {k: o1[k] - o0[k] for k in o0}
-    ok(delta == {'insert': 5, 'query': 1, 'update': 2, 'delete': 1, 'getmore': 0, 'command': 3},
+    ok(delta == {'insert': 5, 'query': 2, 'update': 2, 'delete': 1, 'getmore': 2, 'command': 3},
        'opcounters: insert per document, update and delete per statement, find, other commands (%s)' % delta)
     dd = {k: d1[k] - d0[k] for k in ('inserted', 'updated', 'deleted')}
     ok(dd == {'inserted': 5, 'updated': 7, 'deleted': 2}, 'metrics.document: documents written (%s)' % dd)
+    # find 3 + find 3 in batches of 1 (1 + getMores of 1, 1, 0) + the count's one
+    ok(d1['returned'] - d0['returned'] == 7,
+       'metrics.document.returned: documents of find, getMore and aggregate batches (%d)'
+       % (d1['returned'] - d0['returned']))
     c1.close()
     c2.close()
 
