@@ -212,9 +212,10 @@ drop_schema() {
 }
 
 # Publish N simple events named NAME (keyed with KEYS distinct keys when given).
-# The usual set-up of a test: a schema of its own, new (when a server is given).
+# The usual set-up of a test: a schema of its own, new (when a server of the
+# store under test is given: on MongoDB without RELAYBUS_TEST_PG_URL too).
 fresh_schema() {
-  if [ -n "${RELAYBUS_TEST_PG_URL:-}" ]; then
+  if have_pg; then
     drop_schema
     setup_schema
   fi
