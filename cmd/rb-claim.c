@@ -522,35 +522,43 @@ f_write(struct follow *f)
 	return 0;
 }
 
-/* Count off the lines written whose deliveries are no longer in flight. */
+/*
+ * Count off the lines written whose deliveries are no longer in flight:
+ * the oldest `limit` of them (0: all).  Lines are mostly completed in the
+ * order written, so the room for a claim is looked for among the oldest
+ * (a look costs about as much a line as claiming it: asking for all 1000
+ * out, half of them just written, made the look the largest part of the
+ * streaming pipeline's server time).
+ */
 static int
-f_check(struct follow *f, struct rb_error *err)
+f_check(struct follow *f, size_t limit, struct rb_error *err)
 {
 	struct rb_result *r;
 	bool *live;
-	size_t k = 0;
+	size_t k = 0, m = limit == 0 || limit > f->nout ? f->nout : limit, before = f->nout;
 	int64_t t0 = rb_mono_ms();
 
 	if (f->nout == 0)
 		return 0;
-	r = xcalloc(f->nout, sizeof *r);
-	live = xcalloc(f->nout, sizeof *live);
-	for (size_t i = 0; i < f->nout; i++)
+	r = xcalloc(m, sizeof *r);
+	live = xcalloc(m, sizeof *live);
+	for (size_t i = 0; i < m; i++)
 		r[i] = rb_result_of(f->out[i], RB_VERDICT_OK);
-	if (rb_store_in_flight(f->store, r, f->nout, live, err) < 0) {
+	if (rb_store_in_flight(f->store, r, m, live, err) < 0) {
 		free(r);
 		free(live);
 		return -1;
 	}
 	f->keyed = 0;
 	for (size_t i = 0; i < f->nout; i++) {
-		if (live[i]) {
+		if (i >= m || live[i]) {
 			f->keyed += f->out[i]->key != NULL;
 			f->out[k++] = f->out[i];
 		} else
 			rb_dl_free(f->out[i]);
 	}
-	rb_debug("%zu of %zu written still in flight (%lld ms)", k, f->nout, (long long)(rb_mono_ms() - t0));
+	rb_debug("%zu of %zu written still in flight (%zu looked at, %lld ms)", k, before, m,
+	    (long long)(rb_mono_ms() - t0));
 	f->nout = k;
 	free(r);
 	free(live);
@@ -711,7 +719,7 @@ follow_run(struct rb_store *store, const char *owner)
 		now = rb_mono_ms();
 		/* renew the leases of what is out (a claim renews only the lanes it took from) */
 		if (f_queued(&f) + f.nout > 0 && now >= f.next_extend) {
-			if (f_check(&f, &err) < 0 ||
+			if (f_check(&f, 0, &err) < 0 ||
 			    (f_queued(&f) + f.nout > 0 && rb_store_extend(store, opt.handler, owner, opt.lease_ms, &err) < 0)) {
 				state = FAILED;
 				break;
@@ -723,8 +731,11 @@ follow_run(struct rb_store *store, const char *owner)
 		if (f_queued(&f) == 0 && f.nout > 0 && (!f_claim_room(&f) || (opt.drain && f.dry)) &&
 		    now >= f.next_check) {
 			size_t before = f.nout;
+			/* (for room: a batch's worth of the oldest) */
+			size_t limit = f_claim_room(&f) ? 0 : (size_t)(opt.batch < opt.max_in_flight ?
+			    opt.batch : opt.max_in_flight);
 
-			if (f_check(&f, &err) < 0) {
+			if (f_check(&f, limit, &err) < 0) {
 				state = FAILED;
 				break;
 			}
@@ -738,7 +749,7 @@ follow_run(struct rb_store *store, const char *owner)
 		    ((f.keyed > 0 || f.held_back) && now >= f.next_key_claim))) {
 			/* after a claim that found nothing, count off what is done
 			 * first: a lane's room is reckoned from what is out */
-			if (f.held_back && f_check(&f, &err) < 0) {
+			if (f.held_back && f_check(&f, 0, &err) < 0) {
 				state = FAILED;
 				break;
 			}
