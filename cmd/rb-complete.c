@@ -222,14 +222,17 @@ order_check(const struct rb_result *r, const json_t *obj, long line)
 {
 	const char *key = json_string_value(json_object_get(obj, "key"));
 	const json_t *sq = json_object_get(obj, "sequence");
-	char k[600];
+	char *k;
+	size_t klen;
 	json_t *st;
 	json_int_t seq;
 
 	if (key == NULL || !json_is_integer(sq))
 		return;
 	seq = json_integer_value(sq);
-	snprintf(k, sizeof k, "%s\t%s", r->handler, key);
+	klen = strlen(r->handler) + strlen(key) + 2;
+	k = xmalloc(klen);
+	snprintf(k, klen, "%s\t%s", r->handler, key);
 	if ((st = json_object_get(order_state, k)) != NULL) {
 		if (seq <= json_integer_value(json_object_get(st, "seq")))
 			json_object_del(order_state, k);	/* (its retry) */
@@ -248,6 +251,7 @@ order_check(const struct rb_result *r, const json_t *obj, long line)
 		json_object_set_new(order_state, k, json_pack("{sIsIsIsIss}", "lane", (json_int_t)r->lease.lane,
 		    "epoch", (json_int_t)r->lease.epoch, "seq", seq, "line", (json_int_t)line,
 		    "event", r->event_id));
+	free(k);
 }
 
 static long counts[RB_NOUTCOMES + 1];	/* by outcome, then bad lines */
