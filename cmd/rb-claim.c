@@ -387,8 +387,9 @@ f_trim_chains(struct follow *f, struct rb_dl **v, int n)
 		int j = i;
 
 		ok[i] = true;
-		/* (a claim returns each key's in sequence order) */
-		while (v[i]->key != NULL && j-- > 0)
+		/* (a claim returns each lane's together, a key's in sequence
+		 * order: the one before it is in the run of its lane) */
+		while (v[i]->key != NULL && j-- > 0 && v[j]->lease.lane == v[i]->lease.lane)
 			if (v[j]->key != NULL && strcmp(v[j]->key, v[i]->key) == 0 &&
 			    strcmp(v[j]->handler, v[i]->handler) == 0) {
 				ok[i] = ok[j] && v[j]->attempt == 1;
