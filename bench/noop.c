@@ -17,6 +17,11 @@
  *       of LOGDIR, every later attempt succeeds as usual
  *   NOOP_DELAY_MS=N       wait N ms before answering each chunk of input
  *       (a slow handler: the dispatcher fills its --concurrency)
+ *
+ * It keeps the handler contract of rb-claim --follow --chain (rb-claim(1)):
+ * once a keyed line failed, the later lines of its key are answered
+ * "release":true (and not logged) until the key comes round again (a line
+ * whose sequence is not above the highest one failed or released).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -30,6 +35,88 @@ static char *out, *lg, *fl;
 static size_t out_n, out_cap, lg_n, lg_cap, fl_n, fl_cap;
 static int fail_first;
 static const char fail_tail[] = ",\"ok\":false,\"error\":\"bench: first attempt\",\"retry_ms\":0}\n";
+static const char release_tail[] = ",\"release\":true}\n";
+
+/* The keys held back by a failure: open addressing, never shrinking. */
+struct held { char *key; size_t klen; long long last; int on; };
+static struct held *held;
+static size_t nheld, capheld;
+
+static size_t
+key_hash(const char *k, size_t n)
+{
+	size_t h = 1469598103934665603ULL;
+
+	while (n-- > 0)
+		h = (h ^ (unsigned char)*k++) * 1099511628211ULL;
+	return h;
+}
+
+static struct held *
+held_find(const char *k, size_t n, int add)
+{
+	if (add && (nheld + 1) * 2 > capheld) {
+		struct held *old = held;
+		size_t oldcap = capheld;
+
+		capheld = capheld == 0 ? 64 : capheld * 2;
+		if ((held = calloc(capheld, sizeof *held)) == NULL) {
+			perror("noop");
+			exit(71);
+		}
+		for (size_t i = 0; i < oldcap; i++)
+			if (old[i].key != NULL) {
+				size_t j = key_hash(old[i].key, old[i].klen) & (capheld - 1);
+
+				while (held[j].key != NULL)
+					j = (j + 1) & (capheld - 1);
+				held[j] = old[i];
+			}
+		free(old);
+	}
+	if (capheld == 0)
+		return NULL;
+	for (size_t j = key_hash(k, n) & (capheld - 1);; j = (j + 1) & (capheld - 1)) {
+		if (held[j].key == NULL) {
+			if (!add)
+				return NULL;
+			if ((held[j].key = malloc(n)) == NULL) {
+				perror("noop");
+				exit(71);
+			}
+			memcpy(held[j].key, k, n);
+			held[j].klen = n;
+			nheld++;
+			return &held[j];
+		}
+		if (held[j].klen == n && memcmp(held[j].key, k, n) == 0)
+			return &held[j];
+	}
+}
+
+/* The line's "key" as written (its JSON string, quotes and all; NULL: none)
+ * and "sequence" (the last member of a delivery line). */
+static const char *
+line_key(const char *s, size_t len, size_t *klen, long long *seq)
+{
+	const char *k = memmem(s, len, ",\"key\":\"", 8), *e, *q;
+
+	if (k == NULL)
+		return NULL;
+	k += 7;
+	for (e = k + 1; e < s + len && *e != '"'; e++)
+		if (*e == '\\')
+			e++;
+	if (e >= s + len)
+		return NULL;
+	*klen = (size_t)(e + 1 - k);
+	for (q = s + len - 1; q > e && *q != ':'; q--)
+		;
+	if (q <= e || q - s < 11 || memcmp(q - 11, ",\"sequence\"", 11) != 0)
+		return NULL;
+	*seq = strtoll(q + 1, NULL, 10);
+	return k;
+}
 
 static void
 put(char **b, size_t *n, size_t *cap, const char *s, size_t len)
@@ -75,7 +162,27 @@ line(const char *s, size_t len, long long ts)
 	if (len < 2 || s[0] != '{' || s[len - 1] != '}')
 		return;
 	k = snprintf(pre, sizeof pre, "{\"_ts\":%lld,", ts);
+	size_t klen = 0;
+	long long seq = 0;
+	const char *key = line_key(s, len, &klen, &seq);
+	struct held *h = key != NULL ? held_find(key, klen, 0) : NULL;
+
+	if (h != NULL && h->on) {
+		if (seq > h->last) {
+			/* behind a failure of its key: not run, given back */
+			h->last = seq;
+			put(&out, &out_n, &out_cap, s, len - 1);
+			put(&out, &out_n, &out_cap, release_tail, strlen(release_tail));
+			return;
+		}
+		h->on = 0;	/* (the key came round again) */
+	}
 	if (fail_first && memmem(s, len, "\"attempt\":1,", 12) != NULL) {
+		if (key != NULL) {
+			h = held_find(key, klen, 1);
+			h->on = 1;
+			h->last = seq;
+		}
 		put(&fl, &fl_n, &fl_cap, pre, (size_t)k);
 		put(&fl, &fl_n, &fl_cap, s + 1, len - 1);
 		put(&fl, &fl_n, &fl_cap, "\n", 1);

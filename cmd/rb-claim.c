@@ -39,8 +39,9 @@
 static const char usage_str[] =
 "usage: rb-claim --handler H [--batch N] [--lease DUR] [--owner NAME] [--wait DUR]\n"
 "                [--poll DUR] [--max-attempts N] [--db URL] [--schema NAME]\n"
-"       rb-claim --handler H --follow [--max-in-flight N] [--drain] [--batch N] [--lease DUR]\n"
-"                [--owner NAME] [--poll DUR] [--max-attempts N] [--db URL] [--schema NAME]\n"
+"       rb-claim --handler H --follow [--max-in-flight N] [--drain] [--chain N] [--batch N]\n"
+"                [--lease DUR] [--owner NAME] [--poll DUR] [--max-attempts N] [--db URL]\n"
+"                [--schema NAME]\n"
 "\n"
 "Lease lanes of handler H and print its due deliveries as JSON lines.\n"
 "\n"
@@ -59,6 +60,10 @@ static const char usage_str[] =
 "                         (default 1000)\n"
 "      --drain            --follow: exit once nothing is due and nothing written is still\n"
 "                         in flight\n"
+"      --chain N          --follow: up to N deliveries of one key at once, in sequence\n"
+"                         order (default 1: only each key's first).  The handler must\n"
+"                         handle a key's lines in order and, once one fails, answer the\n"
+"                         later ones of its key with \"release\":true (rb-claim(1))\n"
 "  -u, --db URL           postgresql:// URL or conninfo (default: $RELAYBUS_URL, PG*)\n"
 "  -h, --host HOST        server host or socket folder (PGHOST)\n"
 "  -p, --port PORT        server port (PGPORT)\n"
@@ -77,7 +82,8 @@ static const char usage_str[] =
 "interrupted, 76/79 schema newer than this relaybus / needs an upgrade (rb-setup), 78 bad\n"
 "URL or schema not set up.\n";
 
-enum { OPT_OWNER = RB_OPT_FIRST_PROGRAM, OPT_POLL, OPT_MAX_ATTEMPTS, OPT_MAX_IN_FLIGHT, OPT_DRAIN };
+enum { OPT_OWNER = RB_OPT_FIRST_PROGRAM, OPT_POLL, OPT_MAX_ATTEMPTS, OPT_MAX_IN_FLIGHT, OPT_DRAIN,
+	OPT_CHAIN };
 
 static struct options {
 	struct rb_common common;
@@ -91,6 +97,7 @@ static struct options {
 	bool		 follow;
 	int		 max_in_flight;	/* 0: not given */
 	bool		 drain;
+	int		 chain;		/* 0: not given */
 } opt = { .batch = RB_DEFAULT_BATCH, .lease_ms = RB_DEFAULT_LEASE_MS, .poll_ms = 1000,
 	  .max_attempts = RB_DEFAULT_MAX_ATTEMPTS };
 
@@ -120,6 +127,7 @@ parse_args(int argc, char **argv)
 		{ "follow", no_argument, NULL, 'f' },
 		{ "max-in-flight", required_argument, NULL, OPT_MAX_IN_FLIGHT },
 		{ "drain", no_argument, NULL, OPT_DRAIN },
+		{ "chain", required_argument, NULL, OPT_CHAIN },
 		{ NULL, 0, NULL, 0 }
 	};
 	int c;
@@ -160,6 +168,9 @@ parse_args(int argc, char **argv)
 		case OPT_DRAIN:
 			opt.drain = true;
 			break;
+		case OPT_CHAIN:
+			opt.chain = rb_cli_int(usage_str, "--chain", optarg, 1, 1000);
+			break;
 		default:
 			rb_cli_bad_option(usage_str);
 		}
@@ -172,6 +183,8 @@ parse_args(int argc, char **argv)
 		rb_cli_usage_error(usage_str, "--max-in-flight: only with --follow");
 	if (!opt.follow && opt.drain)
 		rb_cli_usage_error(usage_str, "--drain: only with --follow");
+	if (!opt.follow && opt.chain > 0)
+		rb_cli_usage_error(usage_str, "--chain: only with --follow");
 	if (opt.follow && opt.wait_ms > 0)
 		rb_cli_usage_error(usage_str, "--wait: not with --follow (it waits for work anyway)");
 	if (opt.max_in_flight == 0)
@@ -308,6 +321,7 @@ struct follow {
 	int			 fl;		/* stdout's flags before */
 	bool			 woken, more;	/* a wake-up came; the last claim was full */
 	bool			 dry;		/* the last claim found nothing */
+	bool			 held_back;	/* ... while deliveries were out */
 	int64_t			 next_claim, next_extend, next_check, next_key_claim;
 	int64_t			 check_ms, key_ms;	/* their intervals now (backing off) */
 };
@@ -354,6 +368,61 @@ f_claim_room(const struct follow *f)
 	return f_room(f) >= (full + 1) / 2;
 }
 
+/*
+ * --chain: a key's followers go downstream only while every one before
+ * them in the claim is on its first attempt (the rule by which a takeover
+ * charges them, rb_claim_opts.chain_early); the rest are released at once
+ * (no attempt charged) and come again behind the ones before them.
+ * Returns how many of v are kept (moved to its front, in order).
+ */
+static int
+f_trim_chains(struct follow *f, struct rb_dl **v, int n)
+{
+	bool *ok = xcalloc((size_t)n + 1, sizeof *ok);
+	struct rb_result *rel = xcalloc((size_t)n + 1, sizeof *rel);
+	struct rb_dl **gone = xcalloc((size_t)n + 1, sizeof *gone);
+	int k = 0, nrel = 0;
+
+	for (int i = 0; i < n; i++) {
+		int j = i;
+
+		ok[i] = true;
+		/* (a claim returns each lane's together, a key's in sequence
+		 * order: the one before it is in the run of its lane) */
+		while (v[i]->key != NULL && j-- > 0 && v[j]->lease.lane == v[i]->lease.lane)
+			if (v[j]->key != NULL && strcmp(v[j]->key, v[i]->key) == 0 &&
+			    strcmp(v[j]->handler, v[i]->handler) == 0) {
+				ok[i] = ok[j] && v[j]->attempt == 1;
+				break;
+			}
+	}
+	for (int i = 0; i < n; i++) {
+		if (ok[i])
+			v[k++] = v[i];
+		else {
+			rel[nrel] = rb_result_of(v[i], RB_VERDICT_RELEASE);
+			gone[nrel++] = v[i];
+		}
+	}
+	if (nrel > 0) {
+		struct rb_complete_opts co = { .max_attempts = opt.max_attempts,
+		    .backoff = { .base_ms = 1000, .max_ms = 1000, .factor = 1 } };
+		struct rb_error err = { 0 };
+
+		if (rb_store_complete(f->store, &co, rel, (size_t)nrel, &err) < 0)
+			rb_warn("could not release %d deliveries behind a retry (they return when the lease "
+			    "ends): %s", nrel, err.msg);
+		else
+			rb_debug("released %d deliveries behind a retry of their key", nrel);
+	}
+	for (int i = 0; i < nrel; i++)
+		rb_dl_free(gone[i]);
+	free(ok);
+	free(rel);
+	free(gone);
+	return k;
+}
+
 static int
 f_claim(struct follow *f, struct rb_error *err)
 {
@@ -364,6 +433,11 @@ f_claim(struct follow *f, struct rb_error *err)
 	int64_t t0 = rb_mono_ms();
 
 	co.batch = want < opt.batch ? want : opt.batch;
+	/* a key's next deliveries with its head (--chain): the handler runs each
+	 * as soon as the one before it succeeded, before that completion
+	 * commits, so a takeover is to charge them as rb-dispatch's */
+	co.chain = opt.chain;
+	co.chain_early = opt.chain > 1;
 	/* what is out (a superset of what is still in flight: harmless), so
 	 * that the claim need not look it up */
 	int64_t *live = xcalloc(f->nout + 1, sizeof *live);
@@ -381,6 +455,8 @@ f_claim(struct follow *f, struct rb_error *err)
 	free(lanes);
 	if (n < 0)
 		return -1;
+	if (opt.chain > 1)
+		n = f_trim_chains(f, v, n);
 	if (f->qh == f->qn)
 		f->qh = f->qn = 0;
 	if (f->qn + (size_t)n > f->qcap) {
@@ -390,8 +466,15 @@ f_claim(struct follow *f, struct rb_error *err)
 	for (int i = 0; i < n; i++)
 		f->q[f->qn++] = v[i];
 	free(v);
-	f->more = n == co.batch;
+	/* a claim that found some may have left more: lanes give at most 32
+	 * a pass, so a backlog left in a few lanes comes a claim at a time
+	 * (waiting --poll after a short claim left 1 s gaps at a drain's end) */
+	f->more = n > 0;
 	f->dry = n == 0;
+	/* nothing found while deliveries are out: what they hold back (a key's
+	 * next delivery, a lane's room) comes once they are completed, which
+	 * wakes no one: look again on the key claims' schedule */
+	f->held_back = n == 0 && f->nout > 0;
 	f->woken = false;
 	rb_debug("claimed %d deliveries in %lld ms (%zu out)", n, (long long)(rb_mono_ms() - t0), f->nout);
 	return n;
@@ -440,35 +523,43 @@ f_write(struct follow *f)
 	return 0;
 }
 
-/* Count off the lines written whose deliveries are no longer in flight. */
+/*
+ * Count off the lines written whose deliveries are no longer in flight:
+ * the oldest `limit` of them (0: all).  Lines are mostly completed in the
+ * order written, so the room for a claim is looked for among the oldest
+ * (a look costs about as much a line as claiming it: asking for all 1000
+ * out, half of them just written, made the look the largest part of the
+ * streaming pipeline's server time).
+ */
 static int
-f_check(struct follow *f, struct rb_error *err)
+f_check(struct follow *f, size_t limit, struct rb_error *err)
 {
 	struct rb_result *r;
 	bool *live;
-	size_t k = 0;
+	size_t k = 0, m = limit == 0 || limit > f->nout ? f->nout : limit, before = f->nout;
 	int64_t t0 = rb_mono_ms();
 
 	if (f->nout == 0)
 		return 0;
-	r = xcalloc(f->nout, sizeof *r);
-	live = xcalloc(f->nout, sizeof *live);
-	for (size_t i = 0; i < f->nout; i++)
+	r = xcalloc(m, sizeof *r);
+	live = xcalloc(m, sizeof *live);
+	for (size_t i = 0; i < m; i++)
 		r[i] = rb_result_of(f->out[i], RB_VERDICT_OK);
-	if (rb_store_in_flight(f->store, r, f->nout, live, err) < 0) {
+	if (rb_store_in_flight(f->store, r, m, live, err) < 0) {
 		free(r);
 		free(live);
 		return -1;
 	}
 	f->keyed = 0;
 	for (size_t i = 0; i < f->nout; i++) {
-		if (live[i]) {
+		if (i >= m || live[i]) {
 			f->keyed += f->out[i]->key != NULL;
 			f->out[k++] = f->out[i];
 		} else
 			rb_dl_free(f->out[i]);
 	}
-	rb_debug("%zu of %zu written still in flight (%lld ms)", k, f->nout, (long long)(rb_mono_ms() - t0));
+	rb_debug("%zu of %zu written still in flight (%zu looked at, %lld ms)", k, before, m,
+	    (long long)(rb_mono_ms() - t0));
 	f->nout = k;
 	free(r);
 	free(live);
@@ -629,7 +720,7 @@ follow_run(struct rb_store *store, const char *owner)
 		now = rb_mono_ms();
 		/* renew the leases of what is out (a claim renews only the lanes it took from) */
 		if (f_queued(&f) + f.nout > 0 && now >= f.next_extend) {
-			if (f_check(&f, &err) < 0 ||
+			if (f_check(&f, 0, &err) < 0 ||
 			    (f_queued(&f) + f.nout > 0 && rb_store_extend(store, opt.handler, owner, opt.lease_ms, &err) < 0)) {
 				state = FAILED;
 				break;
@@ -641,8 +732,11 @@ follow_run(struct rb_store *store, const char *owner)
 		if (f_queued(&f) == 0 && f.nout > 0 && (!f_claim_room(&f) || (opt.drain && f.dry)) &&
 		    now >= f.next_check) {
 			size_t before = f.nout;
+			/* (for room: a batch's worth of the oldest) */
+			size_t limit = f_claim_room(&f) ? 0 : (size_t)(opt.batch < opt.max_in_flight ?
+			    opt.batch : opt.max_in_flight);
 
-			if (f_check(&f, &err) < 0) {
+			if (f_check(&f, limit, &err) < 0) {
 				state = FAILED;
 				break;
 			}
@@ -653,7 +747,13 @@ follow_run(struct rb_store *store, const char *owner)
 				f.more = true;
 		}
 		if (f_queued(&f) == 0 && f_claim_room(&f) && (f.woken || f.more || now >= f.next_claim ||
-		    (f.keyed > 0 && now >= f.next_key_claim))) {
+		    ((f.keyed > 0 || f.held_back) && now >= f.next_key_claim))) {
+			/* after a claim that found nothing, count off what is done
+			 * first: a lane's room is reckoned from what is out */
+			if (f.held_back && f_check(&f, 0, &err) < 0) {
+				state = FAILED;
+				break;
+			}
 			if ((rc = f_claim(&f, &err)) < 0) {
 				state = FAILED;
 				break;
@@ -681,7 +781,7 @@ follow_run(struct rb_store *store, const char *owner)
 			timeout = 0;	/* (a file or terminal: the write waited already) */
 		if (f_queued(&f) == 0 && f_claim_room(&f))
 			wake = earliest(wake, f.woken || f.more ? now :
-			    f.keyed > 0 ? earliest(f.next_claim, f.next_key_claim) : f.next_claim);
+			    f.keyed > 0 || f.held_back ? earliest(f.next_claim, f.next_key_claim) : f.next_claim);
 		if (f_queued(&f) + f.nout > 0)
 			wake = earliest(wake, f.next_extend);
 		if (f_queued(&f) == 0 && f.nout > 0 && (!f_claim_room(&f) || (opt.drain && f.dry)))

@@ -204,7 +204,55 @@ group_clear(void)
 /* What a result line is read for (rb_result_parse): the rest, a payload
  * echoed back, is only checked to be JSON, never interpreted. */
 static const char *const result_members[] = { "event_id", "handler", "lease", "delivery_id", "ok",
-	"error", "retry_ms", "dead", "release", "completed", NULL };
+	"error", "retry_ms", "dead", "release", "completed", "key", "sequence", NULL };
+
+/*
+ * The handler contract of rb-claim --follow --chain: once a keyed line
+ * failed and was rescheduled, the later lines of its key that came with it
+ * (the same lane lease) are answered "release":true until the key comes
+ * round again (a line whose sequence is not above the failed one's).
+ * order_state: "handler\tkey" -> {lane, epoch, seq, line, event} of the
+ * failure that holds the key back.
+ */
+static json_t *order_state;
+static long order_violations;
+
+static void
+order_check(const struct rb_result *r, const json_t *obj, long line)
+{
+	const char *key = json_string_value(json_object_get(obj, "key"));
+	const json_t *sq = json_object_get(obj, "sequence");
+	char *k;
+	size_t klen;
+	json_t *st;
+	json_int_t seq;
+
+	if (key == NULL || !json_is_integer(sq))
+		return;
+	seq = json_integer_value(sq);
+	klen = strlen(r->handler) + strlen(key) + 2;
+	k = xmalloc(klen);
+	snprintf(k, klen, "%s\t%s", r->handler, key);
+	if ((st = json_object_get(order_state, k)) != NULL) {
+		if (seq <= json_integer_value(json_object_get(st, "seq")))
+			json_object_del(order_state, k);	/* (its retry) */
+		else if (r->verdict != RB_VERDICT_RELEASE &&
+		    r->lease.lane == json_integer_value(json_object_get(st, "lane")) &&
+		    r->lease.epoch == json_integer_value(json_object_get(st, "epoch"))) {
+			order_violations++;
+			rb_warn("stdin:%ld: order violation: %s (key %s, sequence %lld) was answered after %s of its "
+			    "key failed (line %ld), not with \"release\":true", line, r->event_id, key,
+			    (long long)seq, json_string_value(json_object_get(st, "event")),
+			    (long)json_integer_value(json_object_get(st, "line")));
+		}
+	}
+	if ((r->verdict == RB_VERDICT_FAIL || r->verdict == RB_VERDICT_DEAD) &&
+	    r->outcome == RB_OUTCOME_RESCHEDULED)
+		json_object_set_new(order_state, k, json_pack("{sIsIsIsIss}", "lane", (json_int_t)r->lease.lane,
+		    "epoch", (json_int_t)r->lease.epoch, "seq", seq, "line", (json_int_t)line,
+		    "event", r->event_id));
+	free(k);
+}
 
 static long counts[RB_NOUTCOMES + 1];	/* by outcome, then bad lines */
 static long by_handler;			/* of the completed: by the handler */
@@ -263,6 +311,7 @@ apply(struct rb_store *store)
 
 		counts[r->outcome]++;
 		by_handler += r->by_handler;
+		order_check(r, json_array_get(group.objs, i), line);
 		if (r->missing)
 			rb_warn("stdin:%ld: delivery %s of %s does not exist (completed elsewhere, or never "
 			    "published): not applied", line, r->event_id, r->handler);
@@ -301,6 +350,7 @@ main(int argc, char **argv)
 	in = rb_jsonl_reader_new(STDIN_FILENO, 0);
 	group.objs = json_array();
 	seen_key = json_object();
+	order_state = json_object();
 	for (;;) {
 		int timeout = -1;
 
@@ -364,6 +414,9 @@ main(int argc, char **argv)
 	}
 	if (exit_code == RB_EXIT_OK && bad)
 		exit_code = RB_EXIT_DATAERR;
+	if (order_violations > 0)
+		rb_warn("%ld order violations: results of a key after its failure that were not releases "
+		    "(rb-claim(1), --chain)", order_violations);
 	rb_info("%ld completed (%ld by the handler), %ld rescheduled, %ld buried, %ld released, %ld lost, "
 	    "%ld bad lines", counts[RB_OUTCOME_COMPLETED], by_handler, counts[RB_OUTCOME_RESCHEDULED],
 	    counts[RB_OUTCOME_BURIED], counts[RB_OUTCOME_RELEASED], counts[RB_OUTCOME_LOST], BAD_LINES);
@@ -376,6 +429,7 @@ main(int argc, char **argv)
 		free((char *)seen[i].handler);
 	free(seen);
 	json_decref(seen_key);
+	json_decref(order_state);
 	rb_jsonl_reader_free(in);
 	rb_store_close(store);
 	return exit_code;

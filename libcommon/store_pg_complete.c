@@ -645,13 +645,33 @@ complete_done(struct rb_store *s, struct rb_result *v, const size_t *idx, size_t
 
 /* ---- still in flight (rb_store_in_flight): the same fence, read only --------- */
 
+/* By the deliveries' ids (their primary key), when every result has one: a
+ * probe each, fenced (LATERAL ... OFFSET 0) so that it stays a probe.  The
+ * EXISTS of tmpl_done became two hashed subplans, a scan of the whole
+ * deliveries table each: 19 ms to look at 500 lines of a backlog of
+ * 20,000, 1.2 ms this way (rb-claim --follow looks at every line it wrote,
+ * once, bench/README.md). */
+static const char tmpl_in_flight[] =
+    "SELECT r.ord, true, x.live IS NOT NULL "
+    "FROM unnest($1::text[], $2::text[], $3::smallint[], $4::bigint[], $5::integer[], $6::bigint[]) "
+    "  WITH ORDINALITY AS r(event_id, handler, lane, epoch, claims, id, ord) "
+    "LEFT JOIN LATERAL (SELECT true AS live FROM @S@.relaybus_deliveries d JOIN @S@.relaybus_lanes l "
+    "    ON l.handler = d.handler AND l.lane = d.lane "
+    "    WHERE d.id = r.id AND d.handler = r.handler AND d.lane = r.lane AND d.claims = r.claims "
+    "    AND d.status = 'pending' AND l.epoch = r.epoch AND l.in_flight @> ARRAY[d.id] OFFSET 0) x ON true "
+    "ORDER BY r.ord";
+
 int
 pg_in_flight(struct rb_store *s, const struct rb_result *v, size_t n, bool *live, struct rb_error *err)
 {
 	struct pg_fence a;
 	PGresult *res;
-	char *q = pg_render(pg_be(s)->worker ? tmpl_w_done : tmpl_done, s->schema);
+	bool by_id = !pg_be(s)->worker;
+	char *q;
 
+	for (size_t i = 0; i < n && by_id; i++)
+		by_id = v[i].delivery_id > 0;
+	q = pg_render(pg_be(s)->worker ? tmpl_w_done : by_id ? tmpl_in_flight : tmpl_done, s->schema);
 	fa_init(&a);
 	for (size_t i = 0; i < n; i++)
 		fa_add(&a, &v[i]);
