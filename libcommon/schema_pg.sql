@@ -565,6 +565,10 @@ DECLARE
     v_nb       bigint;
     v_used     smallint[];
     v_scanned  smallint[] := '{}';   -- held lanes read to the end in step 1
+    v_mine     smallint[];           -- step 0: the lanes this owner held, ...
+    v_holders  bigint[];             -- ... the other live holders' liveness locks,
+    v_free0    smallint[];           -- ... the free and expired lanes
+    v_nlanes   bigint;               -- ... and how many lane rows there are
     v_last     bigint;
     v_elanes   smallint[];
     v_epochs   bigint[];
@@ -595,17 +599,39 @@ DECLARE
     c_grace    CONSTANT interval := interval '1500 milliseconds';
     l          record;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM @S@.relaybus_lanes x WHERE x.handler = p_handler AND x.lane = 0) THEN
+    -- 0. the handler's lane rows, read once and not locked: the lanes this
+    -- owner holds, the other holders with a liveness lock, the free and
+    -- expired lanes (candidates only: each is checked again where it is
+    -- locked).  One pass, not three: under a held snapshot (issue 25 item
+    -- 3) no old version of a lane row can be pruned, and every pass over
+    -- the 256 rows walks every version since the horizon
+    -- (bench/hold-buffers).
+    FOR i IN 1 .. 2 LOOP
+        SELECT coalesce(array_agg(y.lane) FILTER (WHERE y.lease_owner = p_owner
+                                                    AND y.holder IS NOT DISTINCT FROM p_holder), '{}'),
+               coalesce(array_agg(DISTINCT y.holder) FILTER (WHERE y.holder_live
+                                                    AND y.holder IS DISTINCT FROM p_holder
+                                                    AND y.lease_expires_at > v_now + c_grace), '{}'),
+               coalesce(array_agg(y.lane) FILTER (WHERE y.lease_owner IS NULL OR y.lease_expires_at <= v_now), '{}'),
+               count(*)
+          INTO v_mine, v_holders, v_free0, v_nlanes
+          FROM @S@.relaybus_lanes y
+         WHERE y.handler = p_handler;
+        EXIT WHEN v_nlanes >= 256;
         PERFORM @S@.relaybus_seed_lanes(p_handler);
-    END IF;
+    END LOOP;
     -- 1. the lanes this owner (name and holder) holds.  NO KEY UPDATE: it
     -- does not wait for completions in progress (they hold KEY SHARE), but a
-    -- takeover does.
-    SELECT coalesce(array_agg(h.lane), '{}') INTO v_held FROM (
-        SELECT x.lane FROM @S@.relaybus_lanes x
-         WHERE x.handler = p_handler AND x.lease_owner = p_owner
-           AND x.holder IS NOT DISTINCT FROM p_holder
-         FOR NO KEY UPDATE) h;
+    -- takeover does.  (Only this holder makes a lane its own: one it had
+    -- not when read above is not one now.)
+    v_held := '{}';
+    IF cardinality(v_mine) > 0 THEN
+        SELECT coalesce(array_agg(h.lane), '{}') INTO v_held FROM (
+            SELECT x.lane FROM @S@.relaybus_lanes x
+             WHERE x.handler = p_handler AND x.lane = ANY (v_mine) AND x.lease_owner = p_owner
+               AND x.holder IS NOT DISTINCT FROM p_holder
+             FOR NO KEY UPDATE) h;
+    END IF;
     -- deliveries of those lanes still running (in flight and still pending)
     -- (lookups are written one id at a time, LATERAL and fenced with OFFSET
     -- 0: the plan must not depend on statistics, which a young table does
@@ -665,9 +691,7 @@ BEGIN
         -- leases end c_grace from now (a probe of one shared lock per
         -- holder, released when this transaction ends; lane rows some
         -- transaction has locked are left for the next claim)
-        FOR l IN SELECT DISTINCT y.holder FROM @S@.relaybus_lanes y
-                  WHERE y.handler = p_handler AND y.holder_live AND y.holder IS DISTINCT FROM p_holder
-                    AND y.lease_expires_at > v_now + c_grace LOOP
+        FOR l IN SELECT u.holder FROM unnest(v_holders) u(holder) LOOP
             IF pg_try_advisory_xact_lock_shared(l.holder) THEN
                 UPDATE @S@.relaybus_lanes x SET lease_expires_at = v_now + c_grace
                  WHERE x.handler = p_handler AND x.lane IN (
@@ -684,35 +708,37 @@ BEGIN
             SELECT (v_start + max((h.ln - v_start + 256) % 256) + 1) % 256 INTO v_start
               FROM unnest(v_held) h(ln);
         END IF;
-        SELECT coalesce(array_agg(y.lane ORDER BY (y.lane - v_start + 256) % 256), '{}') INTO v_free
-          FROM @S@.relaybus_lanes y
-         WHERE y.handler = p_handler AND (y.lease_owner IS NULL OR y.lease_expires_at <= v_now)
-           AND NOT (y.lane = ANY (v_held));
+        SELECT coalesce(array_agg(u.ln ORDER BY (u.ln - v_start + 256) % 256), '{}') INTO v_free
+          FROM unnest(v_free0) u(ln)
+         WHERE NOT (u.ln = ANY (v_held));
     END IF;
     WHILE cardinality(v_picked) < p_batch AND cardinality(v_free) > 0 LOOP
         v_new := '{}';
         -- lane by lane, stopping at v_take: a lane is probed for due
-        -- work only until enough are found, and locked only when it has some
+        -- work only until enough are found, and its row is read and
+        -- locked only when it has some (most free lanes have none: a lane
+        -- row read for each cost a claim under a held snapshot a walk of
+        -- its versions a lane)
         FOR l IN
             SELECT x.lane, x.lease_owner, x.in_flight, x.chain_early
               FROM unnest(v_free) g(ln)
              CROSS JOIN LATERAL (
                 SELECT y.lane, y.lease_owner, y.in_flight, y.chain_early FROM @S@.relaybus_lanes y
-                 WHERE NOT (g.ln = ANY (v_held))
-                   AND y.handler = p_handler AND y.lane = g.ln
+                 WHERE y.handler = p_handler AND y.lane = g.ln
                    AND (y.lease_owner IS NULL OR y.lease_expires_at <= v_now)
-                   -- (OFFSET 0: a probe per lane, always.  Without it the
-                   -- planner may run an EXISTS as a hashed subplan, which
-                   -- reads every due delivery of the handler: it did when
-                   -- the statistics said the table was empty, 9,000 rows
-                   -- and 30 ms for a claim of 4, until the next analyze)
-                   AND (EXISTS (SELECT 1 FROM @S@.relaybus_deliveries d
-                                 WHERE d.handler = p_handler AND d.lane = y.lane AND d.key IS NULL
-                                   AND d.status = 'pending' AND d.available_at <= v_now OFFSET 0)
-                        OR EXISTS (SELECT 1 FROM @S@.relaybus_deliveries d
-                                 WHERE d.handler = p_handler AND d.lane = y.lane AND d.key IS NOT NULL
-                                   AND d.status = 'pending' AND d.available_at <= v_now OFFSET 0))
                  FOR UPDATE SKIP LOCKED) x
+             WHERE NOT (g.ln = ANY (v_held))
+               -- (OFFSET 0: a probe per lane, always.  Without it the
+               -- planner may run an EXISTS as a hashed subplan, which
+               -- reads every due delivery of the handler: it did when
+               -- the statistics said the table was empty, 9,000 rows
+               -- and 30 ms for a claim of 4, until the next analyze)
+               AND (EXISTS (SELECT 1 FROM @S@.relaybus_deliveries d
+                             WHERE d.handler = p_handler AND d.lane = g.ln AND d.key IS NULL
+                               AND d.status = 'pending' AND d.available_at <= v_now OFFSET 0)
+                    OR EXISTS (SELECT 1 FROM @S@.relaybus_deliveries d
+                             WHERE d.handler = p_handler AND d.lane = g.ln AND d.key IS NOT NULL
+                               AND d.status = 'pending' AND d.available_at <= v_now OFFSET 0))
              LIMIT v_take
         LOOP
             IF l.lease_owner IS NOT NULL AND cardinality(l.in_flight) > 0 THEN
@@ -756,6 +782,12 @@ BEGIN
             v_new := v_new || l.lane;
         END LOOP;
         EXIT WHEN cardinality(v_new) = 0;
+        -- the next pass goes on after the last lane this one took: those
+        -- before it were probed (under a held snapshot each probe walks
+        -- every delivery of the lane completed since), and when this pass
+        -- found fewer than it wanted, every lane was
+        v_free := CASE WHEN cardinality(v_new) < v_take THEN '{}'
+                       ELSE coalesce(v_free[array_position(v_free, v_new[cardinality(v_new)]) + 1 : cardinality(v_free)], '{}') END;
         v_held := v_held || v_new;
         v_acquired := v_acquired || v_new;
         SELECT array_agg(t.id), array_agg(t.lane), array_agg(t.event_id), array_agg(t.claims),

@@ -65,3 +65,37 @@ publish() {  # n prefix handler
   # (the outer statement, typed here, is the caller's own)
   [ "$(grep -c "^JIT:" "$plans")" -le 1 ]
 }
+
+# lane rows visited by the plans in FILE: rows a scan node on relaybus_lanes
+# gave and rows its filter removed, times its loops
+lane_rows_read() {
+  awk '/->|^[A-Z]/ { lanes = 0 }
+       /Scan (using [a-z_]+ )?on relaybus_lanes( |$)/ && match($0, /rows=[0-9]+ loops=[0-9]+\)$/) {
+         split(substr($0, RSTART, RLENGTH - 1), f, /[= ]/); lanes = 1; loops = f[4]; n += f[2] * loops; next }
+       lanes && /Rows Removed by Filter:/ { n += $NF * loops }
+       END { print n + 0 }' "$1"
+}
+
+@test "a claim reads the handler's 256 lane rows once, not once per purpose (under a held snapshot each read walks every version)" {
+  pg_only
+  need_pg
+  # two due deliveries in two lanes, a claim that wants 6: before issue 25
+  # item 3 the claim read every lane row three times (its own, the live
+  # holders, the free ones), read the row of every free lane it probed for
+  # work, and probed them all twice (once more with a larger step)
+  publish 2 few lr
+  local plans=$BATS_TEST_TMPDIR/plans n i
+  for i in 1 2; do
+    sql -c "LOAD 'auto_explain'" -c "SET auto_explain.log_min_duration = 0" \
+        -c "SET auto_explain.log_analyze = on" -c "SET auto_explain.log_nested_statements = on" \
+        -c "SET auto_explain.log_timing = off" \
+        -c "SET auto_explain.log_level = notice" -c "SET client_min_messages = notice" \
+        -c "SELECT count(*) FROM relaybus_claim('lr', 'w', 6, 60000, 5)" >"$plans.$i" 2>&1
+    grep -q 'relaybus_lanes' "$plans.$i"
+    n=$(lane_rows_read "$plans.$i")
+    echo "claim $i: $n lane rows read" >&3
+    [ "$n" -ge 256 ] && [ "$n" -le 300 ]
+  done
+  # the first claim took both, the second found them held and running
+  [ "$(q "SELECT count(*) FROM $RB_SCHEMA.relaybus_lanes WHERE handler = 'lr' AND lease_owner = 'w'")" = 2 ]
+}
