@@ -14,8 +14,7 @@ teardown_file() { on_mongo || return 0; drop_schema; }
 setup() {
   on_mongo || skip "parking is the MongoDB store's (RELAYBUS_TEST_STORE=mongo)"
   need_pg
-  rbq reset events deliveries keys
-  rbq update lanes '{}' '{"$set":{"owner":null,"holder":null,"leaseExpiresAt":null,"inFlight":[],"lost":[]}}' >/dev/null
+  mongo_fresh_store
 }
 teardown() { kill_pids; }
 # (the database stays for the next test: setup_file made it)

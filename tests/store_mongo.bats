@@ -11,8 +11,7 @@ teardown_file() { on_mongo || return 0; drop_schema; }
 setup() {
   on_mongo || skip "the MongoDB store's documents (RELAYBUS_TEST_STORE=mongo)"
   need_pg
-  rbq reset events deliveries keys
-  rbq update lanes '{}' '{"$set":{"owner":null,"holder":null,"leaseExpiresAt":null,"inFlight":[],"lost":[]}}' >/dev/null
+  mongo_fresh_store
 }
 
 ok_all() { jq -c '. + {ok: true}'; }
@@ -190,7 +189,7 @@ e3 pending 0 null" ]
   [ "$(rbq count deliveries)" = 0 ]
   # and one whose snapshot predates a takeover that charged: it conflicts
   rb-publish -q <<<'{"id":"r2","name":"job.x","payload":2}'
-  rbq update lanes '{}' '{"$set":{"owner":null,"holder":null,"leaseExpiresAt":null,"inFlight":[],"lost":[]}}' >/dev/null
+  mongo_free_lanes
   rb-claim -H h1 --owner w1 >"$BATS_TEST_TMPDIR/c"
   lease=$(field lease <"$BATS_TEST_TMPDIR/c")
   rbq update lanes '{"handler":"h1"}' '{"$set":{"leaseExpiresAt":{"$now":-1000}}}' >/dev/null

@@ -196,9 +196,18 @@ _mongo_sql() {
   t=${s#*TRUNCATE }
   t=${t%%;*}
   for c in ${t//,/ }; do rbq reset "${c#relaybus_}"; done
-  case $s in *"UPDATE relaybus_lanes SET lease_owner = NULL"*)
-    rbq update lanes '{}' '{"$set":{"owner":null,"holder":null,"leaseExpiresAt":null,"inFlight":[],"lost":[]}}' >/dev/null ;;
-  esac
+  case $s in *"UPDATE relaybus_lanes SET lease_owner = NULL"*) mongo_free_lanes ;; esac
+}
+
+# On MongoDB: every lane free (no owner, holder, lease or deliveries in flight).
+mongo_free_lanes() {
+  rbq update lanes '{}' '{"$set":{"owner":null,"holder":null,"leaseExpiresAt":null,"inFlight":[],"lost":[]}}' >/dev/null
+}
+
+# On MongoDB, the usual set-up of a test: no event, delivery or key, every lane free.
+mongo_fresh_store() {
+  rbq reset events deliveries keys
+  mongo_free_lanes
 }
 
 drop_schema() {
