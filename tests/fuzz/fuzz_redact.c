@@ -167,7 +167,17 @@ check_neutral(const uint8_t *data, size_t size)
 		return;
 	snprintf(url, sizeof url, "mongodb://%s:%s@%s", user, pw, rest);
 	r = rb_url_redact(url);
-	FUZZ_CHECK(strstr(r, pw) == NULL, "neutral '%s' -> '%s'", url, r);
+	if (strstr(r, pw) != NULL) {
+		/* spelled by a mask beside the text's own letters, not by the
+		 * password: the same text without the password spells it too
+		 * ("password = 'v'xxxt" in the user masks to "xxxxxxxxt") */
+		char *r0;
+
+		snprintf(url, sizeof url, "mongodb://%s:@%s", user, rest);
+		r0 = rb_url_redact(url);
+		FUZZ_CHECK(strstr(r0, pw) != NULL, "neutral '%s' -> '%s'", url, r);
+		free(r0);
+	}
 	free(r);
 	free(rb_url_redact((const char *)user));	/* anything: no crash */
 }
