@@ -41,6 +41,25 @@ enum {
 /* -h/-p/-U/-d are psql's (host, port, user, database); help is --help */
 #define RB_COMMON_SHORTOPTS "u:vqVh:p:U:d:"
 
+/*
+ * The help lines of the common options, for a program's usage text (string
+ * literal concatenation; options at 25 columns, as rb-claim, rb-complete,
+ * rb-dispatch and rb-pageinspect print theirs).  --schema stays with each
+ * program: what it names differs.
+ */
+#define RB_COMMON_CONN_HELP \
+"  -u, --db URL           postgresql:// URL or conninfo (default: $RELAYBUS_URL, PG*)\n" \
+"  -h, --host HOST        server host or socket folder (PGHOST)\n" \
+"  -p, --port PORT        server port (PGPORT)\n" \
+"  -U, --username USER    database user (PGUSER)\n" \
+"  -d, --dbname NAME      database name (PGDATABASE), or a URL as --db\n"
+#define RB_COMMON_LOG_HELP \
+"  -v, --verbose          more messages (-vv: debug)\n" \
+"  -q, --quiet            errors only\n" \
+"      --log-format FMT   text (default) or json diagnostics on stderr\n" \
+"      --help             this help\n" \
+"  -V, --version          version and libraries\n"
+
 /** Start a program: logging, SIGPIPE ignored, defaults. */
 void	rb_cli_init(const char *prog, struct rb_common *);
 /**
