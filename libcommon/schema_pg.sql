@@ -57,16 +57,24 @@ CREATE TABLE IF NOT EXISTS @S@.relaybus_deliveries (
 -- it so.  8 B less a delivery row again (bench/README.md).
 ALTER TABLE @S@.relaybus_deliveries ALTER COLUMN updated_at DROP NOT NULL,
     ALTER COLUMN updated_at DROP DEFAULT, ALTER COLUMN created_at DROP NOT NULL;
--- The deliveries of an event (a result without its delivery id, the rare
--- failure paths, rb-admin by event): a hash index on event_id, not the
--- unique (event_id, handler) btree of 0.1.0.  An event's deliveries are
--- unique per handler by the publish functions (events.handlers, under the
--- event row's lock), not by an index; the btree cost every publish a
--- seventh of its WAL (125 B an event of 920: a 36-byte random key, and page
--- splits all over) and a third of its index work (bench/README.md).
+-- No index on event_id for pending deliveries (0.2 had a hash index,
+-- relaybus_deliveries_event_idx, and 0.1.0 a unique (event_id, handler)
+-- btree): its entry cost every publish 91-95 B of WAL, a ninth of it
+-- (bench/README.md).  An event's deliveries are unique per handler by the
+-- publish functions (events.handlers, under the event row's lock), not by
+-- an index.  What needs a delivery by its event goes another way: a
+-- delivery in flight through its lane row's in_flight ids (the primary
+-- key), a result with its delivery id through that id, and the rest
+-- through relaybus_event_deliveries (below): the lane of a pending
+-- delivery is the lane hash of its event's key, else of its id, so it is
+-- in lane_due_idx or lane_key_idx under (handler, lane); a settled one
+-- (dead, or completed in a schema upgraded from 0.1.0) in
+-- relaybus_deliveries_settled_idx, which a delivery enters only when it
+-- leaves 'pending' (the failure path), never at its publish.
 ALTER TABLE @S@.relaybus_deliveries DROP CONSTRAINT IF EXISTS relaybus_deliveries_event_handler_unique;
-CREATE INDEX IF NOT EXISTS relaybus_deliveries_event_idx
-    ON @S@.relaybus_deliveries USING hash (event_id);
+DROP INDEX IF EXISTS @S@.relaybus_deliveries_event_idx;
+CREATE INDEX IF NOT EXISTS relaybus_deliveries_settled_idx
+    ON @S@.relaybus_deliveries (event_id, handler) WHERE status <> 'pending';
 -- Claims read unkeyed work through lane_due and keyed work through
 -- lane_key (the head of each key: a skip scan, so a deep backlog of one key
 -- costs one probe); every pending delivery is in exactly one of the two.
@@ -229,7 +237,10 @@ BEGIN
         v_new := v_handlers;
     ELSE
         v_dup := true;
-        SELECT e.handlers INTO v_existing FROM @S@.relaybus_events e WHERE e.id = v_id FOR UPDATE;
+        -- the event's own key, not the one given again: its deliveries'
+        -- lane is the lane of its key (relaybus_event_deliveries finds
+        -- them there), and the claims return the event row's key
+        SELECT e.handlers, e.key INTO v_existing, p_key FROM @S@.relaybus_events e WHERE e.id = v_id FOR UPDATE;
         SELECT coalesce(array_agg(h ORDER BY h), '{}') INTO v_new
           FROM unnest(v_handlers) h WHERE NOT (h = ANY (v_existing));
         IF cardinality(v_new) > 0 THEN
@@ -410,6 +421,63 @@ BEGIN
                 (r.e->>'available_at')::timestamptz, (r.e->>'delay_ms')::bigint,
                 CASE WHEN r.e ? 'handlers' THEN ARRAY(SELECT jsonb_array_elements_text(r.e->'handlers')) END) p;
     END LOOP;
+END $$;
+
+-- The ids of an event's deliveries (of p_handler, or of every handler),
+-- without an index on event_id: a pending delivery is in its lane, the
+-- lane hash of the event's key or else its id (as publish picks it), in
+-- lane_key_idx under (handler, lane, key) when keyed (a probe), in
+-- lane_due_idx under (handler, lane) when not (a scan of the lane's
+-- pending unkeyed deliveries: 1/256 of the handler's backlog); a settled
+-- one (dead, or completed in a schema upgraded from 0.1.0) through
+-- relaybus_deliveries_settled_idx.  The handlers are those of the event row
+-- (events.handlers: every handler the event ever had a delivery for); an
+-- event row deleted by hand leaves only the unkeyed deliveries of a named
+-- p_handler to be found.  For the rare paths (a lost result's "missing",
+-- a result without its delivery id, rb-admin by event): EXPLAIN on a
+-- backlog of 100,000 in bench/README.md.
+CREATE OR REPLACE FUNCTION @S@.relaybus_event_deliveries(p_event_id text, p_handler text DEFAULT NULL)
+RETURNS SETOF bigint
+LANGUAGE plpgsql STABLE ROWS 4 SET enable_seqscan = off AS $$
+DECLARE
+    v_key  text;
+    v_hs   text[];
+    v_lane smallint;
+BEGIN
+    SELECT e.key, e.handlers INTO v_key, v_hs FROM @S@.relaybus_events e WHERE e.id = p_event_id;
+    IF NOT FOUND THEN
+        v_key := NULL;
+        v_hs := '{}';
+    END IF;
+    IF p_handler IS NOT NULL THEN
+        v_hs := ARRAY[p_handler];
+    END IF;
+    v_lane := @S@.relaybus_lane(coalesce(v_key, p_event_id));
+    IF v_key IS NULL THEN
+        RETURN QUERY SELECT d.id FROM @S@.relaybus_deliveries d
+          WHERE d.handler = ANY (v_hs) AND d.lane = v_lane AND d.status = 'pending' AND d.key IS NULL
+            AND d.event_id = p_event_id;
+    ELSE
+        RETURN QUERY SELECT d.id FROM @S@.relaybus_deliveries d
+          WHERE d.handler = ANY (v_hs) AND d.lane = v_lane AND d.key = v_key AND d.key IS NOT NULL
+            AND d.status = 'pending' AND d.event_id = p_event_id;
+    END IF;
+    RETURN QUERY SELECT d.id FROM @S@.relaybus_deliveries d
+      WHERE d.event_id = p_event_id AND d.status <> 'pending' AND (p_handler IS NULL OR d.handler = p_handler);
+END $$;
+
+-- Is the delivery (event, handler) there?  With its delivery id (a result
+-- that carries it), a probe of the primary key (ids are never reused);
+-- without, relaybus_event_deliveries.
+CREATE OR REPLACE FUNCTION @S@.relaybus_delivery_there(p_event_id text, p_handler text, p_id bigint DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF p_id IS NOT NULL THEN
+        RETURN EXISTS (SELECT 1 FROM @S@.relaybus_deliveries d
+                        WHERE d.id = p_id AND d.event_id = p_event_id AND d.handler = p_handler);
+    END IF;
+    RETURN EXISTS (SELECT 1 FROM @S@.relaybus_event_deliveries(p_event_id, p_handler));
 END $$;
 
 -- The due deliveries of one lane that a claim may take: unkeyed ones,
@@ -1001,8 +1069,7 @@ BEGIN
             END IF;
         END IF;
         IF outcome = 'lost' THEN
-            missing := NOT EXISTS (SELECT 1 FROM @S@.relaybus_deliveries d
-                                    WHERE d.event_id = p_event_ids[i] AND d.handler = p_handlers[i]);
+            missing := NOT @S@.relaybus_delivery_there(p_event_ids[i], p_handlers[i]);
         END IF;
         RETURN NEXT;
     END LOOP;
@@ -1164,7 +1231,8 @@ CREATE OR REPLACE VIEW @S@.relaybus_worker_events WITH (security_barrier) AS
 -- handler only checked: compared under "C" so that the planner cannot take
 -- the (event_id, handler) index instead, equality being the same under
 -- every deterministic collation); one without (p_ids element NULL) through
--- (event_id, handler).  in_flight is tested with @> so that it cannot
+-- its lane's in-flight ids (the primary key, a probe each: there is no
+-- index on event_id).  For the results with an id in_flight is tested with @> so that it cannot
 -- become an index condition (d.id = ANY (l.in_flight) made the planner read
 -- every in-flight row of the lane for each result: 5.4 ms -> 1.6 ms per
 -- 200).  l: each lane of the results read once, through its key, not once
@@ -1191,10 +1259,10 @@ BEGIN
                      AND l.in_flight @> ARRAY[d.id]
                   RETURNING r.ord, d.event_id, d.handler, d.attempts),
         by_key AS (DELETE FROM @S@.relaybus_deliveries d USING r, l
-                    WHERE r.id IS NULL AND d.event_id = r.event_id AND d.handler = r.handler
-                      AND d.lane = r.lane AND d.claims = r.claims AND d.status = 'pending'
-                      AND l.handler = r.handler AND l.lane = r.lane AND l.epoch = r.epoch
-                      AND l.in_flight @> ARRAY[d.id]
+                    WHERE r.id IS NULL AND d.id = ANY (l.in_flight) AND d.event_id = r.event_id
+                      AND d.handler = r.handler AND d.lane = r.lane AND d.claims = r.claims
+                      AND d.status = 'pending' AND l.handler = r.handler AND l.lane = r.lane
+                      AND l.epoch = r.epoch
                    RETURNING r.ord, d.event_id, d.handler, d.attempts),
         del AS (SELECT * FROM by_id UNION ALL SELECT * FROM by_key),
         hist AS (INSERT INTO @S@.relaybus_completions (event_id, handler, attempts)
@@ -1214,10 +1282,10 @@ BEGIN
                      AND l.in_flight @> ARRAY[d.id]
                   RETURNING r.ord),
         by_key AS (DELETE FROM @S@.relaybus_deliveries d USING r, l
-                    WHERE r.id IS NULL AND d.event_id = r.event_id AND d.handler = r.handler
-                      AND d.lane = r.lane AND d.claims = r.claims AND d.status = 'pending'
-                      AND l.handler = r.handler AND l.lane = r.lane AND l.epoch = r.epoch
-                      AND l.in_flight @> ARRAY[d.id]
+                    WHERE r.id IS NULL AND d.id = ANY (l.in_flight) AND d.event_id = r.event_id
+                      AND d.handler = r.handler AND d.lane = r.lane AND d.claims = r.claims
+                      AND d.status = 'pending' AND l.handler = r.handler AND l.lane = r.lane
+                      AND l.epoch = r.epoch
                    RETURNING r.ord)
         SELECT by_id.ord FROM by_id UNION ALL SELECT by_key.ord FROM by_key;
     END IF;
@@ -1308,18 +1376,20 @@ RETURNS boolean
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = @S@, pg_temp AS $$
 BEGIN
     PERFORM @S@.relaybus_check('{worker}', ARRAY[p_handler]);
-    RETURN EXISTS (SELECT 1 FROM @S@.relaybus_deliveries WHERE event_id = p_event_id AND handler = p_handler);
+    RETURN @S@.relaybus_delivery_there(p_event_id, p_handler);
 END $$;
 
 -- The same with the lane: is the delivery there, and is its lane still at
 -- the lease's epoch (a failure whose delivery the handler completed)?
+-- (p_id: the delivery id, when the result has it; a probe of the primary key)
+DROP FUNCTION IF EXISTS @S@.relaybus_delivery_state(text, text, smallint, bigint);
 CREATE OR REPLACE FUNCTION @S@.relaybus_delivery_state(p_event_id text, p_handler text, p_lane smallint,
-    p_epoch bigint)
+    p_epoch bigint, p_id bigint DEFAULT NULL)
 RETURNS TABLE (present boolean, held boolean)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = @S@, pg_temp AS $$
 BEGIN
     PERFORM @S@.relaybus_check('{worker}', ARRAY[p_handler]);
-    RETURN QUERY SELECT EXISTS (SELECT 1 FROM @S@.relaybus_deliveries WHERE event_id = p_event_id AND handler = p_handler),
+    RETURN QUERY SELECT @S@.relaybus_delivery_there(p_event_id, p_handler, p_id),
         EXISTS (SELECT 1 FROM @S@.relaybus_lanes WHERE handler = p_handler AND lane = p_lane AND epoch = p_epoch);
 END $$;
 
@@ -1331,15 +1401,15 @@ RETURNS TABLE (ord bigint, present boolean, pending boolean)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = @S@, pg_temp AS $$
 BEGIN
     PERFORM @S@.relaybus_check('{worker}', p_handlers);
-    RETURN QUERY SELECT r.ord, EXISTS (SELECT 1 FROM @S@.relaybus_deliveries d
-            WHERE d.event_id = r.event_id AND d.handler = r.handler),
-        EXISTS (SELECT 1 FROM @S@.relaybus_deliveries d JOIN @S@.relaybus_lanes l
-            ON l.handler = d.handler AND l.lane = d.lane
-            WHERE d.event_id = r.event_id AND d.handler = r.handler AND d.lane = r.lane
-              AND d.claims = r.claims AND d.status = 'pending' AND l.epoch = r.epoch
-              AND l.in_flight @> ARRAY[d.id])
+    RETURN QUERY SELECT r.ord, @S@.relaybus_delivery_there(r.event_id, r.handler, r.id), x.live IS NOT NULL
       FROM unnest(p_event_ids, p_handlers, p_lanes, p_epochs, p_claims, p_ids)
-           WITH ORDINALITY AS r(event_id, handler, lane, epoch, claims, id, ord) ORDER BY r.ord;
+           WITH ORDINALITY AS r(event_id, handler, lane, epoch, claims, id, ord)
+      LEFT JOIN LATERAL (SELECT true AS live FROM @S@.relaybus_lanes l JOIN @S@.relaybus_deliveries d
+            ON d.id = ANY (l.in_flight) AND d.handler = l.handler AND d.lane = l.lane
+            WHERE l.handler = r.handler AND l.lane = r.lane AND l.epoch = r.epoch
+              AND (r.id IS NULL OR d.id = r.id) AND d.event_id = r.event_id
+              AND d.claims = r.claims AND d.status = 'pending' LIMIT 1) x ON true
+     ORDER BY r.ord;
 END $$;
 
 -- Effectively-once: complete a delivery inside the handler's own
@@ -1396,9 +1466,10 @@ BEGIN
     IF NOT FOUND THEN
         RETURN 'lost';
     END IF;
+    -- (through the lane's in-flight ids: the primary key, no index on event_id)
     DELETE FROM @S@.relaybus_deliveries d
-     WHERE d.event_id = p_event_id AND d.handler = p_handler AND d.lane = v_lane
-       AND d.claims = v_claims AND d.status = 'pending' AND v_flight @> ARRAY[d.id]
+     WHERE d.id = ANY (v_flight) AND d.event_id = p_event_id AND d.handler = p_handler AND d.lane = v_lane
+       AND d.claims = v_claims AND d.status = 'pending'
     RETURNING d.attempts INTO v_att;
     IF NOT FOUND THEN
         RETURN 'lost';
@@ -1478,7 +1549,7 @@ DECLARE
         'relaybus_lock_lane,relaybus_delivery_exists,relaybus_delivery_state,relaybus_worker_done,'
         'relaybus_complete,relaybus_allowed,relaybus_hold}';
     c_handler CONSTANT text[] := '{relaybus_complete}';
-    c_admin CONSTANT text[] := '{relaybus_ts}';
+    c_admin CONSTANT text[] := '{relaybus_ts,relaybus_event_deliveries,relaybus_lane}';
     f   record;
     r   record;
 BEGIN

@@ -245,7 +245,7 @@ static const char list_sql[] =
     "  FROM @S@.relaybus_deliveries d "
     "  LEFT JOIN f ON f.id = d.id AND f.handler = d.handler AND f.lane = d.lane "
     "  WHERE ($1::text IS NULL OR d.handler = $1) AND ($2::text IS NULL OR d.key = $2) "
-    "    AND ($3::text IS NULL OR d.event_id = $3)) "
+    "    AND ($3::text IS NULL OR d.id = ANY (ARRAY(SELECT @S@.relaybus_event_deliveries($3, $1))))) "
     "SELECT l.id::text, l.event_id, l.handler, e.name, l.key, l.state, l.attempts, l.last_error, "
     "  @S@.relaybus_ts(l.available_at), l.lane, l.owner, @S@.relaybus_ts(l.lease_until), "
     "  @S@.relaybus_ts(l.created), @S@.relaybus_ts(coalesce(l.updated_at, l.created)) "
@@ -420,14 +420,20 @@ pg_admin_show(struct rb_store *s, const char *event_id, json_t **out, struct rb_
 
 /* ---- requeue, bury, cancel ----------------------------------------------- */
 
+/* The deliveries d of target t (event_id, handler or NULL for all): there
+ * is no index on event_id; relaybus_event_deliveries finds them through
+ * their event's lane (schema_pg.sql) */
+#define EVENT_DELIVERIES						\
+	"(SELECT d.* FROM @S@.relaybus_event_deliveries(t.event_id, t.handler) AS x(id) " \
+	"  JOIN @S@.relaybus_deliveries d ON d.id = x.id AND d.event_id = t.event_id OFFSET 0) d"
+
 /* Lock the lane rows of the targeted deliveries, in the order a claim and
  * relaybus_fail lock them: a claim of one of those lanes now waits (or
  * skips the lane), so "in flight" cannot change under the update. */
 static const char lock_lanes_sql[] =
     "SELECT 1 FROM @S@.relaybus_lanes x "
-    "WHERE (x.handler, x.lane) IN (SELECT d.handler, d.lane FROM @S@.relaybus_deliveries d "
-    "  JOIN unnest($1::text[], $2::text[]) AS t(event_id, handler) "
-    "    ON d.event_id = t.event_id AND (t.handler IS NULL OR d.handler = t.handler)) "
+    "WHERE (x.handler, x.lane) IN (SELECT d.handler, d.lane FROM unnest($1::text[], $2::text[]) AS t(event_id, handler) "
+    "  CROSS JOIN LATERAL " EVENT_DELIVERIES ") "
     "ORDER BY x.handler, x.lane FOR NO KEY UPDATE OF x";
 
 /*
@@ -441,8 +447,7 @@ static const char lock_lanes_sql[] =
  */
 static const char requeue_reorder_sql[] =
     "WITH t AS (SELECT * FROM unnest($1::text[], $2::text[]) AS t(event_id, handler)), "
-    "r AS (SELECT DISTINCT d.id, d.key, d.sequence FROM @S@.relaybus_deliveries d "
-    "  JOIN t ON d.event_id = t.event_id AND (t.handler IS NULL OR d.handler = t.handler) "
+    "r AS (SELECT DISTINCT d.id, d.key, d.sequence FROM t CROSS JOIN LATERAL " EVENT_DELIVERIES " "
     "  WHERE d.status = 'dead' AND d.key IS NOT NULL AND EXISTS ("
     "    SELECT 1 FROM @S@.relaybus_deliveries e JOIN @S@.relaybus_lanes x "
     "      ON x.handler = e.handler AND x.lane = e.lane AND e.id = ANY (x.in_flight) "
@@ -462,8 +467,7 @@ static const char requeue_reorder_sql[] =
 	"m AS (SELECT t.ord, t.event_id AS t_event, t.handler AS t_handler, d.id, d.handler, d.status, " \
 	"  (d.status = 'pending' AND EXISTS (SELECT 1 FROM @S@.relaybus_lanes x "	\
 	"     WHERE x.handler = d.handler AND x.lane = d.lane AND d.id = ANY (x.in_flight))) AS in_flight " \
-	"  FROM t LEFT JOIN @S@.relaybus_deliveries d "			\
-	"    ON d.event_id = t.event_id AND (t.handler IS NULL OR d.handler = t.handler)), " \
+	"  FROM t LEFT JOIN LATERAL " EVENT_DELIVERIES " ON true), "	\
 	"ch AS (" ACTION " RETURNING d.id, d.handler, d.lane) " COUNT	\
 	"SELECT m.t_event, coalesce(m.handler, m.t_handler), m.id::text, "	\
 	"  CASE WHEN m.id IS NULL THEN 'missing' WHEN c.id IS NOT NULL THEN '" DONE "' ELSE 'skipped' END, " \

@@ -27,19 +27,19 @@
 
 /*
  * The completion: a result with its delivery_id finds its row through the
- * primary key (event_id and handler only checked: compared under "C" so
- * that the planner cannot take the event_id index instead,
- * equality being the same under every deterministic collation); one without
- * through event_id (hash index) and handler.  in_flight is tested with @> so that it
- * cannot become an index condition (d.id = ANY (l.in_flight) made the
- * planner read every in-flight row of the lane for each result: 5.4 ms ->
- * 1.6 ms per 200).  Each row deleted returns the position of its result.
+ * primary key (event_id and handler only checked, compared under "C");
+ * there in_flight is tested with @> so that it cannot become an index
+ * condition (d.id = ANY (l.in_flight) made the planner read every
+ * in-flight row of the lane for each result: 5.4 ms -> 1.6 ms per 200).
+ * One without its delivery_id (rare: a result line written by hand)
+ * through its lane's in-flight ids, the primary key again (up to 32 probes;
+ * there is no index on event_id, schema_pg.sql).  Each row deleted returns
+ * the position of its result.
  */
 #define COMPLETE_FENCE \
     "    AND d.lane = r.lane AND d.claims = r.claims AND d.status = 'pending' " \
-    "    AND l.handler = r.handler AND l.lane = r.lane AND l.epoch = r.epoch " \
-    "    AND l.in_flight @> ARRAY[d.id] " \
-    "  RETURNING r.ord, d.event_id, d.handler, d.attempts) "
+    "    AND l.handler = r.handler AND l.lane = r.lane AND l.epoch = r.epoch "
+#define COMPLETE_RETURNING "  RETURNING r.ord, d.event_id, d.handler, d.attempts) "
 /* (l: each lane of the results read once, through its key, not once a
  * result: a group of 200 has some 20 lanes; 7% less time a result) */
 #define COMPLETE_CTE \
@@ -50,10 +50,10 @@
     "    WHERE y.handler = u.handler AND y.lane = u.lane OFFSET 0) x), " \
     "by_id AS (DELETE FROM @S@.relaybus_deliveries d USING r, l " \
     "  WHERE d.id = r.id AND d.event_id = r.event_id COLLATE \"C\" AND d.handler = r.handler COLLATE \"C\" " \
-    COMPLETE_FENCE ", " \
+    COMPLETE_FENCE "    AND l.in_flight @> ARRAY[d.id] " COMPLETE_RETURNING ", " \
     "by_key AS (DELETE FROM @S@.relaybus_deliveries d USING r, l " \
-    "  WHERE r.id IS NULL AND d.event_id = r.event_id AND d.handler = r.handler " \
-    COMPLETE_FENCE ", " \
+    "  WHERE r.id IS NULL AND d.id = ANY (l.in_flight) AND d.event_id = r.event_id " \
+    "    AND d.handler = r.handler " COMPLETE_FENCE COMPLETE_RETURNING ", " \
     "del AS (SELECT * FROM by_id UNION ALL SELECT * FROM by_key) "
 const char pg_tmpl_complete[] = COMPLETE_CTE "SELECT ord FROM del";
 const char pg_tmpl_complete_hist[] = COMPLETE_CTE
@@ -148,17 +148,18 @@ delivery_state(struct rb_store *s, PGconn *c, const struct rb_result *r, bool *e
 {
 	/* (a worker role reads neither table: its SECURITY DEFINER door) */
 	char *q = pg_render(pg_be(s)->worker ?
-	    "SELECT * FROM @S@.relaybus_delivery_state($1, $2, $3::smallint, $4::bigint)" :
-	    "SELECT EXISTS (SELECT 1 FROM @S@.relaybus_deliveries WHERE event_id = $1 AND handler = $2), "
+	    "SELECT * FROM @S@.relaybus_delivery_state($1, $2, $3::smallint, $4::bigint, $5::bigint)" :
+	    "SELECT @S@.relaybus_delivery_there($1, $2, $5::bigint), "
 	    "EXISTS (SELECT 1 FROM @S@.relaybus_lanes WHERE handler = $2 AND lane = $3::smallint AND epoch = $4::bigint)",
 	    s->schema);
-	char lane[16], epoch[32];
-	const char *params[4] = { r->event_id, r->handler, lane, epoch };
+	char lane[16], epoch[32], id[32];
+	const char *params[5] = { r->event_id, r->handler, lane, epoch, r->delivery_id > 0 ? id : NULL };
 	PGresult *res;
 
 	lane[rb_fmt_int(lane, r->lease.lane)] = '\0';
 	epoch[rb_fmt_int(epoch, r->lease.epoch)] = '\0';
-	res = pg_run_on(s, c, q, 4, params, PGRES_TUPLES_OK, "complete", false, err);
+	id[rb_fmt_int(id, r->delivery_id)] = '\0';
+	res = pg_run_on(s, c, q, 5, params, PGRES_TUPLES_OK, "complete", false, err);
 	free(q);
 	if (res == NULL)
 		return -1;
@@ -580,15 +581,15 @@ complete_fail(struct rb_store *s, const struct rb_complete_opts *o, struct rb_re
 /* For each result: does its delivery exist, and is it still pending under
  * the result's lease (the completion's fence)? */
 static const char tmpl_done[] =
-    "SELECT r.ord, EXISTS (SELECT 1 FROM @S@.relaybus_deliveries d "
-    "    WHERE d.event_id = r.event_id AND d.handler = r.handler), "
-    "  EXISTS (SELECT 1 FROM @S@.relaybus_deliveries d JOIN @S@.relaybus_lanes l "
-    "    ON l.handler = d.handler AND l.lane = d.lane "
-    "    WHERE d.event_id = r.event_id AND d.handler = r.handler AND d.lane = r.lane "
-    "    AND d.claims = r.claims AND d.status = 'pending' AND l.epoch = r.epoch "
-    "    AND l.in_flight @> ARRAY[d.id]) "
+    "SELECT r.ord, @S@.relaybus_delivery_there(r.event_id, r.handler, r.id), x.live IS NOT NULL "
     "FROM unnest($1::text[], $2::text[], $3::smallint[], $4::bigint[], $5::integer[], $6::bigint[]) "
-    "  WITH ORDINALITY AS r(event_id, handler, lane, epoch, claims, id, ord) ORDER BY r.ord";
+    "  WITH ORDINALITY AS r(event_id, handler, lane, epoch, claims, id, ord) "
+    "LEFT JOIN LATERAL (SELECT true AS live FROM @S@.relaybus_lanes l JOIN @S@.relaybus_deliveries d "
+    "    ON d.id = ANY (l.in_flight) AND d.handler = l.handler AND d.lane = l.lane "
+    "    WHERE l.handler = r.handler AND l.lane = r.lane AND l.epoch = r.epoch "
+    "    AND (r.id IS NULL OR d.id = r.id) AND d.event_id = r.event_id "
+    "    AND d.claims = r.claims AND d.status = 'pending' LIMIT 1) x ON true "
+    "ORDER BY r.ord";
 static const char tmpl_w_done[] =
     "SELECT * FROM @S@.relaybus_worker_done($1::text[], $2::text[], $3::smallint[], $4::bigint[], $5::integer[], "
     "$6::bigint[])";

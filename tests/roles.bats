@@ -130,7 +130,8 @@ tables_of() {
   [ "$(executes "$R_WRK")" = "relaybus_allowed relaybus_complete relaybus_complete_batch relaybus_delivery_exists relaybus_delivery_state relaybus_extend relaybus_hold relaybus_lock_lane relaybus_relinquish relaybus_relinquish_leases relaybus_relinquish_owner relaybus_worker_claim relaybus_worker_claim_ids relaybus_worker_done relaybus_worker_fail" ]
   [ "$(executes "$R_WM")" = "$(executes "$R_WRK")" ]
   [ "$(executes "$R_HM")" = relaybus_complete ]
-  [ "$(executes "$R_ADM")" = relaybus_ts ]
+  # (rb-admin by event finds deliveries through relaybus_event_deliveries and the lane hash)
+  [ "$(executes "$R_ADM")" = "relaybus_event_deliveries relaybus_lane relaybus_ts" ]
   [ "$(executes "$R_NONE")" = - ]
   [ "$(tables_of "$R_PUB")" = relaybus_schema_version:SELECT ]
   [ "$(tables_of "$R_HM")" = relaybus_schema_version:SELECT ]

@@ -159,10 +159,10 @@ rows() {  # [schema]
   run q "SELECT indexname FROM pg_indexes WHERE schemaname = '$RB_SCHEMA' AND tablename = 'relaybus_deliveries' ORDER BY 1"
   [ "$output" = "relaybus_deliveries_completed_010_idx
 relaybus_deliveries_dead_idx
-relaybus_deliveries_event_idx
 relaybus_deliveries_lane_due_idx
 relaybus_deliveries_lane_key_idx
-relaybus_deliveries_pkey" ]
+relaybus_deliveries_pkey
+relaybus_deliveries_settled_idx" ]
   # the 256 lanes of each handler, and the storage parameters
   [ "$(q "SELECT string_agg(handler || ':' || n, ' ' ORDER BY handler) FROM (SELECT handler, count(*) AS n FROM relaybus_lanes GROUP BY handler) l")" = "audit:256 mailer:256" ]
   [ "$(q "SELECT array_to_string(reloptions, ',') FROM pg_class WHERE oid = 'relaybus_deliveries'::regclass")" = "autovacuum_vacuum_scale_factor=0.02" ]
