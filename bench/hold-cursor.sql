@@ -1,4 +1,11 @@
--- bench/hold-cursor.sql: a prototype (issue 25 item 3), not the store's claim; see bench/README.md
+-- bench/hold-cursor.sql: a prototype of claim cursors (issue 25 item 3), loaded
+-- by bench/hold-buffers into its own schema (@S@); not the store's claim.  A copy
+-- of relaybus_lane_candidates and relaybus_claim_ids (libcommon/schema_pg.sql)
+-- whose scans start at cursors the caller keeps: a time bound B from ticks
+-- (p_tick_c, p_tick_x), per-lane cursors (p_ucur, p_kcur), per-key sequence
+-- cursors (p_kk, p_ks) and, with p_g, one global cursor for the search of
+-- free lanes.  The new cursors come back in two rows without an id.  See
+-- bench/README.md "Claim cursors, a prototype".
 CREATE INDEX IF NOT EXISTS relaybus_deliveries_lane_kdue_idx ON @S@.relaybus_deliveries (handler, lane, available_at, id) WHERE key IS NOT NULL AND status = 'pending';
 CREATE FUNCTION @S@.relaybus_lane_candidates_cur(
     p_handler text, p_lane smallint, p_now timestamptz, p_live bigint[], p_limit integer,
@@ -57,7 +64,7 @@ CREATE OR REPLACE FUNCTION @S@.relaybus_claim_ids_cur(
     p_holder bigint DEFAULT NULL, p_chain_early boolean DEFAULT false, p_holder_live boolean DEFAULT false,
     p_ucur timestamptz[] DEFAULT NULL, p_kcur timestamptz[] DEFAULT NULL,
     p_tick_c timestamptz[] DEFAULT NULL, p_tick_x xid8[] DEFAULT NULL,
-    p_kk text[] DEFAULT '{}', p_ks bigint[] DEFAULT '{}')
+    p_kk text[] DEFAULT '{}', p_ks bigint[] DEFAULT '{}', p_g timestamptz DEFAULT NULL)
 RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigint, claims integer,
                attempts integer, sequence bigint, created_at text)
 LANGUAGE plpgsql SET enable_seqscan = off SET jit = off AS $$
@@ -119,6 +126,9 @@ DECLARE
     r          record;
     v_tx       xid8;
     v_b        timestamptz;
+    v_g        timestamptz := p_g;    -- the global cursor (p_g not NULL: the probe reads lane_gdue)
+    v_seen     smallint[] := '{}';
+    v_search   boolean := false;
     v_ucur     timestamptz[] := array_fill('-infinity'::timestamptz, ARRAY[256], ARRAY[0]);
     v_kcur     timestamptz[] := array_fill('-infinity'::timestamptz, ARRAY[256], ARRAY[0]);
 BEGIN
@@ -229,6 +239,14 @@ BEGIN
           FROM unnest(v_free0) u(ln)
          WHERE NOT (u.ln = ANY (v_held));
     END IF;
+    v_search := cardinality(v_free) > 0;
+    IF p_g IS NOT NULL AND v_search THEN
+        -- G is a lower bound of every lane's pending entries: of each lane's cursors too
+        FOR i IN 0 .. 255 LOOP
+            v_ucur[i] := greatest(v_ucur[i], v_g);
+            v_kcur[i] := greatest(v_kcur[i], v_g);
+        END LOOP;
+    END IF;
     WHILE cardinality(v_picked) < p_batch AND cardinality(v_free) > 0 LOOP
         v_new := '{}';
         FOR l IN
@@ -240,13 +258,24 @@ BEGIN
                      WHERE d.handler = p_handler AND d.lane = g.ln AND d.key IS NOT NULL AND d.status = 'pending'
                        AND d.available_at >= v_kcur[g.ln] ORDER BY d.available_at, d.id LIMIT 1) AS ka
               FROM unnest(v_free) WITH ORDINALITY g(ln, o)
-             WHERE NOT (g.ln = ANY (v_held))
-             ORDER BY g.o
+             WHERE NOT (g.ln = ANY (v_held)) AND p_g IS NULL
+            UNION ALL
+            -- the global variant: the due entries of every lane from the
+            -- global cursor, oldest first
+            (SELECT d.lane, d.available_at, NULL FROM @S@.relaybus_deliveries d
+              WHERE p_g IS NOT NULL AND d.handler = p_handler AND d.status = 'pending'
+                AND d.available_at >= v_g AND d.available_at <= v_now
+              ORDER BY d.available_at, d.id)
         LOOP
-            -- the lane's cursors: its first pending entry, at most the bound
-            v_ucur[l.ln] := least(coalesce(l.ua, 'infinity'), v_b);
-            v_kcur[l.ln] := least(coalesce(l.ka, 'infinity'), v_b);
-            CONTINUE WHEN NOT coalesce(l.ua <= v_now OR l.ka <= v_now, false);
+            IF p_g IS NULL THEN
+                -- the lane's cursors: its first pending entry, at most the bound
+                v_ucur[l.ln] := least(coalesce(l.ua, 'infinity'), v_b);
+                v_kcur[l.ln] := least(coalesce(l.ka, 'infinity'), v_b);
+                CONTINUE WHEN NOT coalesce(l.ua <= v_now OR l.ka <= v_now, false);
+            ELSE
+                CONTINUE WHEN l.ln = ANY (v_seen) OR l.ln = ANY (v_held) OR NOT (l.ln = ANY (v_free));
+                v_seen := v_seen || l.ln;
+            END IF;
             SELECT y.lane, y.lease_owner, y.in_flight, y.chain_early INTO r FROM @S@.relaybus_lanes y
              WHERE y.handler = p_handler AND y.lane = l.ln
                AND (y.lease_owner IS NULL OR y.lease_expires_at <= v_now)
@@ -283,6 +312,7 @@ BEGIN
         END LOOP;
         EXIT WHEN cardinality(v_new) = 0;
         v_free := CASE WHEN cardinality(v_new) < v_take THEN '{}'
+                       WHEN p_g IS NOT NULL THEN ARRAY(SELECT u FROM unnest(v_free) u WHERE NOT (u = ANY (v_new)))
                        ELSE coalesce(v_free[array_position(v_free, v_new[cardinality(v_new)]) + 1 : cardinality(v_free)], '{}') END;
         v_held := v_held || v_new;
         v_acquired := v_acquired || v_new;
@@ -378,10 +408,16 @@ BEGIN
           FROM unnest(v_picked, v_pev, v_plane, v_pclaims, v_patt, v_pseq, v_pcat) u(i, ev, ln, cl, att, seq, cat)
          WHERE v_epoch[u.ln] >= 0;
     -- (the prototype's way to hand back the cursors and the tick: one row without an id)
+    IF p_g IS NOT NULL AND v_search THEN
+        SELECT least(coalesce(min(f.a), 'infinity'), v_b) INTO v_g FROM (
+            SELECT d.available_at AS a FROM @S@.relaybus_deliveries d
+             WHERE d.handler = p_handler AND d.status = 'pending' AND d.available_at >= p_g
+             ORDER BY d.available_at, d.id LIMIT 1) f;
+    END IF;
     -- the keys' cursors: the lowest sequence a key's picks start at (its
     -- head: the lowest pending), else what it was
     RETURN QUERY SELECT NULL::bigint, array_agg(m.k ORDER BY m.k)::text, array_agg(m.s ORDER BY m.k)::text, -1::smallint,
-                        NULL::bigint, NULL::integer, NULL::integer, NULL::bigint, NULL::text
+                        NULL::bigint, NULL::integer, NULL::integer, NULL::bigint, v_g::text
       FROM (SELECT coalesce(a.k, b.k) AS k, greatest(a.s, b.s) AS s
               FROM unnest(p_kk, p_ks) a(k, s)
               FULL JOIN (SELECT u.k, min(u.s) AS s FROM unnest(v_pkey, v_pseq) u(k, s) WHERE u.k IS NOT NULL GROUP BY u.k) b
