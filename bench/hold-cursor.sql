@@ -4,7 +4,8 @@
 -- whose scans start at cursors the caller keeps: a time bound B from ticks
 -- (p_tick_c, p_tick_x), per-lane cursors (p_ucur, p_kcur), per-key sequence
 -- cursors (p_kk, p_ks) and, with p_g, one global cursor for the search of
--- free lanes.  The new cursors come back in two rows without an id.  See
+-- free lanes, and with p_mine the lanes the caller holds instead of a pass over
+-- every lane row.  The new cursors and lanes come back in rows without an id.  See
 -- bench/README.md "Claim cursors, a prototype".
 CREATE INDEX IF NOT EXISTS relaybus_deliveries_lane_kdue_idx ON @S@.relaybus_deliveries (handler, lane, available_at, id) WHERE key IS NOT NULL AND status = 'pending';
 CREATE FUNCTION @S@.relaybus_lane_candidates_cur(
@@ -64,7 +65,8 @@ CREATE OR REPLACE FUNCTION @S@.relaybus_claim_ids_cur(
     p_holder bigint DEFAULT NULL, p_chain_early boolean DEFAULT false, p_holder_live boolean DEFAULT false,
     p_ucur timestamptz[] DEFAULT NULL, p_kcur timestamptz[] DEFAULT NULL,
     p_tick_c timestamptz[] DEFAULT NULL, p_tick_x xid8[] DEFAULT NULL,
-    p_kk text[] DEFAULT '{}', p_ks bigint[] DEFAULT '{}', p_g timestamptz DEFAULT NULL)
+    p_kk text[] DEFAULT '{}', p_ks bigint[] DEFAULT '{}', p_g timestamptz DEFAULT NULL,
+    p_mine smallint[] DEFAULT NULL)
 RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigint, claims integer,
                attempts integer, sequence bigint, created_at text)
 LANGUAGE plpgsql SET enable_seqscan = off SET jit = off AS $$
@@ -129,6 +131,8 @@ DECLARE
     v_g        timestamptz := p_g;    -- the global cursor (p_g not NULL: the probe reads lane_gdue)
     v_seen     smallint[] := '{}';
     v_search   boolean := false;
+    v_held0    smallint[];
+    v_backed   smallint[] := '{}';
     v_ucur     timestamptz[] := array_fill('-infinity'::timestamptz, ARRAY[256], ARRAY[0]);
     v_kcur     timestamptz[] := array_fill('-infinity'::timestamptz, ARRAY[256], ARRAY[0]);
 BEGIN
@@ -143,7 +147,13 @@ BEGIN
             v_kcur[i] := coalesce(p_kcur[i], '-infinity');
         END LOOP;
     END IF;
+    -- p_mine (with p_g): the lanes this claimer holds, as the claim before
+    -- handed them back (a third row without an id), instead of the pass over
+    -- every lane row; every lane is then a candidate of the search (its
+    -- lease is checked where it is locked), and the other holders'
+    -- liveness is not probed (a real design would do that less often)
     FOR i IN 1 .. 2 LOOP
+        EXIT WHEN p_mine IS NOT NULL AND p_g IS NOT NULL;
         SELECT coalesce(array_agg(y.lane) FILTER (WHERE y.lease_owner = p_owner
                                                     AND y.holder IS NOT DISTINCT FROM p_holder), '{}'),
                coalesce(array_agg(DISTINCT y.holder) FILTER (WHERE y.holder_live
@@ -157,6 +167,11 @@ BEGIN
         EXIT WHEN v_nlanes >= 256;
         PERFORM @S@.relaybus_seed_lanes(p_handler);
     END LOOP;
+    IF p_mine IS NOT NULL AND p_g IS NOT NULL THEN
+        v_mine := p_mine;
+        v_holders := '{}';
+        v_free0 := ARRAY(SELECT g::smallint FROM generate_series(0, 255) g);
+    END IF;
     v_held := '{}';
     IF cardinality(v_mine) > 0 THEN
         SELECT coalesce(array_agg(h.lane), '{}') INTO v_held FROM (
@@ -204,6 +219,7 @@ BEGIN
                 CROSS JOIN LATERAL @S@.relaybus_lane_candidates_cur(p_handler, hl.lane, v_now, v_live,
                     least(p_batch, c_per_lane, v_room[hl.lane]), p_chain, v_ucur[hl.lane], v_kcur[hl.lane], p_kk, p_ks) c
                 LIMIT p_batch) t;
+        v_held0 := v_held;
         v_scanned := CASE WHEN cardinality(v_picked) < p_batch THEN v_held
                           ELSE v_held[1:v_last - 1] END;
         FOR l IN
@@ -395,14 +411,22 @@ BEGIN
     END IF;
     v_back := ARRAY(SELECT u FROM unnest(v_scanned) u WHERE NOT (u = ANY (v_used)));
     IF cardinality(v_back) > 0 THEN
+        WITH b AS (
         UPDATE @S@.relaybus_lanes x
            SET lease_owner = NULL, holder = NULL, holder_live = NULL, lease_expires_at = NULL, in_flight = '{}'
          WHERE x.handler = p_handler AND x.lane = ANY (v_back) AND x.lease_owner = p_owner
            AND x.holder IS NOT DISTINCT FROM p_holder
            AND CASE WHEN v_lc IS NULL THEN NOT (x.in_flight && v_live)
                     ELSE v_lc[x.lane] = 0
-                         OR NOT (x.in_flight && v_ls[v_lo[x.lane] : v_lo[x.lane] + v_lc[x.lane] - 1]) END;
+                         OR NOT (x.in_flight && v_ls[v_lo[x.lane] : v_lo[x.lane] + v_lc[x.lane] - 1]) END
+        RETURNING x.lane)
+        SELECT coalesce(array_agg(b.lane), '{}') INTO v_backed FROM b;
     END IF;
+    -- (the lanes this claimer holds now: those it wrote, and those it held
+    -- and did not hand back)
+    RETURN QUERY SELECT NULL::bigint, ARRAY(SELECT DISTINCT u FROM unnest(coalesce(v_used, '{}') || coalesce(v_held0, '{}')) u
+                                             WHERE u = ANY (v_used) OR NOT (u = ANY (v_backed)))::text,
+                        NULL::text, -2::smallint, NULL::bigint, NULL::integer, NULL::integer, NULL::bigint, NULL::text;
     RETURN QUERY
         SELECT u.i, u.ev, p_handler, u.ln, v_epoch[u.ln], u.cl, u.att, u.seq, @S@.relaybus_ts(u.cat)
           FROM unnest(v_picked, v_pev, v_plane, v_pclaims, v_patt, v_pseq, v_pcat) u(i, ev, ln, cl, att, seq, cat)

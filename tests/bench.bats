@@ -113,7 +113,7 @@ load test_helper
   [[ "$output" == *"| phase | claims | deliveries a claim (completed) | buffers a claim |"* ]]
   # 30 steps of 6 events, the last step's claim never completed: 174 in each
   # phase, the cursor prototypes (bench/hold-cursor.sql) included
-  [ "$(echo "$output" | awk -F'|' '$2 ~ /^ (clean|held)(-cursor|-global)? $/ && $3 + 0 == 30 && $12 + 0 == 174 { n++ } END { print n + 0 }')" = 6 ]
+  [ "$(echo "$output" | awk -F'|' '$2 ~ /^ (clean|held)(-cursor|-global|-global-mine)? $/ && $3 + 0 == 30 && $12 + 0 == 174 { n++ } END { print n + 0 }')" = 8 ]
   [[ "$output" == *"| held | \`"* ]]
   # the throwaway server is gone
   ! ls -d /tmp/relaybus-hold-buffers-pg.* 2>/dev/null
