@@ -418,8 +418,9 @@ f_trim_chains(struct follow *f, struct rb_dl **v, int n)
 static int
 f_claim(struct follow *f, struct rb_error *err)
 {
+	/* (a long-lived claimer: claim cursors, relaybus(7)) */
 	struct rb_claim_opts co = { .handler = opt.handler, .owner = f->owner, .lease_ms = opt.lease_ms,
-	    .max_attempts = opt.max_attempts };
+	    .max_attempts = opt.max_attempts, .cursors = true };
 	struct rb_dl **v = NULL;
 	int want = f_room(f), n;
 	int64_t t0 = rb_mono_ms();

@@ -230,6 +230,12 @@ struct rb_claim_opts {
 	 * Not for a claim whose deliveries are completed by another process
 	 * after it exits (rb-claim | ... | rb-complete).  Ignored by MongoDB. */
 	bool		 liveness;
+	/* a long-lived claimer (rb-dispatch, rb-claim --follow): PostgreSQL
+	 * keeps claim cursors between its claims, so that a claim under a
+	 * held snapshot does not walk every delivery completed since
+	 * (relaybus(7), "Claim cursors"; RELAYBUS_PG_RESCAN).  Ignored by
+	 * MongoDB. */
+	bool		 cursors;
 };
 #define RB_LINE_TEXT_KEY	"_line"
 

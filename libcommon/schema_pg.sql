@@ -51,7 +51,7 @@ CREATE TABLE IF NOT EXISTS @S@.relaybus_deliveries (
 -- that stored now() twice cost every publish 8 B of WAL (bench/README.md).
 -- Every path that makes a delivery dead sets it (dead_idx, the purge).
 -- created_at: NULL when it is available_at, as for every delivery due at
--- its publish (the publish functions write NULLIF(now(), available_at));
+-- its publish (the publish functions write NULLIF(clock_timestamp(), available_at));
 -- readers take coalesce(created_at, available_at), and the two updates
 -- that move available_at (a failure's retry, rb-admin requeue) first set
 -- it so.  8 B less a delivery row again (bench/README.md).
@@ -82,6 +82,24 @@ CREATE INDEX IF NOT EXISTS relaybus_deliveries_lane_due_idx
     ON @S@.relaybus_deliveries (handler, lane, available_at, id) WHERE status = 'pending' AND key IS NULL;
 CREATE INDEX IF NOT EXISTS relaybus_deliveries_lane_key_idx
     ON @S@.relaybus_deliveries (handler, lane, key, sequence) WHERE key IS NOT NULL AND status = 'pending';
+-- The claim cursors' two (see relaybus_claim_ids, "Claim cursors"): a
+-- lane's keyed work in time order, from which a claimer with cursors finds
+-- the keys that have work after its keyed cursor; and every pending
+-- delivery of a handler in time order, which such a claimer searches from
+-- its global cursor for lanes with due work, instead of probing each free
+-- lane from its oldest entry.  An entry in one of them or both for every
+-- delivery published (bench/README.md, "Claim cursors").  The second
+-- leads with an expression, (handler || ''), which only that search names,
+-- and has no id: no other statement can take it with a bound.  Without
+-- statistics (a young table) the planner could not tell a plain (handler,
+-- available_at, id) from lane_due_idx or the primary key, and a lane's
+-- scan, a probe or a completion's DELETE through it read every pending
+-- delivery of the handler (bench/hold-buffers: 303 buffers a completion
+-- call instead of 36).
+CREATE INDEX IF NOT EXISTS relaybus_deliveries_lane_kdue_idx
+    ON @S@.relaybus_deliveries (handler, lane, available_at, id) WHERE key IS NOT NULL AND status = 'pending';
+CREATE INDEX IF NOT EXISTS relaybus_deliveries_due_idx
+    ON @S@.relaybus_deliveries ((handler || ''), available_at) WHERE status = 'pending';
 CREATE INDEX IF NOT EXISTS relaybus_deliveries_dead_idx
     ON @S@.relaybus_deliveries (updated_at, id) WHERE status = 'dead';
 
@@ -208,6 +226,7 @@ DECLARE
     v_existing text[];
     v_seq      bigint;
     v_at       timestamptz;
+    v_clock    timestamptz;
     v_dup      boolean := false;
 BEGIN
     IF p_name IS NULL OR p_payload IS NULL THEN
@@ -262,13 +281,17 @@ BEGIN
                 RETURNING k.sequence INTO v_seq;
             END IF;
         END IF;
-        v_at := coalesce(p_available_at, now() + coalesce(p_delay_ms, 0) * interval '1 millisecond');
+        -- the claim cursors' rule (relaybus_claim_ids): the transaction's
+        -- xid first, then the clock, and nothing due before it
+        PERFORM pg_current_xact_id();
+        v_clock := clock_timestamp();
+        v_at := greatest(coalesce(p_available_at, v_clock + coalesce(p_delay_ms, 0) * interval '1 millisecond'), v_clock);
         INSERT INTO @S@.relaybus_deliveries (event_id, handler, lane, key, sequence, available_at, created_at)
-        SELECT v_id, h, @S@.relaybus_lane(coalesce(p_key, v_id)), p_key, v_seq, v_at, nullif(now(), v_at)
+        SELECT v_id, h, @S@.relaybus_lane(coalesce(p_key, v_id)), p_key, v_seq, v_at, nullif(v_clock, v_at)
           FROM unnest(v_new) h;
         -- one notification per handler and transaction: PostgreSQL folds
         -- identical notifications of a transaction into one
-        IF v_at <= now() AND @S@.relaybus_notify_on() THEN
+        IF v_at <= v_clock AND @S@.relaybus_notify_on() THEN
             PERFORM pg_notify('@CHAN@', h) FROM unnest(v_new) h;
         END IF;
     END IF;
@@ -301,13 +324,18 @@ DECLARE
     v_due   boolean[];
     v_notify text[];
     r       record;
+    v_clock timestamptz;
 BEGIN
+    -- the claim cursors' rule (relaybus_claim_ids): the transaction's xid
+    -- first, then the clock, and nothing due before it
+    PERFORM pg_current_xact_id();
+    v_clock := clock_timestamp();
     IF NOT jsonb_path_exists(p_events, '$[*] ? (exists (@.id) || exists (@.key))') THEN
         WITH src AS (
             SELECT x.o::integer AS ord, gen_random_uuid()::text AS id, x.e->>'name' AS name, x.e->'payload' AS payload,
                    CASE WHEN jsonb_typeof(x.e->'headers') = 'object' THEN nullif(x.e->'headers', '{}') END AS headers,
-                   coalesce((x.e->>'available_at')::timestamptz,
-                            now() + coalesce((x.e->>'delay_ms')::bigint, 0) * interval '1 millisecond') AS at,
+                   greatest(coalesce((x.e->>'available_at')::timestamptz,
+                            v_clock + coalesce((x.e->>'delay_ms')::bigint, 0) * interval '1 millisecond'), v_clock) AS at,
                    CASE WHEN jsonb_typeof(x.e->'handlers') = 'array' THEN
                         ARRAY(SELECT DISTINCT h FROM jsonb_array_elements_text(x.e->'handlers') h ORDER BY 1) END AS explicit
               FROM jsonb_array_elements(p_events) WITH ORDINALITY AS x(e, o)
@@ -321,13 +349,13 @@ BEGIN
             SELECT id, name, payload, headers, hs FROM routed
         ), del AS (
             INSERT INTO @S@.relaybus_deliveries (event_id, handler, lane, available_at, created_at)
-            SELECT r.id, h, @S@.relaybus_lane(r.id), r.at, nullif(now(), r.at) FROM routed r, unnest(r.hs) h
+            SELECT r.id, h, @S@.relaybus_lane(r.id), r.at, nullif(v_clock, r.at) FROM routed r, unnest(r.hs) h
              ORDER BY h, r.ord
             RETURNING handler, available_at
         )
         SELECT array_agg(f.ord ORDER BY f.ord), array_agg(f.id ORDER BY f.ord), array_agg(to_jsonb(f.hs) ORDER BY f.ord),
-               array_agg(f.at <= now() ORDER BY f.ord),
-               (SELECT array_agg(DISTINCT d.handler) FROM del d WHERE d.available_at <= now())
+               array_agg(f.at <= v_clock ORDER BY f.ord),
+               (SELECT array_agg(DISTINCT d.handler) FROM del d WHERE d.available_at <= v_clock)
           INTO v_ords, v_ids, v_hs, v_due, v_notify
           FROM routed f;
     ELSE
@@ -336,8 +364,8 @@ BEGIN
                x.e->>'id' IS NOT NULL AS named,
                x.e->>'name' AS name, x.e->>'key' AS key, x.e->'payload' AS payload,
                CASE WHEN jsonb_typeof(x.e->'headers') = 'object' THEN nullif(x.e->'headers', '{}') END AS headers,
-               coalesce((x.e->>'available_at')::timestamptz,
-                        now() + coalesce((x.e->>'delay_ms')::bigint, 0) * interval '1 millisecond') AS at,
+               greatest(coalesce((x.e->>'available_at')::timestamptz,
+                        v_clock + coalesce((x.e->>'delay_ms')::bigint, 0) * interval '1 millisecond'), v_clock) AS at,
                CASE WHEN jsonb_typeof(x.e->'handlers') = 'array' THEN
                     ARRAY(SELECT DISTINCT h FROM jsonb_array_elements_text(x.e->'handlers') h ORDER BY 1) END AS explicit
           FROM jsonb_array_elements(p_events) WITH ORDINALITY AS x(e, o)
@@ -384,14 +412,14 @@ BEGIN
         -- dirtied first costs a full-page image: 7,205 B of WAL a delivery
         -- against 247 for one handler of 50, bench/README.md)
         INSERT INTO @S@.relaybus_deliveries (event_id, handler, lane, key, sequence, available_at, created_at)
-        SELECT n.id, h, @S@.relaybus_lane(coalesce(n.key, n.id)), n.key, n.sequence, n.at, nullif(now(), n.at)
+        SELECT n.id, h, @S@.relaybus_lane(coalesce(n.key, n.id)), n.key, n.sequence, n.at, nullif(v_clock, n.at)
           FROM numbered n, unnest(n.hs) h
          ORDER BY h, n.ord
         RETURNING handler, available_at
     )
     SELECT array_agg(f.ord ORDER BY f.ord), array_agg(f.id ORDER BY f.ord), array_agg(to_jsonb(f.hs) ORDER BY f.ord),
-           array_agg(f.at <= now() ORDER BY f.ord),
-           (SELECT array_agg(DISTINCT d.handler) FROM del d WHERE d.available_at <= now())
+           array_agg(f.at <= v_clock ORDER BY f.ord),
+           (SELECT array_agg(DISTINCT d.handler) FROM del d WHERE d.available_at <= v_clock)
       INTO v_ords, v_ids, v_hs, v_due, v_notify
       FROM fresh f;
     END IF;
@@ -492,11 +520,26 @@ END $$;
 -- fifth of the claim).
 DROP FUNCTION IF EXISTS @S@.relaybus_lane_candidates(text, smallint, timestamptz, bigint[], integer);
 DROP FUNCTION IF EXISTS @S@.relaybus_lane_candidates(text, smallint, timestamptz, bigint[], integer, integer);
+DROP FUNCTION IF EXISTS @S@.relaybus_lane_candidates(text, smallint, timestamptz, bigint[], integer, integer,
+    timestamptz, timestamptz);
+-- p_ucur, p_kcur: where the scans may start (the claim cursors of a
+-- long-lived claimer, see relaybus_claim_ids): no pending unkeyed delivery
+-- of the lane is due before p_ucur, no keyed one before p_kcur.
+-- '-infinity': none known (every claim typed in SQL), and the scans are
+-- those of a claim without cursors.  Under a held snapshot (issue 25 item 3) every index entry of a
+-- delivery completed since can be neither removed nor marked dead, and a
+-- scan from the lane's oldest entry walks them all; from a cursor, it walks
+-- those completed since the cursor moved.  The keys of the lane come from
+-- lane_kdue, from p_kcur on, when it has fewer than 64 keyed entries there:
+-- those are then all the lane's pending keyed deliveries, and each key's
+-- head is the lowest sequence among them; otherwise, and without a
+-- keyed cursor, from the skip scan of lane_key (a probe a key: a deep
+-- backlog of one key costs one probe).  The key column says a pick's key.
 CREATE FUNCTION @S@.relaybus_lane_candidates(
     p_handler text, p_lane smallint, p_now timestamptz, p_live bigint[], p_limit integer,
-    p_chain integer)
+    p_chain integer, p_ucur timestamptz DEFAULT '-infinity', p_kcur timestamptz DEFAULT '-infinity')
 RETURNS TABLE (id bigint, event_id text, claims integer, attempts integer, sequence bigint,
-               created_at timestamptz)
+               created_at timestamptz, key text)
 -- LANGUAGE sql, STABLE, no SET clause: the planner inlines it into the
 -- claim's statements (one plan for all lanes, no call per lane: the pass
 -- over 256 held lanes went from 1.3 to 0.7 ms).  Every scan here is meant to go
@@ -507,28 +550,51 @@ RETURNS TABLE (id bigint, event_id text, claims integer, attempts integer, seque
 -- left, far above jit_above_cost, and compiling costs a claim 10-100 ms
 -- (Debian's PostgreSQL 15 has jit on)
 LANGUAGE sql STABLE AS $$
-    (SELECT d.id, d.event_id, d.claims, d.attempts, d.sequence, coalesce(d.created_at, d.available_at) AS created_at
+    (SELECT d.id, d.event_id, d.claims, d.attempts, d.sequence, coalesce(d.created_at, d.available_at) AS created_at,
+            NULL::text AS key
        FROM @S@.relaybus_deliveries d
       WHERE d.handler = p_handler AND d.lane = p_lane AND d.status = 'pending' AND d.key IS NULL
-        AND d.available_at <= p_now AND d.id NOT IN (SELECT v FROM unnest(p_live) v WHERE v IS NOT NULL)
+        AND d.available_at >= p_ucur AND d.available_at <= p_now
+        AND d.id NOT IN (SELECT v FROM unnest(p_live) v WHERE v IS NOT NULL)
       ORDER BY d.available_at, d.id
       LIMIT p_limit)
     UNION ALL
-    (WITH RECURSIVE heads AS (
-        (SELECT d.key, d.id, d.available_at FROM @S@.relaybus_deliveries d
-          WHERE d.handler = p_handler AND d.lane = p_lane AND d.key IS NOT NULL AND d.status = 'pending'
-          ORDER BY d.key, d.sequence
-          LIMIT 1)
+    (WITH kd AS MATERIALIZED (
+        -- (in lane_kdue's order, and fenced: a DISTINCT alone is planned on
+        -- lane_key, which walks every entry of the lane)
+        SELECT d.key, d.sequence FROM @S@.relaybus_deliveries d
+         WHERE p_kcur > '-infinity' AND d.handler = p_handler AND d.lane = p_lane AND d.key IS NOT NULL
+           AND d.status = 'pending' AND d.available_at >= p_kcur
+         ORDER BY d.available_at, d.id
+         LIMIT 64
+     ), heads AS MATERIALIZED (
+        SELECT k.key, hd.id, hd.available_at, hd.sequence
+          FROM (SELECT kd.key, min(kd.sequence) AS s FROM kd GROUP BY kd.key) k
+         CROSS JOIN LATERAL (
+            SELECT d.id, d.available_at, d.sequence FROM @S@.relaybus_deliveries d
+             WHERE d.handler = p_handler AND d.lane = p_lane AND d.key = k.key AND d.key IS NOT NULL
+               AND d.status = 'pending' AND d.sequence >= k.s
+             ORDER BY d.sequence LIMIT 1) hd
+         WHERE (SELECT count(*) FROM kd) < 64 AND p_kcur > '-infinity'
         UNION ALL
-        SELECT n.key, n.id, n.available_at
-          FROM heads h, LATERAL (
-            SELECT d.key, d.id, d.available_at FROM @S@.relaybus_deliveries d
-             WHERE d.handler = p_handler AND d.lane = p_lane AND d.key IS NOT NULL
-               AND d.status = 'pending' AND d.key > h.key
-             ORDER BY d.key, d.sequence
-             LIMIT 1) n
+        SELECT s.key, s.id, s.available_at, s.sequence FROM (
+            WITH RECURSIVE sk AS (
+                (SELECT d.key, d.id, d.available_at, d.sequence FROM @S@.relaybus_deliveries d
+                  WHERE d.handler = p_handler AND d.lane = p_lane AND d.key IS NOT NULL AND d.status = 'pending'
+                  ORDER BY d.key, d.sequence
+                  LIMIT 1)
+                UNION ALL
+                SELECT n.key, n.id, n.available_at, n.sequence
+                  FROM sk h, LATERAL (
+                    SELECT d.key, d.id, d.available_at, d.sequence FROM @S@.relaybus_deliveries d
+                     WHERE d.handler = p_handler AND d.lane = p_lane AND d.key IS NOT NULL
+                       AND d.status = 'pending' AND d.key > h.key
+                     ORDER BY d.key, d.sequence
+                     LIMIT 1) n
+            ) SELECT * FROM sk) s
+         WHERE p_kcur = '-infinity' OR (SELECT count(*) FROM kd) >= 64
      )
-     SELECT c.id, c.event_id, c.claims, c.attempts, c.sequence, c.created_at FROM heads h
+     SELECT c.id, c.event_id, c.claims, c.attempts, c.sequence, c.created_at, h.key FROM heads h
       CROSS JOIN LATERAL (
         SELECT r.id, r.event_id, r.claims, r.attempts, r.sequence, r.created_at FROM (
             SELECT x.*, bool_and(x.available_at <= p_now) OVER (ORDER BY x.sequence) AS due
@@ -536,7 +602,7 @@ LANGUAGE sql STABLE AS $$
                            coalesce(d.created_at, d.available_at) AS created_at, d.available_at
                       FROM @S@.relaybus_deliveries d
                      WHERE d.handler = p_handler AND d.lane = p_lane AND d.key = h.key
-                       AND d.key IS NOT NULL AND d.status = 'pending'
+                       AND d.key IS NOT NULL AND d.status = 'pending' AND d.sequence >= h.sequence
                      ORDER BY d.sequence
                      LIMIT p_chain) x) r
          WHERE r.due
@@ -595,10 +661,14 @@ DROP FUNCTION IF EXISTS @S@.relaybus_claim_ids(text, text, integer, bigint, inte
 DROP FUNCTION IF EXISTS @S@.relaybus_claim_ids(text, text, integer, bigint, integer, bigint[], boolean, integer, smallint[]);
 DROP FUNCTION IF EXISTS @S@.relaybus_deliveries_by_id(bigint[], bigint[]);
 DROP FUNCTION IF EXISTS @S@.relaybus_claim_ids(text, text, integer, bigint, integer, bigint[], boolean, integer, smallint[], bigint, boolean);
+DROP FUNCTION IF EXISTS @S@.relaybus_claim_ids(text, text, integer, bigint, integer, bigint[], boolean, integer, smallint[], bigint, boolean, boolean);
 CREATE OR REPLACE FUNCTION @S@.relaybus_claim_ids(
     p_handler text, p_owner text, p_batch integer, p_lease_ms bigint, p_max_attempts integer,
     p_live bigint[], p_search boolean, p_chain integer, p_live_lanes smallint[],
-    p_holder bigint DEFAULT NULL, p_chain_early boolean DEFAULT false, p_holder_live boolean DEFAULT false)
+    p_holder bigint DEFAULT NULL, p_chain_early boolean DEFAULT false, p_holder_live boolean DEFAULT false,
+    p_ticks_c timestamptz[] DEFAULT NULL, p_ticks_x xid8[] DEFAULT NULL, p_cl smallint[] DEFAULT NULL,
+    p_cu timestamptz[] DEFAULT NULL, p_ck timestamptz[] DEFAULT NULL, p_g timestamptz DEFAULT NULL,
+    p_mine smallint[] DEFAULT NULL, p_others smallint[] DEFAULT NULL)
 RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigint, claims integer,
                attempts integer, sequence bigint, created_at text)
 LANGUAGE plpgsql SET enable_seqscan = off SET jit = off AS $$
@@ -666,7 +736,45 @@ DECLARE
     -- what is left of a lease whose holder's liveness lock is free
     c_grace    CONSTANT interval := interval '1500 milliseconds';
     l          record;
+    r          record;
+    -- the claim cursors (p_ticks_c not NULL; see "Claim cursors" above)
+    v_cur      boolean := p_ticks_c IS NOT NULL;
+    v_tx       xid8;                 -- this claim's tick: its xid, read after v_now
+    v_b        timestamptz := '-infinity';  -- the bound B
+    v_ucur     timestamptz[] := array_fill('-infinity'::timestamptz, ARRAY[256], ARRAY[0]);
+    v_kcur     timestamptz[] := array_fill('-infinity'::timestamptz, ARRAY[256], ARRAY[0]);
+    v_g        timestamptz := coalesce(p_g, '-infinity');
+    v_seen     smallint[] := '{}';
+    v_search   boolean := false;
+    v_held0    smallint[] := '{}';
+    v_others   smallint[];           -- lanes other holders held (step 0)
+    v_global   boolean := false;     -- the search walks relaybus_deliveries_due_idx
+    v_walk     integer := 0;         -- ... and has walked this many entries
+    c_walk_max CONSTANT integer := 1024;
+    v_backed   smallint[] := '{}';
 BEGIN
+    IF v_cur THEN
+        -- the tick: the clock (v_now) was read before the xid is taken
+        -- here, unless the caller's transaction had one already (then no
+        -- tick).  B: the newest tick of the caller's whose transaction, and
+        -- every one with a smaller xid, has ended
+        IF pg_current_xact_id_if_assigned() IS NULL THEN
+            v_tx := pg_current_xact_id();
+        END IF;
+        SELECT coalesce(max(t.c), '-infinity') INTO v_b FROM unnest(p_ticks_c, p_ticks_x) t(c, x)
+         WHERE t.x < pg_snapshot_xmin(pg_current_snapshot());
+        -- the lane cursors the caller has (lanes whose cursors are past G)
+        FOR l IN SELECT c.ln, c.u, c.k FROM unnest(p_cl, p_cu, p_ck) c(ln, u, k)
+                  WHERE c.ln >= 0 AND c.ln < 256 LOOP
+            v_ucur[l.ln] := coalesce(l.u, '-infinity');
+            v_kcur[l.ln] := coalesce(l.k, '-infinity');
+        END LOOP;
+        -- G is below every pending entry of the handler: of each lane's too
+        FOR i IN 0 .. 255 LOOP
+            v_ucur[i] := greatest(v_ucur[i], v_g);
+            v_kcur[i] := greatest(v_kcur[i], v_g);
+        END LOOP;
+    END IF;
     -- 0. the handler's lane rows, read once and not locked: the lanes this
     -- owner holds, the other holders with a liveness lock, the free and
     -- expired lanes (candidates only: each is checked again where it is
@@ -674,20 +782,35 @@ BEGIN
     -- 3) no old version of a lane row can be pruned, and every pass over
     -- the 256 rows walks every version since the horizon
     -- (bench/hold-buffers).
+    -- With p_mine (cursors only): the lanes this claimer holds, as its
+    -- previous claim returned them, instead of the pass; every lane is then
+    -- a candidate of the search (checked where it is locked), and other
+    -- holders' liveness is not probed (the caller passes none every second)
     FOR i IN 1 .. 2 LOOP
+        EXIT WHEN v_cur AND p_mine IS NOT NULL;
         SELECT coalesce(array_agg(y.lane) FILTER (WHERE y.lease_owner = p_owner
                                                     AND y.holder IS NOT DISTINCT FROM p_holder), '{}'),
                coalesce(array_agg(DISTINCT y.holder) FILTER (WHERE y.holder_live
                                                     AND y.holder IS DISTINCT FROM p_holder
                                                     AND y.lease_expires_at > v_now + c_grace), '{}'),
                coalesce(array_agg(y.lane) FILTER (WHERE y.lease_owner IS NULL OR y.lease_expires_at <= v_now), '{}'),
+               coalesce(array_agg(y.lane) FILTER (WHERE y.lease_expires_at > v_now
+                                                    AND (y.lease_owner <> p_owner OR y.holder IS DISTINCT FROM p_holder)), '{}'),
                count(*)
-          INTO v_mine, v_holders, v_free0, v_nlanes
+          INTO v_mine, v_holders, v_free0, v_others, v_nlanes
           FROM @S@.relaybus_lanes y
          WHERE y.handler = p_handler;
         EXIT WHEN v_nlanes >= 256;
         PERFORM @S@.relaybus_seed_lanes(p_handler);
     END LOOP;
+    IF v_cur AND p_mine IS NOT NULL THEN
+        -- (the lanes others held at the last pass are left out: a lane
+        -- freed since waits for the next pass, at most a second)
+        v_mine := p_mine;
+        v_holders := '{}';
+        v_others := coalesce(p_others, '{}');
+        v_free0 := ARRAY(SELECT g::smallint FROM generate_series(0, 255) g WHERE NOT (g = ANY (v_others)));
+    END IF;
     -- 1. the lanes this owner (name and holder) holds.  NO KEY UPDATE: it
     -- does not wait for completions in progress (they hold KEY SHARE), but a
     -- takeover does.  (Only this holder makes a lane its own: one it had
@@ -743,12 +866,31 @@ BEGIN
           INTO v_picked, v_plane, v_last, v_pev, v_pclaims, v_patt, v_pseq, v_pcat
           FROM (SELECT c.*, hl.lane, hl.o FROM unnest(v_held) WITH ORDINALITY hl(lane, o)
                 CROSS JOIN LATERAL @S@.relaybus_lane_candidates(p_handler, hl.lane, v_now, v_live,
-                    least(p_batch, c_per_lane, v_room[hl.lane]), p_chain) c
+                    least(p_batch, c_per_lane, v_room[hl.lane]), p_chain,
+                    v_ucur[hl.lane], v_kcur[hl.lane]) c
                 LIMIT p_batch) t;
+        v_held0 := v_held;
         -- the lanes read to the end: all of them when the batch is short,
         -- else those before the lane it filled at (lanes are read in order)
         v_scanned := CASE WHEN cardinality(v_picked) < p_batch THEN v_held
                           ELSE v_held[1:v_last - 1] END;
+        -- the held lanes' cursors: each one's first pending entry (in
+        -- flight or not), at most B
+        IF v_cur THEN
+            FOR l IN
+                SELECT g.ln,
+                       (SELECT d.available_at FROM @S@.relaybus_deliveries d
+                         WHERE d.handler = p_handler AND d.lane = g.ln AND d.key IS NULL AND d.status = 'pending'
+                           AND d.available_at >= v_ucur[g.ln] ORDER BY d.available_at, d.id LIMIT 1) AS ua,
+                       (SELECT d.available_at FROM @S@.relaybus_deliveries d
+                         WHERE d.handler = p_handler AND d.lane = g.ln AND d.key IS NOT NULL AND d.status = 'pending'
+                           AND d.available_at >= v_kcur[g.ln] ORDER BY d.available_at, d.id LIMIT 1) AS ka
+                  FROM unnest(v_held) g(ln)
+            LOOP
+                v_ucur[l.ln] := least(coalesce(l.ua, 'infinity'), v_b);
+                v_kcur[l.ln] := least(coalesce(l.ka, 'infinity'), v_b);
+            END LOOP;
+        END IF;
     END IF;
     -- 2. more lanes, a few at a time: free ones and expired ones with due
     -- work.  The lanes to look at, from a place of this owner's own (owners
@@ -780,6 +922,10 @@ BEGIN
           FROM unnest(v_free0) u(ln)
          WHERE NOT (u.ln = ANY (v_held));
     END IF;
+    v_search := v_cur AND cardinality(v_free) > 0;
+    -- (a few lanes to look at: a probe each, from its cursors; many: one
+    -- walk of the handler's due entries from G, at most c_walk_max of them)
+    v_global := v_cur AND cardinality(v_free) > 32;
     WHILE cardinality(v_picked) < p_batch AND cardinality(v_free) > 0 LOOP
         v_new := '{}';
         -- lane by lane, stopping at v_take: a lane is probed for due
@@ -787,8 +933,17 @@ BEGIN
         -- locked only when it has some (most free lanes have none: a lane
         -- row read for each cost a claim under a held snapshot a walk of
         -- its versions a lane)
+        -- With cursors, instead: the due entries of every lane from the
+        -- global cursor G, oldest first (relaybus_deliveries_due_idx), each
+        -- lane's row locked when its first entry comes
         FOR l IN
-            SELECT x.lane, x.lease_owner, x.in_flight, x.chain_early
+            (SELECT d.lane, NULL::text AS lease_owner, NULL::bigint[] AS in_flight, NULL::boolean AS chain_early
+               FROM @S@.relaybus_deliveries d
+              WHERE v_global AND (d.handler || '') = p_handler AND d.status = 'pending'
+                AND d.available_at >= v_g AND d.available_at <= v_now
+              ORDER BY d.available_at)
+            UNION ALL
+            (SELECT x.lane, x.lease_owner, x.in_flight, x.chain_early
               FROM unnest(v_free) g(ln)
              CROSS JOIN LATERAL (
                 SELECT y.lane, y.lease_owner, y.in_flight, y.chain_early FROM @S@.relaybus_lanes y
@@ -803,12 +958,27 @@ BEGIN
                -- and 30 ms for a claim of 4, until the next analyze)
                AND (EXISTS (SELECT 1 FROM @S@.relaybus_deliveries d
                              WHERE d.handler = p_handler AND d.lane = g.ln AND d.key IS NULL
-                               AND d.status = 'pending' AND d.available_at <= v_now OFFSET 0)
+                               AND d.status = 'pending' AND d.available_at >= v_ucur[g.ln]
+                               AND d.available_at <= v_now OFFSET 0)
                     OR EXISTS (SELECT 1 FROM @S@.relaybus_deliveries d
                              WHERE d.handler = p_handler AND d.lane = g.ln AND d.key IS NOT NULL
-                               AND d.status = 'pending' AND d.available_at <= v_now OFFSET 0))
-             LIMIT v_take
+                               AND d.status = 'pending' AND d.available_at >= v_kcur[g.ln]
+                               AND d.available_at <= v_now OFFSET 0))
+               AND NOT v_global
+             LIMIT v_take)
         LOOP
+            IF v_global THEN
+                v_walk := v_walk + 1;
+                EXIT WHEN v_walk > c_walk_max;
+                CONTINUE WHEN l.lane = ANY (v_seen) OR l.lane = ANY (v_held) OR NOT (l.lane = ANY (v_free));
+                v_seen := v_seen || l.lane;
+                SELECT y.lane, y.lease_owner, y.in_flight, y.chain_early INTO r FROM @S@.relaybus_lanes y
+                 WHERE y.handler = p_handler AND y.lane = l.lane
+                   AND (y.lease_owner IS NULL OR y.lease_expires_at <= v_now)
+                   FOR UPDATE SKIP LOCKED;
+                CONTINUE WHEN NOT FOUND;
+                l := r;
+            END IF;
             IF l.lease_owner IS NOT NULL AND cardinality(l.in_flight) > 0 THEN
                 -- a takeover: what the previous holder had in flight and may
                 -- have run was a lost attempt.  That is every unkeyed one
@@ -848,6 +1018,7 @@ BEGIN
                 v_charged := v_charged || l.lane;
             END IF;
             v_new := v_new || l.lane;
+            EXIT WHEN cardinality(v_new) >= v_take;
         END LOOP;
         EXIT WHEN cardinality(v_new) = 0;
         -- the next pass goes on after the last lane this one took: those
@@ -855,6 +1026,7 @@ BEGIN
         -- every delivery of the lane completed since), and when this pass
         -- found fewer than it wanted, every lane was
         v_free := CASE WHEN cardinality(v_new) < v_take THEN '{}'
+                       WHEN v_global THEN ARRAY(SELECT u FROM unnest(v_free) u WHERE NOT (u = ANY (v_new)))
                        ELSE coalesce(v_free[array_position(v_free, v_new[cardinality(v_new)]) + 1 : cardinality(v_free)], '{}') END;
         v_held := v_held || v_new;
         v_acquired := v_acquired || v_new;
@@ -863,7 +1035,8 @@ BEGIN
           INTO v_ids, v_lanes, v_ev, v_claims, v_att, v_seq, v_cat
           FROM (SELECT c.*, hl.lane FROM unnest(v_new) hl(lane)
                 CROSS JOIN LATERAL @S@.relaybus_lane_candidates(p_handler, hl.lane, v_now, '{}',
-                    least(p_batch - cardinality(v_picked), c_per_lane), p_chain) c
+                    least(p_batch - cardinality(v_picked), c_per_lane), p_chain,
+                    v_ucur[hl.lane], v_kcur[hl.lane]) c
                 LIMIT p_batch - cardinality(v_picked)) t;
         v_picked := v_picked || coalesce(v_ids, '{}');
         v_plane := v_plane || coalesce(v_lanes, '{}');
@@ -886,7 +1059,8 @@ BEGIN
           INTO v_ids, v_lanes, v_ev, v_claims, v_att, v_seq, v_cat
           FROM (SELECT c.*, hl.lane FROM unnest(v_held) hl(lane)
                 CROSS JOIN LATERAL @S@.relaybus_lane_candidates(p_handler, hl.lane, v_now, v_live || v_picked,
-                    least(p_batch - cardinality(v_picked), c_per_lane, v_room[hl.lane]), p_chain) c
+                    least(p_batch - cardinality(v_picked), c_per_lane, v_room[hl.lane]), p_chain,
+                    v_ucur[hl.lane], v_kcur[hl.lane]) c
                 LIMIT p_batch - cardinality(v_picked)) t;
         v_picked := v_picked || coalesce(v_ids, '{}');
         v_plane := v_plane || coalesce(v_lanes, '{}');
@@ -950,13 +1124,16 @@ BEGIN
     END IF;
     v_back := ARRAY(SELECT u FROM unnest(v_scanned) u WHERE NOT (u = ANY (v_used)));
     IF cardinality(v_back) > 0 THEN
+        WITH b AS (
         UPDATE @S@.relaybus_lanes x
            SET lease_owner = NULL, holder = NULL, holder_live = NULL, lease_expires_at = NULL, in_flight = '{}'
          WHERE x.handler = p_handler AND x.lane = ANY (v_back) AND x.lease_owner = p_owner
            AND x.holder IS NOT DISTINCT FROM p_holder
            AND CASE WHEN v_lc IS NULL THEN NOT (x.in_flight && v_live)
                     ELSE v_lc[x.lane] = 0
-                         OR NOT (x.in_flight && v_ls[v_lo[x.lane] : v_lo[x.lane] + v_lc[x.lane] - 1]) END;
+                         OR NOT (x.in_flight && v_ls[v_lo[x.lane] : v_lo[x.lane] + v_lc[x.lane] - 1]) END
+        RETURNING x.lane)
+        SELECT coalesce(array_agg(b.lane), '{}') INTO v_backed FROM b;
     END IF;
     -- (in the order the passes took them: each lane's together, a key's in
     -- sequence order; a key is never in two passes, its head being live)
@@ -964,6 +1141,27 @@ BEGIN
         SELECT u.i, u.ev, p_handler, u.ln, v_epoch[u.ln], u.cl, u.att, u.seq, @S@.relaybus_ts(u.cat)
           FROM unnest(v_picked, v_pev, v_plane, v_pclaims, v_patt, v_pseq, v_pcat) u(i, ev, ln, cl, att, seq, cat)
          WHERE v_epoch[u.ln] >= 0;
+    IF NOT v_cur THEN
+        RETURN;
+    END IF;
+    -- the cursors for the next claim, in rows without an id: handler
+    -- names the value, event_id holds it as text
+    IF v_search THEN
+        SELECT least(coalesce(min(f.a), 'infinity'), v_b) INTO v_g FROM (
+            SELECT d.available_at AS a FROM @S@.relaybus_deliveries d
+             WHERE (d.handler || '') = p_handler AND d.status = 'pending' AND d.available_at >= v_g
+             ORDER BY d.available_at LIMIT 1) f;
+    END IF;
+    RETURN QUERY SELECT NULL::bigint, t.v, t.k, NULL::smallint, NULL::bigint, NULL::integer, NULL::integer,
+                        NULL::bigint, NULL::text
+      FROM (VALUES ('tick_x', v_tx::text), ('tick_c', CASE WHEN v_tx IS NOT NULL THEN v_now::text END),
+                   ('g', v_g::text),
+                   ('cl', ARRAY(SELECT i FROM generate_series(0, 255) i WHERE v_ucur[i] > v_g OR v_kcur[i] > v_g)::text),
+                   ('cu', ARRAY(SELECT v_ucur[i] FROM generate_series(0, 255) i WHERE v_ucur[i] > v_g OR v_kcur[i] > v_g)::text),
+                   ('ck', ARRAY(SELECT v_kcur[i] FROM generate_series(0, 255) i WHERE v_ucur[i] > v_g OR v_kcur[i] > v_g)::text),
+                   ('mine', ARRAY(SELECT DISTINCT u FROM unnest(coalesce(v_used, '{}') || v_held0) u
+                                   WHERE u = ANY (v_used) OR NOT (u = ANY (v_backed)))::text),
+                   ('others', v_others::text)) t(k, v);
 END $$;
 
 -- Claim and read in one statement (rb-claim, rb-dispatch --connections 1;
@@ -971,10 +1169,14 @@ END $$;
 DROP FUNCTION IF EXISTS @S@.relaybus_claim(text, text, integer, bigint, integer, bigint[], boolean, integer);
 DROP FUNCTION IF EXISTS @S@.relaybus_claim(text, text, integer, bigint, integer, bigint[], boolean, integer, smallint[]);
 DROP FUNCTION IF EXISTS @S@.relaybus_claim(text, text, integer, bigint, integer, bigint[], boolean, integer, smallint[], bigint, boolean);
+DROP FUNCTION IF EXISTS @S@.relaybus_claim(text, text, integer, bigint, integer, bigint[], boolean, integer, smallint[], bigint, boolean, boolean);
 CREATE OR REPLACE FUNCTION @S@.relaybus_claim(
     p_handler text, p_owner text, p_batch integer, p_lease_ms bigint, p_max_attempts integer,
     p_live bigint[], p_search boolean, p_chain integer, p_live_lanes smallint[] DEFAULT NULL,
-    p_holder bigint DEFAULT NULL, p_chain_early boolean DEFAULT false, p_holder_live boolean DEFAULT false)
+    p_holder bigint DEFAULT NULL, p_chain_early boolean DEFAULT false, p_holder_live boolean DEFAULT false,
+    p_ticks_c timestamptz[] DEFAULT NULL, p_ticks_x xid8[] DEFAULT NULL, p_cl smallint[] DEFAULT NULL,
+    p_cu timestamptz[] DEFAULT NULL, p_ck timestamptz[] DEFAULT NULL, p_g timestamptz DEFAULT NULL,
+    p_mine smallint[] DEFAULT NULL, p_others smallint[] DEFAULT NULL)
 RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigint, claims integer,
                attempts integer, name text, key text, sequence bigint, payload jsonb, headers jsonb,
                created_at text)
@@ -994,14 +1196,22 @@ BEGIN
       INTO v_id, v_ev, v_h, v_lane, v_epoch, v_claims, v_att, v_seq, v_ts
       FROM @S@.relaybus_claim_ids(p_handler, p_owner, p_batch, p_lease_ms, p_max_attempts,
                                   p_live, p_search, p_chain, p_live_lanes, p_holder,
-                                  p_chain_early, p_holder_live) WITH ORDINALITY c(id, event_id, handler,
+                                  p_chain_early, p_holder_live, p_ticks_c, p_ticks_x, p_cl, p_cu,
+                                  p_ck, p_g, p_mine, p_others) WITH ORDINALITY c(id, event_id, handler,
                                   lane, epoch, claims, attempts, sequence, created_at, o);
+    -- (the cursors' rows, which have no id, first)
+    RETURN QUERY
+        SELECT NULL::bigint, c.event_id, c.handler, NULL::smallint, NULL::bigint, NULL::integer, NULL::integer,
+               NULL::text, NULL::text, NULL::bigint, NULL::jsonb, NULL::jsonb, NULL::text
+          FROM unnest(v_id, v_ev, v_h) c(id, event_id, handler)
+         WHERE c.id IS NULL;
     RETURN QUERY
         SELECT c.id, c.event_id, c.handler, c.lane, c.epoch, c.claims, c.attempts,
                e.name, e.key, c.sequence, e.payload, coalesce(e.headers, '{}'), c.created_at
           FROM unnest(v_id, v_ev, v_h, v_lane, v_epoch, v_claims, v_att, v_seq, v_ts)
                WITH ORDINALITY c(id, event_id, handler, lane, epoch, claims, attempts, sequence, created_at, o)
          CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_events ee WHERE ee.id = c.event_id OFFSET 0) e
+         WHERE c.id IS NOT NULL
          ORDER BY c.o;
 END $$;
 
@@ -1020,8 +1230,12 @@ DECLARE
     v_id  bigint;
     v_att integer;
     v_st  text;
-    v_now timestamptz := clock_timestamp();
+    v_now timestamptz;
 BEGIN
+    -- the claim cursors' rule (relaybus_claim_ids): the xid first, then
+    -- the clock from which a retry's time is counted
+    PERFORM pg_current_xact_id();
+    v_now := clock_timestamp();
     FOR i IN SELECT s.i FROM generate_subscripts(p_event_ids, 1) s(i)
               ORDER BY p_handlers[s.i], p_lanes[s.i], s.i LOOP
         ord := i;
@@ -1170,10 +1384,15 @@ END $$;
 -- the session's user lacks the owner's privileges (store_pg.c).
 DROP FUNCTION IF EXISTS @S@.relaybus_worker_claim(text, text, integer, bigint, integer, bigint[], boolean, integer,
     smallint[], bigint, boolean);
+DROP FUNCTION IF EXISTS @S@.relaybus_worker_claim(text, text, integer, bigint, integer, bigint[], boolean,
+    integer, smallint[], bigint, boolean, boolean);
 CREATE OR REPLACE FUNCTION @S@.relaybus_worker_claim(
     p_handler text, p_owner text, p_batch integer, p_lease_ms bigint, p_max_attempts integer,
     p_live bigint[], p_search boolean, p_chain integer, p_live_lanes smallint[] DEFAULT NULL,
-    p_holder bigint DEFAULT NULL, p_chain_early boolean DEFAULT false, p_holder_live boolean DEFAULT false)
+    p_holder bigint DEFAULT NULL, p_chain_early boolean DEFAULT false, p_holder_live boolean DEFAULT false,
+    p_ticks_c timestamptz[] DEFAULT NULL, p_ticks_x xid8[] DEFAULT NULL, p_cl smallint[] DEFAULT NULL,
+    p_cu timestamptz[] DEFAULT NULL, p_ck timestamptz[] DEFAULT NULL, p_g timestamptz DEFAULT NULL,
+    p_mine smallint[] DEFAULT NULL, p_others smallint[] DEFAULT NULL)
 RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigint, claims integer,
                attempts integer, name text, key text, sequence bigint, payload jsonb, headers jsonb,
                created_at text)
@@ -1181,22 +1400,29 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = @S@, pg_temp AS $$
 BEGIN
     PERFORM @S@.relaybus_check('{worker}', ARRAY[p_handler]);  -- (rb-setup --grant worker=ROLE:HANDLER)
     RETURN QUERY SELECT * FROM @S@.relaybus_claim(p_handler, p_owner, p_batch, p_lease_ms, p_max_attempts,
-        p_live, p_search, p_chain, p_live_lanes, p_holder, p_chain_early, p_holder_live);
+        p_live, p_search, p_chain, p_live_lanes, p_holder, p_chain_early, p_holder_live,
+        p_ticks_c, p_ticks_x, p_cl, p_cu, p_ck, p_g, p_mine, p_others);
 END $$;
 
 DROP FUNCTION IF EXISTS @S@.relaybus_worker_claim_ids(text, text, integer, bigint, integer, bigint[], boolean,
     integer, smallint[], bigint, boolean);
+DROP FUNCTION IF EXISTS @S@.relaybus_worker_claim_ids(text, text, integer, bigint, integer, bigint[], boolean,
+    integer, smallint[], bigint, boolean, boolean);
 CREATE OR REPLACE FUNCTION @S@.relaybus_worker_claim_ids(
     p_handler text, p_owner text, p_batch integer, p_lease_ms bigint, p_max_attempts integer,
     p_live bigint[], p_search boolean, p_chain integer, p_live_lanes smallint[],
-    p_holder bigint DEFAULT NULL, p_chain_early boolean DEFAULT false, p_holder_live boolean DEFAULT false)
+    p_holder bigint DEFAULT NULL, p_chain_early boolean DEFAULT false, p_holder_live boolean DEFAULT false,
+    p_ticks_c timestamptz[] DEFAULT NULL, p_ticks_x xid8[] DEFAULT NULL, p_cl smallint[] DEFAULT NULL,
+    p_cu timestamptz[] DEFAULT NULL, p_ck timestamptz[] DEFAULT NULL, p_g timestamptz DEFAULT NULL,
+    p_mine smallint[] DEFAULT NULL, p_others smallint[] DEFAULT NULL)
 RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigint, claims integer,
                attempts integer, sequence bigint, created_at text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = @S@, pg_temp AS $$
 BEGIN
     PERFORM @S@.relaybus_check('{worker}', ARRAY[p_handler]);
     RETURN QUERY SELECT * FROM @S@.relaybus_claim_ids(p_handler, p_owner, p_batch, p_lease_ms, p_max_attempts,
-        p_live, p_search, p_chain, p_live_lanes, p_holder, p_chain_early, p_holder_live);
+        p_live, p_search, p_chain, p_live_lanes, p_holder, p_chain_early, p_holder_live,
+        p_ticks_c, p_ticks_x, p_cl, p_cu, p_ck, p_g, p_mine, p_others);
 END $$;
 
 CREATE OR REPLACE FUNCTION @S@.relaybus_worker_fail(

@@ -103,6 +103,9 @@ pg_connect(struct rb_store *s, struct rb_error *err)
 	be->prepared = 0;
 	be->wake = 0;		/* a new session: relaybus.notify as the server says */
 	be->live = PG_LIVE_UNTRIED;	/* a session lock goes with its session */
+	/* (the claim cursors are the last server's: another, or the same one
+	 * after a failover, has other xids and other lanes held) */
+	pg_cursors_drop(&be->cursors, true);
 	if (pg_connect_to(s, &be->conn, err) < 0)
 		return -1;
 	if (be->worker_known)
@@ -193,6 +196,8 @@ pg_open(struct rb_store *s, struct rb_error *err)
 		return rb_seterr(err, RB_EXIT_CONFIG, "invalid RELAYBUS_PG_POOLER '%s': use transaction or session",
 		    getenv("RELAYBUS_PG_POOLER"));
 	}
+	if (pg_cursors_env(&be->cursors, err) < 0)
+		return -1;
 	rb_sb_init(&be->claim_live);
 	rb_sb_init(&be->claim_live_lanes);
 	render_statements(s);
@@ -212,6 +217,7 @@ pg_close(struct rb_store *s)
 	pg_close_conn3(be);
 	pg_complete_forget(be);
 	free(be->wake_for);
+	pg_cursors_free(&be->cursors);
 	free(be->claim_live.s);
 	free(be->claim_live_lanes.s);
 	for (size_t i = 0; i < N_STATEMENTS; i++)

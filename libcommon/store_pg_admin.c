@@ -477,8 +477,10 @@ static const char requeue_reorder_sql[] =
 
 static const char requeue_sql[] = APPLY_SQL(
     "UPDATE @S@.relaybus_deliveries d SET status = 'pending', attempts = 0, claims = d.claims + 1, "
-    "  created_at = coalesce(d.created_at, d.available_at), available_at = now(), updated_at = now() "
-    "  FROM m WHERE d.id = m.id AND m.status = 'dead'",
+    "  created_at = coalesce(d.created_at, d.available_at), available_at = clock_timestamp(), updated_at = now() "
+    /* (the claim cursors' rule, relaybus_claim_ids: the xid, which the
+     * WHERE takes before the first row's SET reads the clock) */
+    "  FROM m WHERE d.id = m.id AND m.status = 'dead' AND pg_current_xact_id() IS NOT NULL",
     "requeued", "'pending'", "");
 static const char bury_sql[] = APPLY_SQL(
     "UPDATE @S@.relaybus_deliveries d SET status = 'dead', last_error = $3, updated_at = now() "

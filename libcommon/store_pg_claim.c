@@ -27,11 +27,13 @@ const char pg_tmpl_claim[] =
     "SELECT id, event_id, handler, lane, epoch, claims, attempts, name, key, sequence, "
     "payload::text, headers::text, created_at "
     "FROM @S@.relaybus_claim($1, $2, $3::integer, $4::bigint, $5::integer, $6::bigint[], $7::boolean, $8::integer, "
-    "$9::smallint[], $10::bigint, $11::boolean, $12::boolean)";
+    "$9::smallint[], $10::bigint, $11::boolean, $12::boolean, $13::timestamptz[], $14::xid8[], "
+    "$15::smallint[], $16::timestamptz[], $17::timestamptz[], $18::timestamptz, $19::smallint[], $20::smallint[])";
 /* the claim without events, for the second connection to read them */
 const char pg_tmpl_claim_ids[] = "SELECT id, event_id, handler, lane, epoch, claims, attempts, sequence, created_at "
     "FROM @S@.relaybus_claim_ids($1, $2, $3::integer, $4::bigint, $5::integer, $6::bigint[], $7::boolean, $8::integer, "
-    "$9::smallint[], $10::bigint, $11::boolean, $12::boolean)";
+    "$9::smallint[], $10::bigint, $11::boolean, $12::boolean, $13::timestamptz[], $14::xid8[], "
+    "$15::smallint[], $16::timestamptz[], $17::timestamptz[], $18::timestamptz, $19::smallint[], $20::smallint[])";
 /* the events of what a claim took, on the second connection, by the
  * position of their event id in $1 (the connection runs with
  * enable_seqscan off, as the claim does: young tables have no
@@ -77,10 +79,12 @@ const char pg_tmpl_w_claim[] =
     "SELECT id, event_id, handler, lane, epoch, claims, attempts, name, key, sequence, "
     "payload::text, headers::text, created_at "
     "FROM @S@.relaybus_worker_claim($1, $2, $3::integer, $4::bigint, $5::integer, $6::bigint[], $7::boolean, "
-    "$8::integer, $9::smallint[], $10::bigint, $11::boolean, $12::boolean)";
+    "$8::integer, $9::smallint[], $10::bigint, $11::boolean, $12::boolean, $13::timestamptz[], $14::xid8[], "
+    "$15::smallint[], $16::timestamptz[], $17::timestamptz[], $18::timestamptz, $19::smallint[], $20::smallint[])";
 const char pg_tmpl_w_claim_ids[] = "SELECT id, event_id, handler, lane, epoch, claims, attempts, sequence, created_at "
     "FROM @S@.relaybus_worker_claim_ids($1, $2, $3::integer, $4::bigint, $5::integer, $6::bigint[], $7::boolean, "
-    "$8::integer, $9::smallint[], $10::bigint, $11::boolean, $12::boolean)";
+    "$8::integer, $9::smallint[], $10::bigint, $11::boolean, $12::boolean, $13::timestamptz[], $14::xid8[], "
+    "$15::smallint[], $16::timestamptz[], $17::timestamptz[], $18::timestamptz, $19::smallint[], $20::smallint[])";
 const char pg_tmpl_w_fetch[] =
     "SELECT p.o, e.name, e.key, e.payload::text, e.headers::text "
     "FROM unnest($1::text[]) WITH ORDINALITY p(eid, o) "
@@ -94,11 +98,12 @@ const char pg_tmpl_w_relinquish_leases[] =
 /* ---- claim --------------------------------------------------------------- */
 
 /* relaybus_claim's parameters: handler, owner, batch, lease, max attempts,
- * live ids, search, chain, live lanes, holder, chain early, holder live */
-enum { CLAIM_NPARAMS = 12 };
+ * live ids, search, chain, live lanes, holder, chain early, holder live,
+ * and the eight of the claim cursors (store_pg_cursor.c) */
+enum { CLAIM_NPARAMS = 12 + PG_CURSOR_PARAMS };
 
-/* The claim's twelve parameters, from what claim_params keeps for a retry
- * (the tenth, the holder, is the store's for its whole life). */
+/* The claim's parameters, from what claim_params keeps for a retry (the
+ * tenth, the holder, is the store's for its whole life). */
 static void
 claim_param_list(const struct pg_be *be, const char *params[CLAIM_NPARAMS])
 {
@@ -111,6 +116,8 @@ claim_param_list(const struct pg_be *be, const char *params[CLAIM_NPARAMS])
 	params[9] = be->holder;
 	params[10] = be->claim_early ? "true" : "false";
 	params[11] = be->live == PG_LIVE_HELD ? "true" : "false";
+	for (int i = 0; i < PG_CURSOR_PARAMS; i++)
+		params[12 + i] = be->cursors.params[i];
 }
 
 /* ---- the liveness lock ---------------------------------------------------- */
@@ -182,6 +189,7 @@ claim_params(struct pg_be *be, const struct rb_claim_opts *o, const char *params
 	be->claim_quiet = o->held_only;
 	be->claim_early = o->chain_early;
 	snprintf(be->claim_chain, sizeof be->claim_chain, "%d", o->chain > 1 ? o->chain : 1);
+	pg_cursors_params(&be->cursors, o->handler, o->cursors);
 	claim_param_list(be, params);
 }
 
@@ -200,31 +208,37 @@ claim_cols(const PGresult *res, int i)
 
 /* The deliveries of a claim's result (relaybus_claim's columns), as rb_dl. */
 static struct rb_dl **
-claim_dls(PGresult *res)
+claim_dls(PGresult *res, int *np)
 {
-	int n = PQntuples(res);
+	int n = PQntuples(res), k = 0;
 	struct rb_dl **v = xcalloc(n > 0 ? (size_t)n : 1, sizeof *v);
 	struct rb_sbuf b;
 
 	rb_sb_init(&b);
 	for (int i = 0; i < n; i++) {
-		struct rb_delivery_fields c = claim_cols(res, i);
+		struct rb_delivery_fields c;
 
-		v[i] = rb_dl_new(&c);
-		rb_dl_fill(v[i], &c, &b);
+		if (pg_cursors_row(res, i))
+			continue;
+		c = claim_cols(res, i);
+		v[k] = rb_dl_new(&c);
+		rb_dl_fill(v[k++], &c, &b);
 	}
 	free(b.s);
+	*np = k;
 	return v;
 }
 
 /* What relaybus_claim_ids returned: the delivery rows without events. */
 static struct rb_dl **
-claimed_dls(PGresult *res)
+claimed_dls(PGresult *res, int *np)
 {
-	int n = PQntuples(res);
+	int n = PQntuples(res), k = 0;
 	struct rb_dl **v = xcalloc(n > 0 ? (size_t)n : 1, sizeof *v);
 
 	for (int i = 0; i < n; i++) {
+		if (pg_cursors_row(res, i))
+			continue;
 		struct rb_delivery_fields c = {
 			.id = PQgetvalue(res, i, 0), .event_id = PQgetvalue(res, i, 1),
 			.handler = PQgetvalue(res, i, 2), .lane = atoi(PQgetvalue(res, i, 3)),
@@ -233,8 +247,9 @@ claimed_dls(PGresult *res)
 			.sequence = pg_col(res, i, 7), .created_at = PQgetvalue(res, i, 8),
 		};
 
-		v[i] = rb_dl_new(&c);
+		v[k++] = rb_dl_new(&c);
 	}
+	*np = k;
 	return v;
 }
 
@@ -253,8 +268,8 @@ pg_claim(struct rb_store *s, const struct rb_claim_opts *o, struct rb_dl ***out,
 	res = pg_run(s, be->q_claim, CLAIM_NPARAMS, params, PGRES_TUPLES_OK, "claim", true, err);
 	if (res == NULL)
 		return -1;
-	n = PQntuples(res);
-	*out = claim_dls(res);
+	pg_cursors_take(&be->cursors, res);
+	*out = claim_dls(res, &n);
 	PQclear(res);
 	return n;
 }
@@ -323,10 +338,12 @@ pg_claim_answer(struct rb_store *s, bool wait)
 			return true;
 		}
 		if (res != NULL && PQresultStatus(res) == PGRES_TUPLES_OK) {
-			int n = PQntuples(res);
-			struct pg_claimed got = { .v = be->claim_ids ? claimed_dls(res) : claim_dls(res),
-			    .n = (size_t)n };
+			int n;
+			struct pg_claimed got;
 
+			pg_cursors_take(&be->cursors, res);
+			got.v = be->claim_ids ? claimed_dls(res, &n) : claim_dls(res, &n);
+			got.n = (size_t)n;
 			PQclear(res);
 			if (!be->claim_ids || n == 0) {
 				push(s, (struct rb_store_event){ .kind = RB_STORE_CLAIMED, .claimed = n,

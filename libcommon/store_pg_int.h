@@ -52,6 +52,34 @@ struct pg_claimed {
 	size_t		 n;
 };
 
+/*
+ * The claim cursors of a long-lived claimer (store_pg_cursor.c;
+ * relaybus_claim_ids, "Claim cursors"): the ticks of its last claims, and
+ * what its last claim handed back, as the text of the claim's parameters.
+ */
+enum { PG_TICKS = 8, PG_CURSOR_PARAMS = 8 };
+struct pg_cursors {
+	int64_t	 rescan_ms;	/* $RELAYBUS_PG_RESCAN; 0: no cursors */
+	char	*handler;	/* whose cursors these are */
+	char	*tick_c[PG_TICKS], *tick_x[PG_TICKS];	/* a ring, the newest at next - 1 */
+	int	 next;
+	char	*g, *cl, *cu, *ck;	/* the global cursor and the lanes' */
+	char	*mine;		/* the lanes held after the last claim */
+	char	*others;	/* the lanes others held at the last pass */
+	int64_t	 dropped_at;	/* when the cursors were last dropped (the safety net) */
+	int64_t	 pass_at;	/* when a claim last read every lane row */
+	struct rb_sbuf tc, tx;	/* the ticks as array literals */
+	/* the claim out: its eight cursor parameters (NULL: none) */
+	const char *params[PG_CURSOR_PARAMS];
+};
+
+int	pg_cursors_env(struct pg_cursors *, struct rb_error *);
+void	pg_cursors_drop(struct pg_cursors *, bool all);
+void	pg_cursors_free(struct pg_cursors *);
+void	pg_cursors_params(struct pg_cursors *, const char *handler, bool want);
+void	pg_cursors_take(struct pg_cursors *, const PGresult *);
+bool	pg_cursors_row(const PGresult *, int row);
+
 struct pg_be {
 	PGconn	*conn;
 	/* this store instance's lane holder (relaybus_lanes.holder), made at
@@ -103,6 +131,7 @@ struct pg_be {
 	bool	 claim_early;		/* ... the eleventh: p_chain_early */
 	char	 claim_chain[16];	/* ... the eighth: p_chain */
 	bool	 claim_ids;
+	struct pg_cursors cursors;	/* ... the thirteenth to twentieth */
 	struct pg_claimed fetch;	/* being read on conn2 (job2 PG_FETCH) ... */
 	struct pg_claimed waiting;	/* ... and the next, waiting for conn2 */
 	/* the completion out on conn or conn3 (job or job3 PG_COMPLETE) */

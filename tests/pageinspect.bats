@@ -19,7 +19,7 @@ setup() {
 # entries of one index in a lifecycle report on stdin
 entries() { jq -r --arg n "relaybus_deliveries_$1" '.indexes[] | select(.name == $n) | .entries'; }
 
-@test "lifecycle: one heap tuple, two index entries, lane updates all HOT" {
+@test "lifecycle: one heap tuple, three index entries, lane updates all HOT" {
   need_pg
   run --separate-stderr rb-pageinspect lifecycle --json
   [ "$status" -eq 0 ]
@@ -43,7 +43,11 @@ entries() { jq -r --arg n "relaybus_deliveries_$1" '.indexes[] | select(.name ==
   [ "$(entries lane_due_idx <"$BATS_TEST_TMPDIR/r.json")" = 1 ]
   [ "$(entries lane_key_idx <"$BATS_TEST_TMPDIR/r.json")" = 0 ]
   [ "$(entries dead_idx <"$BATS_TEST_TMPDIR/r.json")" = 0 ]
-  [ "$(r .summary.index_entries)" = 2 ]
+  # (the claim cursors' two: the handler's pending deliveries in time
+  # order, and the lane's keyed ones, which this unkeyed one is not)
+  [ "$(entries due_idx <"$BATS_TEST_TMPDIR/r.json")" = 1 ]
+  [ "$(entries lane_kdue_idx <"$BATS_TEST_TMPDIR/r.json")" = 0 ]
+  [ "$(r .summary.index_entries)" = 3 ]
   [ "$(r '[.indexes[].heap_tids[]] | unique')" = "$(r '[.heap.pages[0].tuples[0].ctid]')" ]
   # lane updates: claim and relinquish, both HOT
   [ "$(r .counters.relaybus_lanes.updated)" = 2 ]
@@ -84,7 +88,7 @@ entries() { jq -r --arg n "relaybus_deliveries_$1" '.indexes[] | select(.name ==
   run --separate-stderr rb-pageinspect lifecycle
   [ "$status" -eq 0 ]
   [[ "$output" == *"heap page 0 of relaybus_deliveries (1 line pointers)"* ]]
-  [[ "$output" == *"indexes of relaybus_deliveries: 5 -- 2 hold the row, 2 entries in all"* ]]
+  [[ "$output" == *"indexes of relaybus_deliveries: 7 -- 3 hold the row, 3 entries in all"* ]]
   [[ "$output" == *"relaybus_deliveries_pkey"*"entries=1 -> heap tids (0,1)"* ]]
   [[ "$output" == *"the lane row the claim touched"* ]]
   [[ "$output" == *"relaybus_lanes"*"inserted=256 updated=2 hot_updated=2 deleted=0"* ]]
@@ -94,7 +98,7 @@ entries() { jq -r --arg n "relaybus_deliveries_$1" '.indexes[] | select(.name ==
   [[ "$output" == *"17 entries in all"* ]]
   run --separate-stderr rb-pageinspect lifecycle --side-by-side --json
   [ "$status" -eq 0 ]
-  [ "$(jq -r '.lane_lease.summary.index_entries, .row_lease.summary.index_entries' <<<"$output" | tr '\n' ' ')" = "2 17 " ]
+  [ "$(jq -r '.lane_lease.summary.index_entries, .row_lease.summary.index_entries' <<<"$output" | tr '\n' ' ')" = "3 17 " ]
 }
 
 @test "lifecycle leaves no scratch schema behind" {

@@ -38,14 +38,21 @@ relaybus_worker_events" ]
   [ "$(q "SELECT data_type FROM information_schema.columns WHERE table_schema = '$RB_SCHEMA' AND table_name = 'relaybus_events' AND column_name = 'handlers'")" = ARRAY ]
 }
 
-@test "deliveries carry exactly the four indexes of the seed plus the primary key" {
+@test "deliveries carry exactly the four indexes of the seed, the claim cursors' two and the primary key" {
   setup_schema
   run q "SELECT indexname FROM pg_indexes WHERE schemaname = '$RB_SCHEMA' AND tablename = 'relaybus_deliveries' ORDER BY 1"
   [ "$output" = "relaybus_deliveries_dead_idx
+relaybus_deliveries_due_idx
 relaybus_deliveries_lane_due_idx
+relaybus_deliveries_lane_kdue_idx
 relaybus_deliveries_lane_key_idx
 relaybus_deliveries_pkey
 relaybus_deliveries_settled_idx" ]
+  # the cursors' two: pending only; the global one leads with an
+  # expression no statement but the cursors' search names
+  [ "$(q "SELECT pg_get_expr(indpred, indrelid) FROM pg_index WHERE indexrelid = 'relaybus_deliveries_lane_kdue_idx'::regclass")" = "((key IS NOT NULL) AND (status = 'pending'::text))" ]
+  [ "$(q "SELECT pg_get_expr(indpred, indrelid) FROM pg_index WHERE indexrelid = 'relaybus_deliveries_due_idx'::regclass")" = "(status = 'pending'::text)" ]
+  [[ "$(q "SELECT pg_get_indexdef('relaybus_deliveries_due_idx'::regclass)")" == *"(((handler || ''::text)), available_at) WHERE"* ]]
   # no index covers a column a happy-path statement writes: claims, attempts, in_flight...
   run q "SELECT DISTINCT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
           WHERE i.indrelid = 'relaybus_deliveries'::regclass ORDER BY 1"

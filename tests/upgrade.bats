@@ -159,7 +159,9 @@ rows() {  # [schema]
   run q "SELECT indexname FROM pg_indexes WHERE schemaname = '$RB_SCHEMA' AND tablename = 'relaybus_deliveries' ORDER BY 1"
   [ "$output" = "relaybus_deliveries_completed_010_idx
 relaybus_deliveries_dead_idx
+relaybus_deliveries_due_idx
 relaybus_deliveries_lane_due_idx
+relaybus_deliveries_lane_kdue_idx
 relaybus_deliveries_lane_key_idx
 relaybus_deliveries_pkey
 relaybus_deliveries_settled_idx" ]

@@ -280,6 +280,8 @@ maybe_claim(struct dispatcher *dp, int64_t now)
 	claim.chain_early = chain_early(dp);
 	/* rb-dispatch outlives its claims: its death can be seen at once */
 	claim.liveness = true;
+	/* ... and keeps its claim cursors between claims */
+	claim.cursors = true;
 	/* (never NULL: NULL would mean "unknown", and the claim would take
 	 * whatever a lane lists as in flight for running) */
 	claim.live = dp->live != NULL ? dp->live : (const int64_t[]){ 0 };
