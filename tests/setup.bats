@@ -51,7 +51,7 @@ relaybus_deliveries_settled_idx" ]
   # the cursors' two: pending only; the global one leads with an
   # expression no statement but the cursors' search names
   [ "$(q "SELECT pg_get_expr(indpred, indrelid) FROM pg_index WHERE indexrelid = 'relaybus_deliveries_lane_kdue_idx'::regclass")" = "((key IS NOT NULL) AND (status = 'pending'::text))" ]
-  [ "$(q "SELECT pg_get_expr(indpred, indrelid) FROM pg_index WHERE indexrelid = 'relaybus_deliveries_due_idx'::regclass")" = "(status = 'pending'::text)" ]
+  [ "$(q "SELECT pg_get_expr(indpred, indrelid) FROM pg_index WHERE indexrelid = 'relaybus_deliveries_due_idx'::regclass")" = "((status = 'pending'::text) AND ((handler || ''::text) IS NOT NULL))" ]
   [[ "$(q "SELECT pg_get_indexdef('relaybus_deliveries_due_idx'::regclass)")" == *"(((handler || ''::text)), available_at) WHERE"* ]]
   # no index covers a column a happy-path statement writes: claims, attempts, in_flight...
   run q "SELECT DISTINCT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
