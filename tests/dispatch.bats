@@ -394,6 +394,28 @@ drain_cutting() {  # handler statement-prefix n [rb-dispatch args]
   ! grep -q 'server: FATAL' "$BATS_TEST_TMPDIR/i.err" || false
 }
 
+@test "RELAYBUS_PG_RESCAN: a duration or 0 drains as the default does; anything else exits 78 in one line naming it, in every program" {
+  need_pg
+  pg_only "claim cursors are the PostgreSQL backend's"
+  local out v
+  for v in 0 500ms 1h; do
+    out=$BATS_TEST_TMPDIR/r$v.out
+    publish 200 "r$v" rescan 10
+    RELAYBUS_PG_RESCAN=$v run -0 rb-dispatch -H rescan --pipe "rb-test-pipe $out" --drain
+    [ "$(pending rescan)" = 0 ]
+    [ "$(wc -l <"$out")" = 200 ]
+    [ "$(cut -d' ' -f1 "$out" | sort -u | wc -l)" = 200 ]
+    [ "$(order_violations "$out")" = 0 ]
+  done
+  for v in 5 -1s soon 0s; do
+    RELAYBUS_PG_RESCAN=$v run -78 --separate-stderr rb-dispatch -H rescan --pipe cat
+    [ "$stderr" = "rb-dispatch: rescan: invalid RELAYBUS_PG_RESCAN '$v': use a duration such as 5s or 500ms, or 0" ]
+  done
+  RELAYBUS_PG_RESCAN=soon run -78 --separate-stderr rb-claim -H rescan
+  [[ "$stderr" == *"invalid RELAYBUS_PG_RESCAN 'soon'"* ]]
+  [ "${#stderr_lines[@]}" -eq 1 ]
+}
+
 @test "RELAYBUS_PG_CONNECTIONS=1: one database connection, whose claim reads the events too; 2 and 3 hold as many, and so does the deprecated --connections" {
   need_pg
   local out=$BATS_TEST_TMPDIR/c1.out url n how
