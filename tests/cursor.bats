@@ -1,0 +1,159 @@
+#!/usr/bin/env bats
+# Claim cursors (relaybus(7), "Claim cursors"; issue 25 item 3): a
+# long-lived claimer's claims start where its last one found the first
+# pending entry, never past a bound B from the ticks of its own claims.
+# What a user relies on: a transaction that commits late is delivered at
+# once; a row written outside the rule is found by the safety net
+# (RELAYBUS_PG_RESCAN); and under a held snapshot a drain reads about what
+# it reads without one.
+
+load test_helper
+
+setup() {
+  pg_only "claim cursors are the PostgreSQL backend's"
+  need_pg
+  drop_schema
+  setup_schema
+}
+
+teardown() {
+  local p
+  for p in ${PIDS:-}; do kill -9 "$p" 2>/dev/null || true; done
+  [ -z "${HOLD_FD:-}" ] || eval "exec $HOLD_FD>&-"
+  drop_schema
+}
+
+# N events for handler H, ids PREFIX1..N; odd ones keyed over KEYS keys (0: none)
+events() {  # n prefix handler keys
+  awk -v n="$1" -v p="$2" -v h="$3" -v keys="$4" 'BEGIN {
+    for (i = 1; i <= n; i++)
+      if (keys > 0 && i % 2) printf "{\"id\":\"%s%d\",\"name\":\"t\",\"key\":\"k%d\",\"payload\":{\"i\":%d},\"handlers\":[\"%s\"]}\n", p, i, i % keys, i, h
+      else printf "{\"id\":\"%s%d\",\"name\":\"t\",\"payload\":{\"i\":%d},\"handlers\":[\"%s\"]}\n", p, i, i, h
+  }'
+}
+handled() { [ -f "$1" ] || { echo 0; return; }; grep -c "^$2 " "$1" || true; }
+# a psql session fed through a fifo, kept open on fd 7 (HOLD_FD)
+session() {  # application name
+  local fifo=$BATS_TEST_TMPDIR/fifo
+  mkfifo "$fifo"
+  (PGAPPNAME=$1 sql <"$fifo" >"$BATS_TEST_TMPDIR/session.out" 2>&1 3>&-) &
+  PIDS="${PIDS:-} $!"
+  exec 7>"$fifo"
+  HOLD_FD=7
+}
+in_xact() { q "SELECT count(*) FROM pg_stat_activity WHERE application_name = '$1' AND state = 'idle in transaction' AND backend_xid IS NOT NULL"; }
+
+@test "a publish that commits late, from a transaction older than many claims, is delivered at once (not by the safety net), keyed or not, in its key's order" {
+  local out=$BATS_TEST_TMPDIR/runs t0 t1 i
+  # before: five events of key kl
+  for i in 1 2 3 4 5; do
+    echo "{\"id\":\"b$i\",\"name\":\"t\",\"key\":\"kl\",\"payload\":{\"i\":$i},\"handlers\":[\"late\"]}"
+  done | rb-publish -q
+  RELAYBUS_PG_RESCAN=1h rb-dispatch -H late --pipe "rb-test-pipe $out" 3>&- &
+  PIDS=$!
+  wait_for 10 '[ "$(handled "$out" b5)" = 1 ]'
+  # the late transaction: it began before the claims below, and its
+  # publish reads its time only after its xid (a second later)
+  session rblate$$
+  echo "BEGIN; SELECT pg_sleep(1); SELECT pg_current_xact_id() IS NOT NULL;
+        SELECT deliveries FROM relaybus_publish('t', '{\"i\":6}', 'kl', 'late-k', NULL, NULL, NULL, '{late}');
+        SELECT deliveries FROM relaybus_publish('t', '{\"i\":0}', NULL, 'late-u', NULL, NULL, NULL, '{late}');" >&7
+  wait_for 10 '[ "$(in_xact rblate$$)" = 1 ]'
+  # meanwhile many claims: 400 events of other keys and none, all run
+  events 400 m late 20 | rb-publish -q
+  wait_for 30 '[ "$(q "SELECT count(*) FROM relaybus_deliveries WHERE handler = '"'late'"'")" = 0 ]'
+  [ "$(handled "$out" late-u)" = 0 ]
+  [ "$(handled "$out" late-k)" = 0 ]
+  t0=$(date +%s%3N)
+  echo "COMMIT;" >&7
+  wait_for 10 '[ "$(handled "$out" late-u)" = 1 ] && [ "$(handled "$out" late-k)" = 1 ]'
+  t1=$(date +%s%3N)
+  echo "# handled $((t1 - t0)) ms after the commit" >&3
+  [ $((t1 - t0)) -lt 5000 ]
+  # after: three more of key kl
+  for i in 7 8 9; do
+    echo "{\"id\":\"a$i\",\"name\":\"t\",\"key\":\"kl\",\"payload\":{\"i\":$i},\"handlers\":[\"late\"]}"
+  done | rb-publish -q
+  wait_for 10 '[ "$(handled "$out" a9)" = 1 ]'
+  # every event once, and key kl in its order: b1..b5, late-k, a7..a9
+  [ "$(wc -l <"$out")" = 410 ]
+  [ -z "$(cut -d' ' -f1 "$out" | sort | uniq -d)" ]
+  [ "$(awk '$2 == "kl" { printf "%s ", $1 }' "$out")" = "b1 b2 b3 b4 b5 late-k a7 a8 a9 " ]
+}
+
+@test "a delivery inserted by hand with an old available_at: the cursors are past it; the safety net (RELAYBUS_PG_RESCAN) finds it" {
+  local out v h
+  for v in 1h 2s; do
+    h=hand$v out=$BATS_TEST_TMPDIR/$h.runs
+    events 300 "w$v-" "$h" 10 | rb-publish -q
+    RELAYBUS_PG_RESCAN=$v rb-dispatch -H "$h" --pipe "rb-test-pipe $out" 3>&- &
+    PIDS=$!
+    wait_for 30 '[ "$(wc -l <"$out")" = 300 ]'
+    sleep 1
+    # outside the cursors' rule: an hour old, written as no relaybus
+    # statement writes one
+    q "INSERT INTO relaybus_events (id, name, payload, handlers) VALUES ('old-$v', 't', '{\"i\":0}', '{$h}');
+       INSERT INTO relaybus_deliveries (event_id, handler, lane, available_at)
+       VALUES ('old-$v', '$h', relaybus_lane('old-$v'), now() - interval '1 hour')"
+    if [ "$v" = 1h ]; then
+      # (the dispatcher polls and claims meanwhile: its cursors are past it)
+      sleep 4
+      [ "$(handled "$out" "old-$v")" = 0 ]
+    else
+      wait_for 8 '[ "$(handled "$out" "old-$v")" = 1 ]'
+    fi
+    kill -TERM "$PIDS"
+    wait "$PIDS" || true
+    PIDS=
+  done
+  [ "$(wc -l <"$BATS_TEST_TMPDIR/hand2s.runs")" = 301 ]
+  # a claim without cursors (rb-claim, as a pipeline runs it) takes it at once
+  run -0 --separate-stderr rb-claim -H hand1h
+  [ "$(jq -r .event_id <<<"$output")" = old-1h ]
+}
+
+# buffers the drain read from relaybus_deliveries, table and indexes
+# (its backends flushed their statistics when they exited)
+read_buffers() { q "SELECT coalesce(sum(heap_blks_hit + heap_blks_read + coalesce(idx_blks_hit, 0) + coalesce(idx_blks_read, 0)), 0)
+                    FROM pg_statio_user_tables WHERE schemaname = '$RB_SCHEMA' AND relname = 'relaybus_deliveries'"; }
+
+# A steady load's drain: ROUNDS times publish 60 events (half keyed over 20
+# keys) and wait until they ran, with one rb-dispatch; prints the buffers
+# it read.  RESCAN: its RELAYBUS_PG_RESCAN.
+steady() {  # handler rescan rounds
+  local h=$1 out=$BATS_TEST_TMPDIR/$1.runs b0 b1 r
+  b0=$(read_buffers)
+  events 60 "$h-1-" "$h" 20 | rb-publish -q
+  RELAYBUS_PG_RESCAN=$2 rb-dispatch -H "$h" --pipe "rb-test-pipe $out" 3>&- 7>&- &
+  local dp=$!
+  for r in $(seq 1 "$3"); do
+    [ "$r" = 1 ] || events 60 "$h-$r-" "$h" 20 | rb-publish -q
+    wait_for 20 '[ "$(lines_of "$out")" = $((r * 60)) ]'
+  done
+  kill -TERM "$dp"
+  wait "$dp" || true
+  # (the statistics of the exited backends reach the views soon after)
+  sleep 1.5
+  b1=$(read_buffers)
+  [ -z "$(cut -d' ' -f1 "$out" | sort | uniq -d)" ]
+  echo $((b1 - b0))
+}
+lines_of() { [ -f "$1" ] && wc -l <"$1" || echo 0; }
+
+@test "under a held snapshot a steady drain with cursors reads at most 3x what it reads without the snapshot, and under half of what it reads without cursors" {
+  local clean held off_clean off_held n=100
+  clean=$(steady cl 5s $n)
+  off_clean=$(steady ocl 0 $n)
+  # the holder: REPEATABLE READ, its snapshot taken, kept while fd 7 is open
+  session rbhold$$
+  echo "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM relaybus_deliveries;" >&7
+  wait_for 10 '[ -n "$(q "SELECT backend_xmin FROM pg_stat_activity WHERE application_name = '"'rbhold$$'"'")" ]'
+  held=$(steady hd 5s $n)
+  off_held=$(steady ohd 0 $n)
+  echo "# buffers of $((n * 60)) deliveries: with cursors clean $clean, held $held; without cursors clean $off_clean, held $off_held" >&3
+  # the snapshot held the whole time
+  [ -n "$(q "SELECT backend_xmin FROM pg_stat_activity WHERE application_name = 'rbhold$$'")" ]
+  [ "$clean" -gt 0 ] && [ "$held" -gt 0 ]
+  [ "$held" -le $((3 * clean)) ]
+  [ $((2 * held)) -lt "$off_held" ]
+}
