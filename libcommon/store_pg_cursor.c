@@ -87,8 +87,8 @@ pg_cursors_free(struct pg_cursors *c)
 	pg_cursors_drop(c, true);
 	free(c->tc.s);
 	free(c->tx.s);
-	rb_sb_init(&c->tc);
-	rb_sb_init(&c->tx);
+	c->tc.s = NULL;
+	c->tx.s = NULL;
 }
 
 /* The claim's eight cursor parameters in c->params: none unless want (a
