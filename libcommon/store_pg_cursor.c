@@ -171,6 +171,13 @@ void
 pg_cursors_take(struct pg_cursors *c, const PGresult *res)
 {
 	char *tick_c = NULL, *tick_x = NULL;
+	struct {
+		const char *name;
+		char **at;
+	} const slots[] = {
+		{ "tick_c", &tick_c }, { "tick_x", &tick_x }, { "g", &c->g }, { "cl", &c->cl },
+		{ "cu", &c->cu }, { "ck", &c->ck }, { "mine", &c->mine }, { "others", &c->others },
+	};
 
 	for (int i = 0; i < PQntuples(res); i++) {
 		const char *k;
@@ -178,22 +185,11 @@ pg_cursors_take(struct pg_cursors *c, const PGresult *res)
 		if (!pg_cursors_row(res, i) || PQgetisnull(res, i, 2))
 			continue;
 		k = PQgetvalue(res, i, 2);
-		if (strcmp(k, "tick_c") == 0)
-			keep(&tick_c, res, i);
-		else if (strcmp(k, "tick_x") == 0)
-			keep(&tick_x, res, i);
-		else if (strcmp(k, "g") == 0)
-			keep(&c->g, res, i);
-		else if (strcmp(k, "cl") == 0)
-			keep(&c->cl, res, i);
-		else if (strcmp(k, "cu") == 0)
-			keep(&c->cu, res, i);
-		else if (strcmp(k, "ck") == 0)
-			keep(&c->ck, res, i);
-		else if (strcmp(k, "mine") == 0)
-			keep(&c->mine, res, i);
-		else if (strcmp(k, "others") == 0)
-			keep(&c->others, res, i);
+		for (size_t j = 0; j < sizeof slots / sizeof slots[0]; j++)
+			if (strcmp(k, slots[j].name) == 0) {
+				keep(slots[j].at, res, i);
+				break;
+			}
 	}
 	if (tick_c != NULL && tick_x != NULL) {
 		free(c->tick_c[c->next]);

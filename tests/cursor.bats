@@ -16,12 +16,7 @@ setup() {
   setup_schema
 }
 
-teardown() {
-  local p
-  for p in ${PIDS:-}; do kill -9 "$p" 2>/dev/null || true; done
-  [ -z "${HOLD_FD:-}" ] || eval "exec $HOLD_FD>&-"
-  drop_schema
-}
+teardown() { kill_pids_drop_schema; }
 
 # N events for handler H, ids PREFIX1..N; odd ones keyed over KEYS keys (0: none)
 events() {  # n prefix handler keys

@@ -14,12 +14,7 @@ setup() {
   fi
 }
 
-teardown() {
-  local p
-  for p in ${PIDS:-}; do kill -9 "$p" 2>/dev/null || true; done
-  [ -z "${HOLD_FD:-}" ] || eval "exec $HOLD_FD>&-"
-  drop_schema
-}
+teardown() { kill_pids_drop_schema; }
 
 fields() { jq -r "[$1] | map(tostring) | join(\" \")"; }
 # an event line: id key i [handler [extra fields]]

@@ -13,12 +13,7 @@ setup() {
   setup_schema
 }
 
-teardown() {
-  local p
-  for p in ${PIDS:-}; do kill -9 "$p" 2>/dev/null || true; done
-  [ -z "${HOLD_FD:-}" ] || eval "exec $HOLD_FD>&-"
-  drop_schema
-}
+teardown() { kill_pids_drop_schema; }
 
 # N events for handler H, ids s1..sN, odd ones keyed over 50 keys
 events() {  # n handler

@@ -230,10 +230,12 @@ fresh_schema() {
   fi
 }
 
-# The usual tear-down: never leave a process of $PIDS behind (kill -9), drop the schema.
+# The usual tear-down: never leave a process of $PIDS behind (kill -9), close
+# the descriptor $HOLD_FD of a held transaction (a coprocess psql), drop the schema.
 kill_pids_drop_schema() {
   local p
   for p in ${PIDS:-}; do kill -9 "$p" 2>/dev/null || true; done
+  [ -z "${HOLD_FD:-}" ] || eval "exec $HOLD_FD>&-"
   drop_schema
 }
 

@@ -14,10 +14,7 @@ setup() {
 }
 
 teardown() {
-  local p
-  for p in ${PIDS:-}; do kill -9 "$p" 2>/dev/null || true; done
-  [ -z "${HOLD_FD:-}" ] || eval "exec $HOLD_FD>&-"
-  drop_schema
+  kill_pids_drop_schema
   drop_other
 }
 
