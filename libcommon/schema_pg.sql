@@ -665,13 +665,15 @@ DROP FUNCTION IF EXISTS @S@.relaybus_claim_ids(text, text, integer, bigint, inte
 DROP FUNCTION IF EXISTS @S@.relaybus_deliveries_by_id(bigint[], bigint[]);
 DROP FUNCTION IF EXISTS @S@.relaybus_claim_ids(text, text, integer, bigint, integer, bigint[], boolean, integer, smallint[], bigint, boolean);
 DROP FUNCTION IF EXISTS @S@.relaybus_claim_ids(text, text, integer, bigint, integer, bigint[], boolean, integer, smallint[], bigint, boolean, boolean);
+DROP FUNCTION IF EXISTS @S@.relaybus_claim_ids(text, text, integer, bigint, integer, bigint[], boolean, integer, smallint[], bigint, boolean, boolean,
+    timestamptz[], xid8[], smallint[], timestamptz[], timestamptz[], timestamptz, smallint[], smallint[]);
 CREATE OR REPLACE FUNCTION @S@.relaybus_claim_ids(
     p_handler text, p_owner text, p_batch integer, p_lease_ms bigint, p_max_attempts integer,
     p_live bigint[], p_search boolean, p_chain integer, p_live_lanes smallint[],
     p_holder bigint DEFAULT NULL, p_chain_early boolean DEFAULT false, p_holder_live boolean DEFAULT false,
     p_ticks_c timestamptz[] DEFAULT NULL, p_ticks_x xid8[] DEFAULT NULL, p_cl smallint[] DEFAULT NULL,
     p_cu timestamptz[] DEFAULT NULL, p_ck timestamptz[] DEFAULT NULL, p_g timestamptz DEFAULT NULL,
-    p_mine smallint[] DEFAULT NULL, p_others smallint[] DEFAULT NULL)
+    p_mine smallint[] DEFAULT NULL, p_others smallint[] DEFAULT NULL, p_mine_t tid[] DEFAULT NULL)
 RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigint, claims integer,
                attempts integer, sequence bigint, created_at text)
 LANGUAGE plpgsql SET enable_seqscan = off SET jit = off AS $$
@@ -755,6 +757,13 @@ DECLARE
     v_walk     integer := 0;         -- ... and has walked this many entries
     c_walk_max CONSTANT integer := 1024;
     v_backed   smallint[] := '{}';
+    -- the version of each lane row this claim locked (its ctid), by lane:
+    -- the lane rows it writes are found by it, not by key (under a held
+    -- snapshot a lookup by key walks every version since the horizon);
+    -- v_mt: the versions of v_mine's rows (step 0's, or p_mine_t)
+    v_lt       tid[] := array_fill(NULL::tid, ARRAY[256], ARRAY[0]);
+    v_mt       tid[];
+    v_ut       tid[];
 BEGIN
     IF v_cur THEN
         -- the tick: the clock (v_now) was read before the xid is taken
@@ -793,6 +802,8 @@ BEGIN
         EXIT WHEN v_cur AND p_mine IS NOT NULL;
         SELECT coalesce(array_agg(y.lane) FILTER (WHERE y.lease_owner = p_owner
                                                     AND y.holder IS NOT DISTINCT FROM p_holder), '{}'),
+               coalesce(array_agg(y.ctid) FILTER (WHERE y.lease_owner = p_owner
+                                                    AND y.holder IS NOT DISTINCT FROM p_holder), '{}'),
                coalesce(array_agg(DISTINCT y.holder) FILTER (WHERE y.holder_live
                                                     AND y.holder IS DISTINCT FROM p_holder
                                                     AND y.lease_expires_at > v_now + c_grace), '{}'),
@@ -800,7 +811,7 @@ BEGIN
                coalesce(array_agg(y.lane) FILTER (WHERE y.lease_expires_at > v_now
                                                     AND (y.lease_owner <> p_owner OR y.holder IS DISTINCT FROM p_holder)), '{}'),
                count(*)
-          INTO v_mine, v_holders, v_free0, v_others, v_nlanes
+          INTO v_mine, v_mt, v_holders, v_free0, v_others, v_nlanes
           FROM @S@.relaybus_lanes y
          WHERE y.handler = p_handler;
         EXIT WHEN v_nlanes >= 256;
@@ -810,6 +821,7 @@ BEGIN
         -- (the lanes others held at the last pass are left out: a lane
         -- freed since waits for the next pass, at most a second)
         v_mine := p_mine;
+        v_mt := p_mine_t;
         v_holders := '{}';
         v_others := coalesce(p_others, '{}');
         v_free0 := ARRAY(SELECT g::smallint FROM generate_series(0, 255) g WHERE NOT (g = ANY (v_others)));
@@ -817,14 +829,31 @@ BEGIN
     -- 1. the lanes this owner (name and holder) holds.  NO KEY UPDATE: it
     -- does not wait for completions in progress (they hold KEY SHARE), but a
     -- takeover does.  (Only this holder makes a lane its own: one it had
-    -- not when read above is not one now.)
+    -- not when read above is not one now.)  Each row by the version read
+    -- (v_mt): a TID scan, one tuple; by key only when that version is gone
+    -- (a renewal, a takeover, an operator wrote the row since).  In lane
+    -- order, as relaybus_fail locks them, so that the two cannot deadlock.
     v_held := '{}';
     IF cardinality(v_mine) > 0 THEN
-        SELECT coalesce(array_agg(h.lane), '{}') INTO v_held FROM (
-            SELECT x.lane FROM @S@.relaybus_lanes x
-             WHERE x.handler = p_handler AND x.lane = ANY (v_mine) AND x.lease_owner = p_owner
-               AND x.holder IS NOT DISTINCT FROM p_holder
-             FOR NO KEY UPDATE) h;
+        SELECT coalesce(array_agg(h.lane ORDER BY h.lane), '{}'), coalesce(array_agg(h.t ORDER BY h.lane), '{}')
+          INTO v_held, v_mt FROM (
+            SELECT coalesce(a.lane, b.lane) AS lane, coalesce(a.ctid, b.ctid) AS t
+              FROM (SELECT DISTINCT ON (m.ln) m.ln, m.t FROM unnest(v_mine, v_mt) m(ln, t)
+                     WHERE m.ln IS NOT NULL ORDER BY m.ln) m
+              LEFT JOIN LATERAL (
+                SELECT x.lane, x.ctid FROM @S@.relaybus_lanes x
+                 WHERE x.ctid = m.t AND x.handler = p_handler AND x.lane = m.ln AND x.lease_owner = p_owner
+                   AND x.holder IS NOT DISTINCT FROM p_holder
+                 FOR NO KEY UPDATE) a ON true
+              LEFT JOIN LATERAL (
+                SELECT x.lane, x.ctid FROM @S@.relaybus_lanes x
+                 WHERE a.lane IS NULL AND x.handler = p_handler AND x.lane = m.ln AND x.lease_owner = p_owner
+                   AND x.holder IS NOT DISTINCT FROM p_holder
+                 FOR NO KEY UPDATE) b ON true) h
+         WHERE h.lane IS NOT NULL;
+        FOR i IN 1 .. cardinality(v_held) LOOP
+            v_lt[v_held[i]] := v_mt[i];
+        END LOOP;
     END IF;
     -- deliveries of those lanes still running (in flight and still pending)
     -- (lookups are written one id at a time, LATERAL and fenced with OFFSET
@@ -940,16 +969,17 @@ BEGIN
         -- global cursor G, oldest first (relaybus_deliveries_due_idx), each
         -- lane's row locked when its first entry comes
         FOR l IN
-            (SELECT d.lane, NULL::text AS lease_owner, NULL::bigint[] AS in_flight, NULL::boolean AS chain_early
+            (SELECT d.lane, NULL::text AS lease_owner, NULL::bigint[] AS in_flight, NULL::boolean AS chain_early,
+                    NULL::tid AS ctid
                FROM @S@.relaybus_deliveries d
               WHERE v_global AND (d.handler || '') = p_handler AND d.status = 'pending'
                 AND d.available_at >= v_g AND d.available_at <= v_now
               ORDER BY d.available_at)
             UNION ALL
-            (SELECT x.lane, x.lease_owner, x.in_flight, x.chain_early
+            (SELECT x.lane, x.lease_owner, x.in_flight, x.chain_early, x.ctid
               FROM unnest(v_free) g(ln)
              CROSS JOIN LATERAL (
-                SELECT y.lane, y.lease_owner, y.in_flight, y.chain_early FROM @S@.relaybus_lanes y
+                SELECT y.lane, y.lease_owner, y.in_flight, y.chain_early, y.ctid FROM @S@.relaybus_lanes y
                  WHERE y.handler = p_handler AND y.lane = g.ln
                    AND (y.lease_owner IS NULL OR y.lease_expires_at <= v_now)
                  FOR UPDATE SKIP LOCKED) x
@@ -975,7 +1005,7 @@ BEGIN
                 EXIT WHEN v_walk > c_walk_max;
                 CONTINUE WHEN l.lane = ANY (v_seen) OR l.lane = ANY (v_held) OR NOT (l.lane = ANY (v_free));
                 v_seen := v_seen || l.lane;
-                SELECT y.lane, y.lease_owner, y.in_flight, y.chain_early INTO r FROM @S@.relaybus_lanes y
+                SELECT y.lane, y.lease_owner, y.in_flight, y.chain_early, y.ctid INTO r FROM @S@.relaybus_lanes y
                  WHERE y.handler = p_handler AND y.lane = l.lane
                    AND (y.lease_owner IS NULL OR y.lease_expires_at <= v_now)
                    FOR UPDATE SKIP LOCKED;
@@ -1021,6 +1051,7 @@ BEGIN
                 v_charged := v_charged || l.lane;
             END IF;
             v_new := v_new || l.lane;
+            v_lt[l.lane] := l.ctid;
             EXIT WHEN cardinality(v_new) >= v_take;
         END LOOP;
         EXIT WHEN cardinality(v_new) = 0;
@@ -1093,6 +1124,15 @@ BEGIN
         v_po[l.ln] := l.o;
         v_pc[l.ln] := l.n;
     END LOOP;
+    -- (every lane row written below was locked above, by this version:
+    -- each statement writes the rows of its versions, found by a TID scan
+    -- alone: the handler's name or a lane's number beside them would have
+    -- the planner walk the lanes' index instead, as it does when it plans
+    -- for any parameters, and under a held snapshot every version there)
+    v_ut := ARRAY(SELECT v_lt[u] FROM unnest(v_used) u);
+    IF array_position(v_ut || ARRAY(SELECT v_lt[u] FROM unnest(v_charged || v_scanned) u), NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'relaybus_claim_ids: a lane row to write was not locked';
+    END IF;
     WITH w AS (
         UPDATE @S@.relaybus_lanes x
            SET epoch = CASE WHEN x.lane = ANY (v_acquired) THEN x.epoch + 1 ELSE x.epoch END,
@@ -1110,27 +1150,28 @@ BEGIN
                                 ELSE ARRAY(SELECT f FROM unnest(x.in_flight) f
                                             WHERE f = ANY (v_ls[v_lo[x.lane] : v_lo[x.lane] + v_lc[x.lane] - 1])) END
                            || v_pk[v_po[x.lane] : v_po[x.lane] + v_pc[x.lane] - 1]
-         WHERE x.handler = p_handler AND x.lane = ANY (v_used)
-        RETURNING x.lane, x.epoch)
-    SELECT array_agg(w.lane), array_agg(w.epoch) INTO v_elanes, v_epochs FROM w;
+         WHERE x.ctid = ANY (v_ut)
+        RETURNING x.lane, x.epoch, x.ctid)
+    SELECT array_agg(w.lane), array_agg(w.epoch), array_agg(w.ctid) INTO v_elanes, v_epochs, v_mt FROM w;
     -- (the epochs by lane: a lookup per row, not a join the planner would
     -- redo for every row)
     FOR i IN 1 .. coalesce(cardinality(v_elanes), 0) LOOP
         v_epoch[v_elanes[i]] := v_epochs[i];
+        v_lt[v_elanes[i]] := v_mt[i];
     END LOOP;
     IF cardinality(v_charged) > 0 THEN
         UPDATE @S@.relaybus_lanes x
            SET epoch = x.epoch + 1, lease_owner = NULL, holder = NULL, holder_live = NULL,
                lease_expires_at = NULL, in_flight = '{}',
                failed = x.failed + coalesce(v_cf[x.lane], 0), buried = x.buried + coalesce(v_cb[x.lane], 0)
-         WHERE x.handler = p_handler AND x.lane = ANY (v_charged) AND NOT (x.lane = ANY (v_used));
+         WHERE x.ctid = ANY (ARRAY(SELECT v_lt[u] FROM unnest(v_charged) u WHERE NOT (u = ANY (v_used))));
     END IF;
     v_back := ARRAY(SELECT u FROM unnest(v_scanned) u WHERE NOT (u = ANY (v_used)));
     IF cardinality(v_back) > 0 THEN
         WITH b AS (
         UPDATE @S@.relaybus_lanes x
            SET lease_owner = NULL, holder = NULL, holder_live = NULL, lease_expires_at = NULL, in_flight = '{}'
-         WHERE x.handler = p_handler AND x.lane = ANY (v_back) AND x.lease_owner = p_owner
+         WHERE x.ctid = ANY (ARRAY(SELECT v_lt[u] FROM unnest(v_back) u)) AND x.lease_owner = p_owner
            AND x.holder IS NOT DISTINCT FROM p_holder
            AND CASE WHEN v_lc IS NULL THEN NOT (x.in_flight && v_live)
                     ELSE v_lc[x.lane] = 0
@@ -1149,6 +1190,9 @@ BEGIN
     END IF;
     -- the cursors for the next claim, in rows without an id: handler
     -- names the value, event_id holds it as text
+    -- the lanes held now, with the versions of their rows
+    v_mine := ARRAY(SELECT DISTINCT u FROM unnest(coalesce(v_used, '{}') || v_held0) u
+                     WHERE u = ANY (v_used) OR NOT (u = ANY (v_backed)) ORDER BY u);
     IF v_search THEN
         SELECT least(coalesce(min(f.a), 'infinity'), v_b) INTO v_g FROM (
             SELECT d.available_at AS a FROM @S@.relaybus_deliveries d
@@ -1162,8 +1206,8 @@ BEGIN
                    ('cl', ARRAY(SELECT i FROM generate_series(0, 255) i WHERE v_ucur[i] > v_g OR v_kcur[i] > v_g)::text),
                    ('cu', ARRAY(SELECT v_ucur[i] FROM generate_series(0, 255) i WHERE v_ucur[i] > v_g OR v_kcur[i] > v_g)::text),
                    ('ck', ARRAY(SELECT v_kcur[i] FROM generate_series(0, 255) i WHERE v_ucur[i] > v_g OR v_kcur[i] > v_g)::text),
-                   ('mine', ARRAY(SELECT DISTINCT u FROM unnest(coalesce(v_used, '{}') || v_held0) u
-                                   WHERE u = ANY (v_used) OR NOT (u = ANY (v_backed)))::text),
+                   ('mine', v_mine::text),
+                   ('mine_t', ARRAY(SELECT v_lt[u] FROM unnest(v_mine) u)::text),
                    ('others', v_others::text)) t(k, v);
 END $$;
 
@@ -1173,13 +1217,15 @@ DROP FUNCTION IF EXISTS @S@.relaybus_claim(text, text, integer, bigint, integer,
 DROP FUNCTION IF EXISTS @S@.relaybus_claim(text, text, integer, bigint, integer, bigint[], boolean, integer, smallint[]);
 DROP FUNCTION IF EXISTS @S@.relaybus_claim(text, text, integer, bigint, integer, bigint[], boolean, integer, smallint[], bigint, boolean);
 DROP FUNCTION IF EXISTS @S@.relaybus_claim(text, text, integer, bigint, integer, bigint[], boolean, integer, smallint[], bigint, boolean, boolean);
+DROP FUNCTION IF EXISTS @S@.relaybus_claim(text, text, integer, bigint, integer, bigint[], boolean, integer, smallint[], bigint, boolean, boolean,
+    timestamptz[], xid8[], smallint[], timestamptz[], timestamptz[], timestamptz, smallint[], smallint[]);
 CREATE OR REPLACE FUNCTION @S@.relaybus_claim(
     p_handler text, p_owner text, p_batch integer, p_lease_ms bigint, p_max_attempts integer,
     p_live bigint[], p_search boolean, p_chain integer, p_live_lanes smallint[] DEFAULT NULL,
     p_holder bigint DEFAULT NULL, p_chain_early boolean DEFAULT false, p_holder_live boolean DEFAULT false,
     p_ticks_c timestamptz[] DEFAULT NULL, p_ticks_x xid8[] DEFAULT NULL, p_cl smallint[] DEFAULT NULL,
     p_cu timestamptz[] DEFAULT NULL, p_ck timestamptz[] DEFAULT NULL, p_g timestamptz DEFAULT NULL,
-    p_mine smallint[] DEFAULT NULL, p_others smallint[] DEFAULT NULL)
+    p_mine smallint[] DEFAULT NULL, p_others smallint[] DEFAULT NULL, p_mine_t tid[] DEFAULT NULL)
 RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigint, claims integer,
                attempts integer, name text, key text, sequence bigint, payload jsonb, headers jsonb,
                created_at text)
@@ -1200,7 +1246,7 @@ BEGIN
       FROM @S@.relaybus_claim_ids(p_handler, p_owner, p_batch, p_lease_ms, p_max_attempts,
                                   p_live, p_search, p_chain, p_live_lanes, p_holder,
                                   p_chain_early, p_holder_live, p_ticks_c, p_ticks_x, p_cl, p_cu,
-                                  p_ck, p_g, p_mine, p_others) WITH ORDINALITY c(id, event_id, handler,
+                                  p_ck, p_g, p_mine, p_others, p_mine_t) WITH ORDINALITY c(id, event_id, handler,
                                   lane, epoch, claims, attempts, sequence, created_at, o);
     -- (the cursors' rows, which have no id, first)
     RETURN QUERY
@@ -1389,13 +1435,15 @@ DROP FUNCTION IF EXISTS @S@.relaybus_worker_claim(text, text, integer, bigint, i
     smallint[], bigint, boolean);
 DROP FUNCTION IF EXISTS @S@.relaybus_worker_claim(text, text, integer, bigint, integer, bigint[], boolean,
     integer, smallint[], bigint, boolean, boolean);
+DROP FUNCTION IF EXISTS @S@.relaybus_worker_claim(text, text, integer, bigint, integer, bigint[], boolean, integer, smallint[], bigint, boolean, boolean,
+    timestamptz[], xid8[], smallint[], timestamptz[], timestamptz[], timestamptz, smallint[], smallint[]);
 CREATE OR REPLACE FUNCTION @S@.relaybus_worker_claim(
     p_handler text, p_owner text, p_batch integer, p_lease_ms bigint, p_max_attempts integer,
     p_live bigint[], p_search boolean, p_chain integer, p_live_lanes smallint[] DEFAULT NULL,
     p_holder bigint DEFAULT NULL, p_chain_early boolean DEFAULT false, p_holder_live boolean DEFAULT false,
     p_ticks_c timestamptz[] DEFAULT NULL, p_ticks_x xid8[] DEFAULT NULL, p_cl smallint[] DEFAULT NULL,
     p_cu timestamptz[] DEFAULT NULL, p_ck timestamptz[] DEFAULT NULL, p_g timestamptz DEFAULT NULL,
-    p_mine smallint[] DEFAULT NULL, p_others smallint[] DEFAULT NULL)
+    p_mine smallint[] DEFAULT NULL, p_others smallint[] DEFAULT NULL, p_mine_t tid[] DEFAULT NULL)
 RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigint, claims integer,
                attempts integer, name text, key text, sequence bigint, payload jsonb, headers jsonb,
                created_at text)
@@ -1404,20 +1452,22 @@ BEGIN
     PERFORM @S@.relaybus_check('{worker}', ARRAY[p_handler]);  -- (rb-setup --grant worker=ROLE:HANDLER)
     RETURN QUERY SELECT * FROM @S@.relaybus_claim(p_handler, p_owner, p_batch, p_lease_ms, p_max_attempts,
         p_live, p_search, p_chain, p_live_lanes, p_holder, p_chain_early, p_holder_live,
-        p_ticks_c, p_ticks_x, p_cl, p_cu, p_ck, p_g, p_mine, p_others);
+        p_ticks_c, p_ticks_x, p_cl, p_cu, p_ck, p_g, p_mine, p_others, p_mine_t);
 END $$;
 
 DROP FUNCTION IF EXISTS @S@.relaybus_worker_claim_ids(text, text, integer, bigint, integer, bigint[], boolean,
     integer, smallint[], bigint, boolean);
 DROP FUNCTION IF EXISTS @S@.relaybus_worker_claim_ids(text, text, integer, bigint, integer, bigint[], boolean,
     integer, smallint[], bigint, boolean, boolean);
+DROP FUNCTION IF EXISTS @S@.relaybus_worker_claim_ids(text, text, integer, bigint, integer, bigint[], boolean, integer, smallint[], bigint, boolean, boolean,
+    timestamptz[], xid8[], smallint[], timestamptz[], timestamptz[], timestamptz, smallint[], smallint[]);
 CREATE OR REPLACE FUNCTION @S@.relaybus_worker_claim_ids(
     p_handler text, p_owner text, p_batch integer, p_lease_ms bigint, p_max_attempts integer,
     p_live bigint[], p_search boolean, p_chain integer, p_live_lanes smallint[],
     p_holder bigint DEFAULT NULL, p_chain_early boolean DEFAULT false, p_holder_live boolean DEFAULT false,
     p_ticks_c timestamptz[] DEFAULT NULL, p_ticks_x xid8[] DEFAULT NULL, p_cl smallint[] DEFAULT NULL,
     p_cu timestamptz[] DEFAULT NULL, p_ck timestamptz[] DEFAULT NULL, p_g timestamptz DEFAULT NULL,
-    p_mine smallint[] DEFAULT NULL, p_others smallint[] DEFAULT NULL)
+    p_mine smallint[] DEFAULT NULL, p_others smallint[] DEFAULT NULL, p_mine_t tid[] DEFAULT NULL)
 RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigint, claims integer,
                attempts integer, sequence bigint, created_at text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = @S@, pg_temp AS $$
@@ -1425,7 +1475,7 @@ BEGIN
     PERFORM @S@.relaybus_check('{worker}', ARRAY[p_handler]);
     RETURN QUERY SELECT * FROM @S@.relaybus_claim_ids(p_handler, p_owner, p_batch, p_lease_ms, p_max_attempts,
         p_live, p_search, p_chain, p_live_lanes, p_holder, p_chain_early, p_holder_live,
-        p_ticks_c, p_ticks_x, p_cl, p_cu, p_ck, p_g, p_mine, p_others);
+        p_ticks_c, p_ticks_x, p_cl, p_cu, p_ck, p_g, p_mine, p_others, p_mine_t);
 END $$;
 
 CREATE OR REPLACE FUNCTION @S@.relaybus_worker_fail(

@@ -28,12 +28,12 @@ const char pg_tmpl_claim[] =
     "payload::text, headers::text, created_at "
     "FROM @S@.relaybus_claim($1, $2, $3::integer, $4::bigint, $5::integer, $6::bigint[], $7::boolean, $8::integer, "
     "$9::smallint[], $10::bigint, $11::boolean, $12::boolean, $13::timestamptz[], $14::xid8[], "
-    "$15::smallint[], $16::timestamptz[], $17::timestamptz[], $18::timestamptz, $19::smallint[], $20::smallint[])";
+    "$15::smallint[], $16::timestamptz[], $17::timestamptz[], $18::timestamptz, $19::smallint[], $20::smallint[], $21::tid[])";
 /* the claim without events, for the second connection to read them */
 const char pg_tmpl_claim_ids[] = "SELECT id, event_id, handler, lane, epoch, claims, attempts, sequence, created_at "
     "FROM @S@.relaybus_claim_ids($1, $2, $3::integer, $4::bigint, $5::integer, $6::bigint[], $7::boolean, $8::integer, "
     "$9::smallint[], $10::bigint, $11::boolean, $12::boolean, $13::timestamptz[], $14::xid8[], "
-    "$15::smallint[], $16::timestamptz[], $17::timestamptz[], $18::timestamptz, $19::smallint[], $20::smallint[])";
+    "$15::smallint[], $16::timestamptz[], $17::timestamptz[], $18::timestamptz, $19::smallint[], $20::smallint[], $21::tid[])";
 /* the events of what a claim took, on the second connection, by the
  * position of their event id in $1 (the connection runs with
  * enable_seqscan off, as the claim does: young tables have no
@@ -80,11 +80,11 @@ const char pg_tmpl_w_claim[] =
     "payload::text, headers::text, created_at "
     "FROM @S@.relaybus_worker_claim($1, $2, $3::integer, $4::bigint, $5::integer, $6::bigint[], $7::boolean, "
     "$8::integer, $9::smallint[], $10::bigint, $11::boolean, $12::boolean, $13::timestamptz[], $14::xid8[], "
-    "$15::smallint[], $16::timestamptz[], $17::timestamptz[], $18::timestamptz, $19::smallint[], $20::smallint[])";
+    "$15::smallint[], $16::timestamptz[], $17::timestamptz[], $18::timestamptz, $19::smallint[], $20::smallint[], $21::tid[])";
 const char pg_tmpl_w_claim_ids[] = "SELECT id, event_id, handler, lane, epoch, claims, attempts, sequence, created_at "
     "FROM @S@.relaybus_worker_claim_ids($1, $2, $3::integer, $4::bigint, $5::integer, $6::bigint[], $7::boolean, "
     "$8::integer, $9::smallint[], $10::bigint, $11::boolean, $12::boolean, $13::timestamptz[], $14::xid8[], "
-    "$15::smallint[], $16::timestamptz[], $17::timestamptz[], $18::timestamptz, $19::smallint[], $20::smallint[])";
+    "$15::smallint[], $16::timestamptz[], $17::timestamptz[], $18::timestamptz, $19::smallint[], $20::smallint[], $21::tid[])";
 const char pg_tmpl_w_fetch[] =
     "SELECT p.o, e.name, e.key, e.payload::text, e.headers::text "
     "FROM unnest($1::text[]) WITH ORDINALITY p(eid, o) "
@@ -99,7 +99,7 @@ const char pg_tmpl_w_relinquish_leases[] =
 
 /* relaybus_claim's parameters: handler, owner, batch, lease, max attempts,
  * live ids, search, chain, live lanes, holder, chain early, holder live,
- * and the eight of the claim cursors (store_pg_cursor.c) */
+ * and the nine of the claim cursors (store_pg_cursor.c) */
 enum { CLAIM_NPARAMS = 12 + PG_CURSOR_PARAMS };
 
 /* The claim's parameters, from what claim_params keeps for a retry (the

@@ -70,6 +70,7 @@ pg_cursors_drop(struct pg_cursors *c, bool all)
 	if (!all)
 		return;
 	clear(&c->mine);
+	clear(&c->mine_t);
 	clear(&c->others);
 	clear(&c->handler);
 	for (int i = 0; i < PG_TICKS; i++) {
@@ -91,7 +92,7 @@ pg_cursors_free(struct pg_cursors *c)
 	c->tx.s = NULL;
 }
 
-/* The claim's eight cursor parameters in c->params: none unless want (a
+/* The claim's nine cursor parameters in c->params: none unless want (a
  * long-lived claimer) and cursors are on. */
 void
 pg_cursors_params(struct pg_cursors *c, const char *handler, bool want)
@@ -106,6 +107,7 @@ pg_cursors_params(struct pg_cursors *c, const char *handler, bool want)
 		/* (the ticks are the server's, not the handler's) */
 		pg_cursors_drop(c, false);
 		clear(&c->mine);
+		clear(&c->mine_t);
 		clear(&c->others);
 		free(c->handler);
 		c->handler = xstrdup(handler);
@@ -146,6 +148,7 @@ pg_cursors_params(struct pg_cursors *c, const char *handler, bool want)
 	if (c->mine != NULL && now - c->pass_at < PASS_MS) {
 		c->params[6] = c->mine;
 		c->params[7] = c->others;
+		c->params[8] = c->mine_t;
 	} else {
 		c->pass_at = now;
 	}
@@ -177,6 +180,7 @@ pg_cursors_take(struct pg_cursors *c, const PGresult *res)
 	} const slots[] = {
 		{ "tick_c", &tick_c }, { "tick_x", &tick_x }, { "g", &c->g }, { "cl", &c->cl },
 		{ "cu", &c->cu }, { "ck", &c->ck }, { "mine", &c->mine }, { "others", &c->others },
+		{ "mine_t", &c->mine_t },
 	};
 
 	for (int i = 0; i < PQntuples(res); i++) {

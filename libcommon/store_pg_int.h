@@ -57,7 +57,7 @@ struct pg_claimed {
  * relaybus_claim_ids, "Claim cursors"): the ticks of its last claims, and
  * what its last claim handed back, as the text of the claim's parameters.
  */
-enum { PG_TICKS = 8, PG_CURSOR_PARAMS = 8 };
+enum { PG_TICKS = 8, PG_CURSOR_PARAMS = 9 };
 struct pg_cursors {
 	int64_t	 rescan_ms;	/* $RELAYBUS_PG_RESCAN; 0: no cursors */
 	char	*handler;	/* whose cursors these are */
@@ -65,11 +65,12 @@ struct pg_cursors {
 	int	 next;
 	char	*g, *cl, *cu, *ck;	/* the global cursor and the lanes' */
 	char	*mine;		/* the lanes held after the last claim */
+	char	*mine_t;	/* ... and the versions of their rows (ctids) */
 	char	*others;	/* the lanes others held at the last pass */
 	int64_t	 dropped_at;	/* when the cursors were last dropped (the safety net) */
 	int64_t	 pass_at;	/* when a claim last read every lane row */
 	struct rb_sbuf tc, tx;	/* the ticks as array literals */
-	/* the claim out: its eight cursor parameters (NULL: none) */
+	/* the claim out: its nine cursor parameters (NULL: none) */
 	const char *params[PG_CURSOR_PARAMS];
 };
 
@@ -131,7 +132,7 @@ struct pg_be {
 	bool	 claim_early;		/* ... the eleventh: p_chain_early */
 	char	 claim_chain[16];	/* ... the eighth: p_chain */
 	bool	 claim_ids;
-	struct pg_cursors cursors;	/* ... the thirteenth to twentieth */
+	struct pg_cursors cursors;	/* ... the thirteenth to twenty-first */
 	struct pg_claimed fetch;	/* being read on conn2 (job2 PG_FETCH) ... */
 	struct pg_claimed waiting;	/* ... and the next, waiting for conn2 */
 	/* the completion out on conn or conn3 (job or job3 PG_COMPLETE) */
