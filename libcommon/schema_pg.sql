@@ -760,10 +760,16 @@ DECLARE
     -- the version of each lane row this claim locked (its ctid), by lane:
     -- the lane rows it writes are found by it, not by key (under a held
     -- snapshot a lookup by key walks every version since the horizon);
-    -- v_mt: the versions of v_mine's rows (step 0's, or p_mine_t)
+    -- v_kt: the versions known, by lane, not checked (step 0's, or
+    -- p_mine_t: what the claim before returned), each tried first where a
+    -- lane row is locked; v_mt: those of v_mine's rows
     v_lt       tid[] := array_fill(NULL::tid, ARRAY[256], ARRAY[0]);
+    v_kt       tid[] := array_fill(NULL::tid, ARRAY[256], ARRAY[0]);
     v_mt       tid[];
     v_ut       tid[];
+    v_alln     smallint[];
+    v_allt     tid[];
+    v_ok       boolean;
 BEGIN
     IF v_cur THEN
         -- the tick: the clock (v_now) was read before the xid is taken
@@ -810,10 +816,13 @@ BEGIN
                coalesce(array_agg(y.lane) FILTER (WHERE y.lease_owner IS NULL OR y.lease_expires_at <= v_now), '{}'),
                coalesce(array_agg(y.lane) FILTER (WHERE y.lease_expires_at > v_now
                                                     AND (y.lease_owner <> p_owner OR y.holder IS DISTINCT FROM p_holder)), '{}'),
-               count(*)
-          INTO v_mine, v_mt, v_holders, v_free0, v_others, v_nlanes
+               count(*), array_agg(y.lane), array_agg(y.ctid)
+          INTO v_mine, v_mt, v_holders, v_free0, v_others, v_nlanes, v_alln, v_allt
           FROM @S@.relaybus_lanes y
          WHERE y.handler = p_handler;
+        FOR j IN 1 .. coalesce(cardinality(v_alln), 0) LOOP
+            v_kt[v_alln[j]] := v_allt[j];
+        END LOOP;
         EXIT WHEN v_nlanes >= 256;
         PERFORM @S@.relaybus_seed_lanes(p_handler);
     END LOOP;
@@ -821,7 +830,16 @@ BEGIN
         -- (the lanes others held at the last pass are left out: a lane
         -- freed since waits for the next pass, at most a second)
         v_mine := p_mine;
-        v_mt := p_mine_t;
+        -- (p_mine_t: 256 versions, by lane, as the claim before returned
+        -- them; a shorter one is read as v_mine's, element by element)
+        IF cardinality(p_mine_t) = 256 THEN
+            FOR j IN 0 .. 255 LOOP
+                v_kt[j] := p_mine_t[array_lower(p_mine_t, 1) + j];
+            END LOOP;
+            v_mt := ARRAY(SELECT v_kt[m] FROM unnest(v_mine) m);
+        ELSE
+            v_mt := p_mine_t;
+        END IF;
         v_holders := '{}';
         v_others := coalesce(p_others, '{}');
         v_free0 := ARRAY(SELECT g::smallint FROM generate_series(0, 255) g WHERE NOT (g = ANY (v_others)));
@@ -976,14 +994,22 @@ BEGIN
                 AND d.available_at >= v_g AND d.available_at <= v_now
               ORDER BY d.available_at)
             UNION ALL
-            (SELECT x.lane, x.lease_owner, x.in_flight, x.chain_early, x.ctid
+            (SELECT coalesce(a.lane, b.lane), CASE WHEN a.lane IS NULL THEN b.lease_owner ELSE a.lease_owner END,
+                    CASE WHEN a.lane IS NULL THEN b.in_flight ELSE a.in_flight END,
+                    CASE WHEN a.lane IS NULL THEN b.chain_early ELSE a.chain_early END, coalesce(a.ctid, b.ctid)
               FROM unnest(v_free) g(ln)
-             CROSS JOIN LATERAL (
+              -- (by the version known, a TID scan; by key when it is gone)
+              LEFT JOIN LATERAL (
                 SELECT y.lane, y.lease_owner, y.in_flight, y.chain_early, y.ctid FROM @S@.relaybus_lanes y
-                 WHERE y.handler = p_handler AND y.lane = g.ln
+                 WHERE y.ctid = v_kt[g.ln] AND y.handler = p_handler AND y.lane = g.ln
                    AND (y.lease_owner IS NULL OR y.lease_expires_at <= v_now)
-                 FOR UPDATE SKIP LOCKED) x
-             WHERE NOT (g.ln = ANY (v_held))
+                 FOR UPDATE SKIP LOCKED) a ON true
+              LEFT JOIN LATERAL (
+                SELECT y.lane, y.lease_owner, y.in_flight, y.chain_early, y.ctid FROM @S@.relaybus_lanes y
+                 WHERE a.lane IS NULL AND y.handler = p_handler AND y.lane = g.ln
+                   AND (y.lease_owner IS NULL OR y.lease_expires_at <= v_now)
+                 FOR UPDATE SKIP LOCKED) b ON true
+             WHERE coalesce(a.lane, b.lane) IS NOT NULL AND NOT (g.ln = ANY (v_held))
                -- (OFFSET 0: a probe per lane, always.  Without it the
                -- planner may run an EXISTS as a hashed subplan, which
                -- reads every due delivery of the handler: it did when
@@ -1005,11 +1031,24 @@ BEGIN
                 EXIT WHEN v_walk > c_walk_max;
                 CONTINUE WHEN l.lane = ANY (v_seen) OR l.lane = ANY (v_held) OR NOT (l.lane = ANY (v_free));
                 v_seen := v_seen || l.lane;
-                SELECT y.lane, y.lease_owner, y.in_flight, y.chain_early, y.ctid INTO r FROM @S@.relaybus_lanes y
-                 WHERE y.handler = p_handler AND y.lane = l.lane
-                   AND (y.lease_owner IS NULL OR y.lease_expires_at <= v_now)
-                   FOR UPDATE SKIP LOCKED;
-                CONTINUE WHEN NOT FOUND;
+                -- (by the version known, a TID scan; by key when it is gone)
+                v_ok := false;
+                IF v_kt[l.lane] IS NOT NULL THEN
+                    SELECT y.lane, y.lease_owner, y.in_flight, y.chain_early, y.ctid INTO r FROM @S@.relaybus_lanes y
+                     WHERE y.ctid = v_kt[l.lane] AND y.handler = p_handler AND y.lane = l.lane
+                       AND (y.lease_owner IS NULL OR y.lease_expires_at <= v_now)
+                       FOR UPDATE SKIP LOCKED;
+                    v_ok := FOUND;
+                END IF;
+                IF NOT v_ok THEN
+                    v_kt[l.lane] := NULL;
+                    SELECT y.lane, y.lease_owner, y.in_flight, y.chain_early, y.ctid INTO r FROM @S@.relaybus_lanes y
+                     WHERE y.handler = p_handler AND y.lane = l.lane
+                       AND (y.lease_owner IS NULL OR y.lease_expires_at <= v_now)
+                       FOR UPDATE SKIP LOCKED;
+                    v_ok := FOUND;
+                END IF;
+                CONTINUE WHEN NOT v_ok;
                 l := r;
             END IF;
             IF l.lease_owner IS NOT NULL AND cardinality(l.in_flight) > 0 THEN
@@ -1160,11 +1199,17 @@ BEGIN
         v_lt[v_elanes[i]] := v_mt[i];
     END LOOP;
     IF cardinality(v_charged) > 0 THEN
+        WITH c AS (
         UPDATE @S@.relaybus_lanes x
            SET epoch = x.epoch + 1, lease_owner = NULL, holder = NULL, holder_live = NULL,
                lease_expires_at = NULL, in_flight = '{}',
                failed = x.failed + coalesce(v_cf[x.lane], 0), buried = x.buried + coalesce(v_cb[x.lane], 0)
-         WHERE x.ctid = ANY (ARRAY(SELECT v_lt[u] FROM unnest(v_charged) u WHERE NOT (u = ANY (v_used))));
+         WHERE x.ctid = ANY (ARRAY(SELECT v_lt[u] FROM unnest(v_charged) u WHERE NOT (u = ANY (v_used))))
+        RETURNING x.lane, x.ctid)
+        SELECT array_agg(c.lane), array_agg(c.ctid) INTO v_elanes, v_mt FROM c;
+        FOR i IN 1 .. coalesce(cardinality(v_elanes), 0) LOOP
+            v_lt[v_elanes[i]] := v_mt[i];
+        END LOOP;
     END IF;
     v_back := ARRAY(SELECT u FROM unnest(v_scanned) u WHERE NOT (u = ANY (v_used)));
     IF cardinality(v_back) > 0 THEN
@@ -1176,8 +1221,11 @@ BEGIN
            AND CASE WHEN v_lc IS NULL THEN NOT (x.in_flight && v_live)
                     ELSE v_lc[x.lane] = 0
                          OR NOT (x.in_flight && v_ls[v_lo[x.lane] : v_lo[x.lane] + v_lc[x.lane] - 1]) END
-        RETURNING x.lane)
-        SELECT coalesce(array_agg(b.lane), '{}') INTO v_backed FROM b;
+        RETURNING x.lane, x.ctid)
+        SELECT coalesce(array_agg(b.lane), '{}'), array_agg(b.ctid) INTO v_backed, v_mt FROM b;
+        FOR i IN 1 .. cardinality(v_backed) LOOP
+            v_lt[v_backed[i]] := v_mt[i];
+        END LOOP;
     END IF;
     -- (in the order the passes took them: each lane's together, a key's in
     -- sequence order; a key is never in two passes, its head being live)
@@ -1207,7 +1255,9 @@ BEGIN
                    ('cu', ARRAY(SELECT v_ucur[i] FROM generate_series(0, 255) i WHERE v_ucur[i] > v_g OR v_kcur[i] > v_g)::text),
                    ('ck', ARRAY(SELECT v_kcur[i] FROM generate_series(0, 255) i WHERE v_ucur[i] > v_g OR v_kcur[i] > v_g)::text),
                    ('mine', v_mine::text),
-                   ('mine_t', ARRAY(SELECT v_lt[u] FROM unnest(v_mine) u)::text),
+                   -- (the versions known, by lane: those this claim locked
+                   -- or wrote, else those it was given)
+                   ('mine_t', ARRAY(SELECT coalesce(v_lt[i], v_kt[i]) FROM generate_series(0, 255) i)::text),
                    ('others', v_others::text)) t(k, v);
 END $$;
 

@@ -152,3 +152,66 @@ lines_of() { [ -f "$1" ] && wc -l <"$1" || echo 0; }
   [ "$held" -le $((3 * clean)) ]
   [ $((2 * held)) -lt "$off_held" ]
 }
+
+# a claim with cursors, as rb-dispatch calls it: owner, batch, the lanes it
+# holds (p_mine), those others held (p_others) and the lane rows' versions
+# (p_mine_t) it was given; its rows' ids, the versions it hands back on fd 3
+cclaim() {  # owner batch mine others versions
+  q "SELECT coalesce(string_agg(c.id::text, ',' ORDER BY c.id) FILTER (WHERE c.id IS NOT NULL), '') || ' '
+            || coalesce(max(c.event_id) FILTER (WHERE c.id IS NULL AND c.handler = 'mine_t'), '-')
+       FROM relaybus_claim_ids('v', '$1', $2, 60000, 5, '{}', true, 1, NULL, 7, false, false,
+                               '{}'::timestamptz[], '{}'::xid8[], NULL, NULL, NULL, NULL,
+                               $3, $4, $5) c"
+}
+# the pending deliveries of v not in flight and not in lanes owner B holds
+expect_ids() {
+  q "SELECT coalesce(string_agg(d.id::text, ',' ORDER BY d.id), '') FROM relaybus_deliveries d
+      WHERE d.handler = 'v' AND d.status = 'pending'
+        AND NOT EXISTS (SELECT 1 FROM relaybus_lanes x WHERE x.handler = 'v' AND x.lane = d.lane
+                         AND (x.lease_owner = 'B' OR d.id = ANY (x.in_flight)))"
+}
+
+@test "lane-row versions given to a claim that are wrong or stale change nothing: it claims what it would without them, leaves another owner's lanes alone" {
+  local want got vers lane0
+  q "SELECT relaybus_seed_lanes('v')" >/dev/null
+  events 60 v v 0 | rb-publish -q
+  # B holds the lanes of its 8
+  [ "$(q "SELECT count(*) FROM relaybus_claim_ids('v', 'B', 8, 60000, 5, '{}', true, 1, NULL)")" = 8 ]
+  want=$(expect_ids)
+  [ -n "$want" ]
+  # every lane's version given as that of a lane row of B's (a row of
+  # another lane, and one leased): A claims all the rest, nothing of B's
+  lane0=$(q "SELECT ctid FROM relaybus_lanes WHERE handler = 'v' AND lease_owner = 'B' ORDER BY lane LIMIT 1")
+  read -r got vers < <(cclaim A 100 "'{}'" "'{}'" "array_fill('$lane0'::tid, ARRAY[256])")
+  [ "$got" = "$want" ]
+  [ "$(q "SELECT count(*) FROM relaybus_lanes WHERE handler = 'v' AND lease_owner = 'B'")" -gt 0 ]
+  [ "$(q "SELECT count(*) FROM relaybus_lanes x WHERE handler = 'v' AND lease_owner = 'B'
+                AND cardinality(in_flight) > 0 AND NOT EXISTS (
+                    SELECT 1 FROM relaybus_deliveries d WHERE d.id = ANY (x.in_flight) AND d.id = ANY ('{$got}'))")" \
+       = "$(q "SELECT count(*) FROM relaybus_lanes WHERE handler = 'v' AND lease_owner = 'B'")" ]
+  # the versions handed back of the lanes A holds now are their rows' own
+  [ "$(q "SELECT count(*) FROM unnest('$vers'::tid[]) WITH ORDINALITY v(t, o)
+            JOIN relaybus_lanes x ON x.handler = 'v' AND x.lane = v.o - 1 AND x.ctid = v.t
+           WHERE x.lease_owner = 'A'")" = "$(q "SELECT count(*) FROM relaybus_lanes WHERE handler = 'v' AND lease_owner = 'A'")" ]
+  [ "$(q "SELECT count(*) FROM relaybus_lanes WHERE handler = 'v' AND lease_owner = 'A'")" -gt 0 ]
+  # every lane row rewritten since (an operator), more work, some of it in
+  # A's lanes: the stale versions find nothing, the rows are found by key
+  q "UPDATE relaybus_lanes SET buried = buried WHERE handler = 'v'" >/dev/null
+  events 40 w v 0 | rb-publish -q
+  want=$(expect_ids)
+  [ -n "$want" ]
+  read -r got vers < <(cclaim A 100 \
+    "(SELECT array_agg(lane ORDER BY lane) FROM relaybus_lanes WHERE handler = 'v' AND lease_owner = 'A')" \
+    "'{}'" "'$vers'::tid[]")
+  # (p_live empty: A says it runs nothing, so what it had in flight in
+  # its lanes is claimed again with the new work)
+  [ -n "$got" ]
+  [ "$(q "SELECT count(*) FROM relaybus_deliveries d JOIN relaybus_lanes x ON x.handler = 'v' AND x.lane = d.lane
+            WHERE d.id = ANY ('{$got}') AND x.lease_owner = 'B'")" = 0 ]
+  [ "$(q "SELECT count(*) FROM relaybus_deliveries d JOIN relaybus_lanes x ON x.handler = 'v' AND x.lane = d.lane
+            WHERE d.id = ANY ('{$got}') AND x.lease_owner = 'A' AND d.id = ANY (x.in_flight)")" \
+       = "$(echo "$got" | tr ',' '\n' | wc -l)" ]
+  [ "$(q "SELECT count(*) FROM relaybus_deliveries d WHERE d.handler = 'v' AND d.event_id LIKE 'w%'
+            AND NOT EXISTS (SELECT 1 FROM relaybus_lanes x WHERE x.handler = 'v' AND x.lane = d.lane AND x.lease_owner = 'B')
+            AND NOT (d.id = ANY ('{$got}'))")" = 0 ]
+}
