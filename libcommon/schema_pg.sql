@@ -823,10 +823,7 @@ BEGIN
                                                     AND y.holder IS DISTINCT FROM p_holder
                                                     AND y.lease_expires_at > v_now + c_grace), '{}'),
                coalesce(array_agg(y.lane) FILTER (WHERE y.lease_owner IS NULL OR y.lease_expires_at <= v_now), '{}'),
-               -- (others': not those whose lease ends within c_grace, a
-               -- dead holder's cut below among them: the claims before the
-               -- next pass try them, and take them once it ended)
-               coalesce(array_agg(y.lane) FILTER (WHERE y.lease_expires_at > v_now + c_grace
+               coalesce(array_agg(y.lane) FILTER (WHERE y.lease_expires_at > v_now
                                                     AND (y.lease_owner <> p_owner OR y.holder IS DISTINCT FROM p_holder)), '{}'),
                count(*), array_agg(y.lane), array_agg(y.ctid)
           INTO v_mine, v_mt, v_holders, v_free0, v_others, v_nlanes, v_alln, v_allt

@@ -189,7 +189,7 @@ claim_params(struct pg_be *be, const struct rb_claim_opts *o, const char *params
 	be->claim_quiet = o->held_only;
 	be->claim_early = o->chain_early;
 	snprintf(be->claim_chain, sizeof be->claim_chain, "%d", o->chain > 1 ? o->chain : 1);
-	pg_cursors_params(&be->cursors, o->handler, o->cursors, !o->held_only);
+	pg_cursors_params(&be->cursors, o->handler, o->cursors);
 	claim_param_list(be, params);
 }
 

@@ -28,11 +28,8 @@
 #include "store_pg_int.h"
 
 /* a claim that reads every lane row (and probes the other holders'
- * liveness) at most this often; the others start from the lanes held.
- * (Under 1 s: a dispatcher whose lanes ran dry looks for more once a
- * --poll, 1 s by default, and at 1000 ms half its looks came a moment
- * too early for a pass: a dead holder's lanes were found a second late) */
-enum { PASS_MS = 900 };
+ * liveness) at least this often; the others start from the lanes held */
+enum { PASS_MS = 1000 };
 
 /* $RELAYBUS_PG_RESCAN: a duration (unset or empty: 5s; 0: no cursors). */
 int
@@ -96,10 +93,9 @@ pg_cursors_free(struct pg_cursors *c)
 }
 
 /* The claim's nine cursor parameters in c->params: none unless want (a
- * long-lived claimer) and cursors are on.  search: the claim looks for
- * more lanes (p_search). */
+ * long-lived claimer) and cursors are on. */
 void
-pg_cursors_params(struct pg_cursors *c, const char *handler, bool want, bool search)
+pg_cursors_params(struct pg_cursors *c, const char *handler, bool want)
 {
 	int64_t now = rb_mono_ms();
 	int k = 0;
@@ -148,11 +144,8 @@ pg_cursors_params(struct pg_cursors *c, const char *handler, bool want, bool sea
 	c->params[3] = c->cu;
 	c->params[4] = c->ck;
 	c->params[5] = c->g;
-	/* (every PASS_MS a claim that reads every lane row, and probes the
-	 * other holders' liveness: the first that looks for more lanes, since
-	 * only such a claim probes; one that does not, took over nothing, and
-	 * a dead holder's lanes waited a second more for the next pass) */
-	if (c->mine != NULL && (now - c->pass_at < PASS_MS || !search)) {
+	/* (every PASS_MS a claim that reads every lane row) */
+	if (c->mine != NULL && now - c->pass_at < PASS_MS) {
 		c->params[6] = c->mine;
 		c->params[7] = c->others;
 		c->params[8] = c->mine_t;

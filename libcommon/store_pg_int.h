@@ -77,7 +77,7 @@ struct pg_cursors {
 int	pg_cursors_env(struct pg_cursors *, struct rb_error *);
 void	pg_cursors_drop(struct pg_cursors *, bool all);
 void	pg_cursors_free(struct pg_cursors *);
-void	pg_cursors_params(struct pg_cursors *, const char *handler, bool want, bool search);
+void	pg_cursors_params(struct pg_cursors *, const char *handler, bool want);
 void	pg_cursors_take(struct pg_cursors *, const PGresult *);
 bool	pg_cursors_row(const PGresult *, int row);
 
