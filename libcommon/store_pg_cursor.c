@@ -101,8 +101,14 @@ pg_cursors_params(struct pg_cursors *c, const char *handler, bool want)
 	int k = 0;
 
 	memset(c->params, 0, sizeof c->params);
-	if (!want || c->rescan_ms == 0)
+	if (!want || c->rescan_ms == 0) {
+		/* (a claim without cursors may take lanes: the next one with
+		 * them reads every lane row first) */
+		clear(&c->mine);
+		clear(&c->mine_t);
+		clear(&c->others);
 		return;
+	}
 	if (c->handler == NULL || strcmp(c->handler, handler) != 0) {
 		/* (the ticks are the server's, not the handler's) */
 		pg_cursors_drop(c, false);

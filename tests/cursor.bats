@@ -266,3 +266,23 @@ EOF
   # the snapshot held the whole time
   [ -n "$(q "SELECT backend_xmin FROM pg_stat_activity WHERE application_name = 'rbanalyze$$'")" ]
 }
+
+@test "rb-dispatch --drain exits on the 'nothing' of a claim without cursors: a delivery its cursors are past is run before it exits" {
+  local out=$BATS_TEST_TMPDIR/dr.runs p
+  events 200 d- dr 10 | rb-publish -q
+  # (no safety net: RELAYBUS_PG_RESCAN 1h)
+  RELAYBUS_PG_RESCAN=1h rb-dispatch -H dr --drain -c 1 --exec "rb-test-exec $out sleep:0.02" 2>"$BATS_TEST_TMPDIR/dr.err" 3>&- &
+  p=$!
+  PIDS=$p
+  wait_for 30 '[ "$(lines_of "$out")" -ge 40 ]'
+  # outside the cursors' rule, as in the test above: an hour old
+  q "INSERT INTO relaybus_events (id, name, payload, handlers) VALUES ('old-dr', 't', '{\"i\":0}', '{dr}');
+     INSERT INTO relaybus_deliveries (event_id, handler, lane, available_at)
+     VALUES ('old-dr', 'dr', relaybus_lane('old-dr'), now() - interval '1 hour')"
+  [ "$(lines_of "$out")" -lt 200 ]
+  wait "$p"
+  PIDS=
+  [ "$(handled "$out" old-dr)" = 1 ]
+  [ "$(cut -d' ' -f1 "$out" | sort -u | wc -l)" = 201 ]
+  [ "$(q "SELECT count(*) FROM relaybus_deliveries WHERE handler = 'dr'")" = 0 ]
+}

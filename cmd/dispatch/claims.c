@@ -195,6 +195,12 @@ on_claimed(struct dispatcher *dp, const struct rb_store_event *ev)
 	 * looked at every lane can say there is nothing due, for --drain.) */
 	dp->more_work = n > 0 || dp->progress_since_claim;
 	dp->idle_seen = n == 0 && !dp->progress_since_claim && dp->claim_searched;
+	if (dp->idle_seen && dp->opt.drain && !dp->claim_full) {
+		/* (--drain ends on the "nothing" of a claim that read every lane
+		 * row and every lane from its start) */
+		dp->idle_seen = false;
+		dp->want_full = dp->wake = dp->more_work = true;
+	}
 	dp->stats.claimed += n;
 	dp->owners[dp->claim_gen % NOWNERS].count += n;
 	if (n > 0 && dp->next_extend == 0)
@@ -281,7 +287,9 @@ maybe_claim(struct dispatcher *dp, int64_t now)
 	/* rb-dispatch outlives its claims: its death can be seen at once */
 	claim.liveness = true;
 	/* ... and keeps its claim cursors between claims */
-	claim.cursors = true;
+	claim.cursors = !dp->want_full;
+	dp->claim_full = dp->want_full;
+	dp->want_full = false;
 	/* (never NULL: NULL would mean "unknown", and the claim would take
 	 * whatever a lane lists as in flight for running) */
 	claim.live = dp->live != NULL ? dp->live : (const int64_t[]){ 0 };

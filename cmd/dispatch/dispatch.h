@@ -81,7 +81,11 @@
  *                         out: its "nothing" may be stale
  *   idle_seen             the last claim looked at every lane, found
  *                         nothing, and nothing completed since: --drain
- *                         ends once nothing is in flight either
+ *                         ends once nothing is in flight either.  With
+ *                         claim cursors a claim looks past what its
+ *                         cursors and the last pass say cannot have work;
+ *                         --drain's last "nothing" is that of a claim
+ *                         without them (want_full, claim_full)
  *
  * Stop levels (stop_level):
  *   0  running
@@ -252,6 +256,8 @@ struct dispatcher {
 	bool		 lanes_dry;
 	bool		 progress_since_claim;
 	bool		 idle_seen;
+	bool		 want_full;	/* the next claim is made without claim cursors ... */
+	bool		 claim_full;	/* ... as the one out (or the last) was */
 	bool		 claim_out;	/* a claim is asked for: the handlers are served meanwhile ... */
 	unsigned	 claim_gen;	/* ... for this owner generation (that of everything owed:
 					 * a new one comes only after db_down forgot them) ... */
