@@ -216,13 +216,16 @@ claimers() {  # n: run n claimers until nothing is due; each records "owner lane
 
 @test "a second rb-claim under the same --owner is another holder: it gets the first's lanes only after the lease, charged" {
   echo '{"id":"o1","name":"keyed.x","payload":1}' | rb-publish -q
-  run -0 rb-claim -H k --owner W --lease 600ms
+  # (a lease of 3 s: a loaded machine took more than 600 ms between two rb-claims)
+  run -0 rb-claim -H k --owner W --lease 3s
+  t0=$(date +%s%3N)
   [ "$(echo "$output" | jq -r .attempt)" = 1 ]
   # that process is gone without completing; the next one under its name gets nothing
   # while the lease runs (it is not the same holder), and does not renew it
   run rb-claim -H k --owner W
+  [ "$(( $(date +%s%3N) - t0 ))" -lt 3000 ]
   [ "$status" -eq 1 ]
-  sleep 0.7
+  sleep 3.1
   # then it takes the lane over like any other claimer: the lost run is charged
   run -0 rb-claim -H k --owner W
   [ "$(echo "$output" | jq -r .attempt)" = 2 ]
