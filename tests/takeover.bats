@@ -43,9 +43,12 @@ now_ms() { date +%s%3N; }
   t1=$(now_ms)
   echo "nothing pending $((t1 - t0)) ms after the kill" >&3
   [ $((t1 - t0)) -lt 10000 ]
-  # every event ran; what ran twice ran second on attempt 2 (charged once)
-  [ "$(cat "$a" "$b" | cut -d' ' -f1 | sort -u | wc -l)" = 80 ]
-  [ "$(awk '$4 != 1 && $4 != 2' "$a" "$b" | wc -l)" = 0 ]
+  # every event ran; what ran twice ran second on attempt 2 (charged once).
+  # (A handler the kill left without its delivery line records no id: it
+  # ran nothing)
+  grep -hv '^ ' "$a" "$b" >"$BATS_TEST_TMPDIR/ran"
+  [ "$(cut -d' ' -f1 "$BATS_TEST_TMPDIR/ran" | sort -u | wc -l)" = 80 ]
+  [ "$(awk '$4 != 1 && $4 != 2' "$BATS_TEST_TMPDIR/ran" | wc -l)" = 0 ]
   [ "$(awk '$4 == 2' "$b" | cut -d' ' -f1 | sort | uniq -d | wc -l)" = 0 ]
 }
 
