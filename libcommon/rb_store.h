@@ -441,6 +441,11 @@ struct rb_store_event {
 	/* CLAIMED: how many deliveries the claim took; they come as v here
 	 * and in DELIVERED events that follow (0: the claim found nothing) */
 	int			 claimed;
+	/* CLAIMED: a lane another holder leases is free in this many ms (its
+	 * holder died and its lease was cut, or the lease ends soon): a claim
+	 * that looks for lanes then may take it over.  0: none known (only a
+	 * claim with cursors says) */
+	int64_t			 retry_ms;
 	/* CLAIMED, DELIVERED: those ready to run, a new array of n new rb_dl
 	 * (fetched), the array and they the caller's; NULL when n is 0 */
 	struct rb_dl		**v;

@@ -779,6 +779,9 @@ DECLARE
     v_alln     smallint[];
     v_allt     tid[];
     v_ok       boolean;
+    -- (a pass) when the first lease of another's that ends within c_grace
+    -- ends: a dead holder's, cut; the caller may look again then
+    v_free_at  timestamptz;
 BEGIN
     IF v_cur THEN
         -- the tick: the clock (v_now) was read before the xid is taken
@@ -823,10 +826,12 @@ BEGIN
                                                     AND y.holder IS DISTINCT FROM p_holder
                                                     AND y.lease_expires_at > v_now + c_grace), '{}'),
                coalesce(array_agg(y.lane) FILTER (WHERE y.lease_owner IS NULL OR y.lease_expires_at <= v_now), '{}'),
-               coalesce(array_agg(y.lane) FILTER (WHERE y.lease_expires_at > v_now
+               coalesce(array_agg(y.lane) FILTER (WHERE y.lease_expires_at > v_now + c_grace
                                                     AND (y.lease_owner <> p_owner OR y.holder IS DISTINCT FROM p_holder)), '{}'),
-               count(*), array_agg(y.lane), array_agg(y.ctid)
-          INTO v_mine, v_mt, v_holders, v_free0, v_others, v_nlanes, v_alln, v_allt
+               count(*), array_agg(y.lane), array_agg(y.ctid),
+               min(y.lease_expires_at) FILTER (WHERE y.lease_expires_at > v_now AND y.lease_expires_at <= v_now + c_grace
+                                                AND (y.lease_owner <> p_owner OR y.holder IS DISTINCT FROM p_holder))
+          INTO v_mine, v_mt, v_holders, v_free0, v_others, v_nlanes, v_alln, v_allt, v_free_at
           FROM @S@.relaybus_lanes y
          WHERE y.handler = p_handler;
         FOR j IN 1 .. coalesce(cardinality(v_alln), 0) LOOP
@@ -955,21 +960,33 @@ BEGIN
     -- work.  The lanes to look at, from a place of this owner's own (owners
     -- spread over the lanes); none when this owner holds them all, which
     -- costs one scan of the lane rows instead of 256 probes
-    IF cardinality(v_picked) < p_batch AND (p_search OR cardinality(v_held) = 0) THEN
-        -- the holders with a liveness lock whose lock is free: their
-        -- leases end c_grace from now (a probe of one shared lock per
-        -- holder, released when this transaction ends; lane rows some
-        -- transaction has locked are left for the next claim)
+    -- the holders with a liveness lock whose lock is free: their leases
+    -- end c_grace from now (a probe of one shared lock per holder, released
+    -- when this transaction ends; lane rows some transaction has locked are
+    -- left for the next claim).  In a claim that looks for lanes, and in
+    -- every pass of a claim with cursors: a claimer busy with its own lanes
+    -- still cuts a dead holder's, and its next claim that looks finds them
+    -- among its candidates (a lane whose lease ends within c_grace is not
+    -- one of the others), not a pass later
+    IF (cardinality(v_picked) < p_batch AND (p_search OR cardinality(v_held) = 0))
+       OR (v_cur AND p_mine IS NULL) THEN
         FOR l IN SELECT u.holder FROM unnest(v_holders) u(holder) LOOP
             IF pg_try_advisory_xact_lock_shared(l.holder) THEN
+                WITH c AS (
                 UPDATE @S@.relaybus_lanes x SET lease_expires_at = v_now + c_grace
                  WHERE x.handler = p_handler AND x.lane IN (
                         SELECT y.lane FROM @S@.relaybus_lanes y
                          WHERE y.handler = p_handler AND y.holder = l.holder AND y.holder_live
                            AND y.lease_expires_at > v_now + c_grace
-                         FOR NO KEY UPDATE SKIP LOCKED);
+                         FOR NO KEY UPDATE SKIP LOCKED)
+                RETURNING x.lane)
+                SELECT ARRAY(SELECT u FROM unnest(v_others) u WHERE NOT (u = ANY (ARRAY(SELECT c.lane FROM c)))),
+                       CASE WHEN EXISTS (SELECT 1 FROM c) THEN least(v_free_at, v_now + c_grace) ELSE v_free_at END
+                  INTO v_others, v_free_at;
             END IF;
         END LOOP;
+    END IF;
+    IF cardinality(v_picked) < p_batch AND (p_search OR cardinality(v_held) = 0) THEN
         -- (after the last lane held, counting from there: the lanes before
         -- it were looked at by earlier searches, and those that ran dry were
         -- handed back; looking at them first again would cost every search)
@@ -1267,7 +1284,8 @@ BEGIN
                    -- (the versions known, by lane: those this claim locked
                    -- or wrote, else those it was given)
                    ('mine_t', ARRAY(SELECT coalesce(v_lt[i], v_kt[i]) FROM generate_series(0, 255) i)::text),
-                   ('others', v_others::text)) t(k, v);
+                   ('others', v_others::text),
+                   ('free_in', ceil(extract(epoch FROM v_free_at - v_now) * 1000)::bigint::text)) t(k, v);
 END $$;
 
 -- Claim and read in one statement (rb-claim, rb-dispatch --connections 1;

@@ -300,7 +300,8 @@ pg_claim_start(struct rb_store *s, const struct rb_claim_opts *o, bool wait, str
 		pg_settle(s);
 		if ((n = pg_claim(s, o, &v, err)) < 0)
 			return -1;
-		push(s, (struct rb_store_event){ .kind = RB_STORE_CLAIMED, .claimed = n, .v = v, .n = (size_t)n });
+		push(s, (struct rb_store_event){ .kind = RB_STORE_CLAIMED, .claimed = n, .v = v, .n = (size_t)n,
+		    .retry_ms = be->cursors.free_in_ms });
 		return 0;
 	}
 	if (!pg_claim_ready(s))
@@ -347,13 +348,14 @@ pg_claim_answer(struct rb_store *s, bool wait)
 			PQclear(res);
 			if (!be->claim_ids || n == 0) {
 				push(s, (struct rb_store_event){ .kind = RB_STORE_CLAIMED, .claimed = n,
-				    .v = n > 0 ? got.v : NULL, .n = got.n });
+				    .v = n > 0 ? got.v : NULL, .n = got.n, .retry_ms = be->cursors.free_in_ms });
 				if (n == 0)
 					free(got.v);
 				return true;
 			}
 			/* their events come on the second connection (DELIVERED) */
-			push(s, (struct rb_store_event){ .kind = RB_STORE_CLAIMED, .claimed = n });
+			push(s, (struct rb_store_event){ .kind = RB_STORE_CLAIMED, .claimed = n,
+			    .retry_ms = be->cursors.free_in_ms });
 			if (be->job2 == PG_FETCH)
 				be->waiting = got;	/* (no claim goes out meanwhile: pg_claim_ready) */
 			else

@@ -179,14 +179,14 @@ keep(char **p, const PGresult *res, int i)
 void
 pg_cursors_take(struct pg_cursors *c, const PGresult *res)
 {
-	char *tick_c = NULL, *tick_x = NULL;
+	char *tick_c = NULL, *tick_x = NULL, *free_in = NULL;
 	struct {
 		const char *name;
 		char **at;
 	} const slots[] = {
 		{ "tick_c", &tick_c }, { "tick_x", &tick_x }, { "g", &c->g }, { "cl", &c->cl },
 		{ "cu", &c->cu }, { "ck", &c->ck }, { "mine", &c->mine }, { "others", &c->others },
-		{ "mine_t", &c->mine_t },
+		{ "mine_t", &c->mine_t }, { "free_in", &free_in },
 	};
 
 	for (int i = 0; i < PQntuples(res); i++) {
@@ -201,6 +201,12 @@ pg_cursors_take(struct pg_cursors *c, const PGresult *res)
 				break;
 			}
 	}
+	/* (a pass: when a lease of another's that ends within the grace of a
+	 * dead holder's ends; the caller may look again then) */
+	c->free_in_ms = free_in != NULL ? strtoll(free_in, NULL, 10) : 0;
+	if (c->free_in_ms < 0)
+		c->free_in_ms = 0;
+	free(free_in);
 	if (tick_c != NULL && tick_x != NULL) {
 		free(c->tick_c[c->next]);
 		free(c->tick_x[c->next]);

@@ -67,6 +67,7 @@ struct pg_cursors {
 	char	*mine;		/* the lanes held after the last claim */
 	char	*mine_t;	/* ... and the versions of their rows (ctids) */
 	char	*others;	/* the lanes others held at the last pass */
+	int64_t	 free_in_ms;	/* the last claim's: a lease of another's ends in this many ms (0: none) */
 	int64_t	 dropped_at;	/* when the cursors were last dropped (the safety net) */
 	int64_t	 pass_at;	/* when a claim last read every lane row */
 	struct rb_sbuf tc, tx;	/* the ticks as array literals */

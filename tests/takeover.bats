@@ -52,6 +52,32 @@ now_ms() { date +%s%3N; }
   [ "$(awk '$4 == 2' "$b" | cut -d' ' -f1 | sort | uniq -d | wc -l)" = 0 ]
 }
 
+@test "a dispatcher whose own work ran out looks again when a killed holder's cut lease ends, not a --poll later" {
+  pg_only
+  need_pg
+  local a=$BATS_TEST_TMPDIR/a.out b=$BATS_TEST_TMPDIR/b.out p t0 t1
+  publish 8 c cutwait
+  # A runs 4 for a minute and is killed; B runs the other 4 for 1.5 s,
+  # and after them polls only every 30 s: its next look must come when
+  # the lease it cut on A's lanes ends (1.5 s), not 30 s later
+  rb-dispatch -H cutwait --owner A --lease 30s -c 4 --exec "rb-test-exec $a sleep:60" >/dev/null 2>&1 3>&- & p=$!
+  PIDS=$p
+  wait_for 20 '[ "$(lines "$a.start")" = 4 ]'
+  rb-dispatch -H cutwait --owner B --lease 30s -c 4 --poll 30s --exec "rb-test-exec $b sleep:1.5" \
+    2>"$BATS_TEST_TMPDIR/b.err" 3>&- &
+  PIDS="$PIDS $!"
+  wait_for 20 '[ "$(lines "$b.start")" = 4 ]'
+  kill -9 "$p"
+  t0=$(now_ms)
+  wait_for 40 '[ "$(pending cutwait)" = 0 ]'
+  t1=$(now_ms)
+  echo "nothing pending $((t1 - t0)) ms after the kill" >&3
+  [ $((t1 - t0)) -lt 12000 ]
+  # A's four ran again at B, on attempt 2 (the takeover charged them)
+  [ "$(awk '$4 == 2' "$b" | wc -l)" = 4 ]
+  [ "$(cut -d' ' -f1 "$b" | sort -u | wc -l)" = 8 ]
+}
+
 @test "the backends of one of two dispatchers terminated twice a second while they drain: exact, no attempt charged, no takeover" {
   pg_only
   need_pg

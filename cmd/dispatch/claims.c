@@ -201,6 +201,16 @@ on_claimed(struct dispatcher *dp, const struct rb_store_event *ev)
 		dp->idle_seen = false;
 		dp->want_full = dp->wake = dp->more_work = true;
 	}
+	/* (a lane another holder leases frees soon, a dead holder's after its
+	 * lease was cut: the next look comes then, not a --poll later) */
+	if (ev->retry_ms > 0) {
+		int64_t t = rb_mono_ms() + ev->retry_ms + 5;
+
+		if (dp->retry_at == 0 || t < dp->retry_at)
+			dp->retry_at = t;
+		if (t < dp->next_poll)
+			dp->next_poll = t;
+	}
 	dp->stats.claimed += n;
 	dp->owners[dp->claim_gen % NOWNERS].count += n;
 	if (n > 0 && dp->next_extend == 0)
@@ -302,6 +312,10 @@ maybe_claim(struct dispatcher *dp, int64_t now)
 	dp->claim_searched = !claim.held_only;
 	dp->wake = false;
 	dp->next_poll = now + dp->opt.poll_ms;
+	if (dp->retry_at > now && dp->retry_at < dp->next_poll)
+		dp->next_poll = dp->retry_at;
+	else if (dp->retry_at <= now)
+		dp->retry_at = 0;
 	if (rb_store_claim_start(dp->store, &claim, &err) < 0) {
 		db_error(dp, &err, "claim");
 		return;

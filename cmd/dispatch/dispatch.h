@@ -276,6 +276,9 @@ struct dispatcher {
 
 	/* timers (monotonic ms; 0: off) */
 	int64_t		 next_poll, next_extend, next_stats;
+	/* when a lane another holder leases frees (rb_store_event.retry_ms; 0:
+	 * none known): a claim then looks for lanes */
+	int64_t		 retry_at;
 
 	/* stopping */
 	int		 stop_level;	/* 0 running, 1 stopping (grace), 2 aborted */
