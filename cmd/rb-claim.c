@@ -805,10 +805,12 @@ follow_run(struct rb_store *store, const char *owner)
 			state = GONE;
 			break;
 		}
-		while (rb_store_service(store, &ev) > 0) {
+		/* (not past a failure: a lost connection is reported again at
+		 * every call, and a loop that took them all never ended) */
+		while (state == RUNNING && rb_store_service(store, &ev) > 0) {
 			if (ev.kind == RB_STORE_WOKEN)
 				f.woken = true;
-			else if (ev.kind == RB_STORE_FAILED && state == RUNNING) {
+			else if (ev.kind == RB_STORE_FAILED) {
 				err = ev.err;
 				state = FAILED;
 			}

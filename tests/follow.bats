@@ -121,6 +121,34 @@ handled_once() {  # out n prefix
   [ "$(jq -r .attempt again | sort -u)" = 1 ]
 }
 
+@test "rb-claim --follow: its backend terminated while it waits: exits 75 at once; its lines keep their lease and complete" {
+  pg_only
+  local url n
+  case $RELAYBUS_URL in *\?*) url="$RELAYBUS_URL&application_name=rbfolcut" ;; *) url="$RELAYBUS_URL?application_name=rbfolcut" ;; esac
+  events 4 tc | rb-publish -q
+  (rc=0; rb-claim --db "$url" -H fol --follow --lease 30s 2>claim.err || rc=$?; echo $rc >claim.rc) >lines &
+  echo $! >>pids
+  wait_for 10 '[ "$(wc -l <lines)" = 4 ]'
+  # idle, all four written: the cut comes while it waits
+  wait_for 10 '[ "$(q "SELECT count(*) FROM pg_stat_activity WHERE application_name = '"'rbfolcut'"' AND state = '"'idle'"'")" -ge 1 ]'
+  n=$(q "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = 'rbfolcut'")
+  [ "$n" -ge 1 ]
+  wait_for 10 '[ -s claim.rc ]'
+  cat claim.err
+  [ "$(cat claim.rc)" = 75 ]
+  grep -q '^rb-claim: .*connection lost' claim.err
+  [ "$(wc -l <claim.err)" -le 3 ]
+  # what it wrote is still its own until the lease ends: no other claimer
+  # takes it, even once a cut lease would have ended, and rb-complete completes it
+  rb-claim -q -H fol >/dev/null || true
+  sleep 2
+  run rb-claim -H fol
+  [ "$status" -eq 1 ]
+  while IFS= read -r l; do printf '%s\n' "${l%\}},\"ok\":true}"; done <lines | rb-complete -o >done
+  [ "$(grep -c '"completed"' done)" = 4 ]
+  [ "$(stat_of pending)" = 0 ]
+}
+
 @test "rb-claim --follow | head -n 3: exits 74 and releases all that the reader did not take" {
   events 300 bp 1000 | rb-publish -q
   run timeout 30 bash -c 'rb-claim -H fol --follow --batch 300 --max-in-flight 300 | head -n 3 >/dev/null
