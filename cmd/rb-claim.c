@@ -294,11 +294,14 @@ free_claimed(struct rb_dl **v, int n)
  * when the reader left (EPIPE), or at --drain's end, it releases what it
  * had not written (no attempt charged) and hands back its idle lanes.
  *
- * The lease is the plain one, never the liveness lock of rb-dispatch
- * (rb_claim_opts.liveness): the lines written are completed by another
- * process, rb-complete, and may be after rb-claim exited; their lanes stay
- * leased until then (or until the lease ends, since nothing renews them
- * after rb-claim exits).
+ * While it runs, its lanes are held as rb-dispatch holds them, under the
+ * liveness lock (rb_claim_opts.liveness): a kill -9 has them taken over
+ * about 1.5 s after, not when the lease ends.  The lines written are
+ * completed by another process, rb-complete, maybe after rb-claim exited:
+ * so before any exit (a stop, the reader gone, --drain's end, a failure,
+ * after a reconnect when the connection was lost) their lanes go back to
+ * the plain lease, renewed from then (f_plain), and stay leased until
+ * their lines are completed or the lease ends.
  */
 struct follow {
 	struct rb_store		*store;
@@ -420,7 +423,7 @@ f_claim(struct follow *f, struct rb_error *err)
 {
 	/* (a long-lived claimer: claim cursors, relaybus(7)) */
 	struct rb_claim_opts co = { .handler = opt.handler, .owner = f->owner, .lease_ms = opt.lease_ms,
-	    .max_attempts = opt.max_attempts, .cursors = true };
+	    .max_attempts = opt.max_attempts, .cursors = true, .liveness = true };
 	struct rb_dl **v = NULL;
 	int want = f_room(f), n;
 	int64_t t0 = rb_mono_ms();
@@ -632,6 +635,39 @@ f_release(struct follow *f, bool gone)
 	give_back(f->store, v, 0, n, f->owner);
 	free(v);
 	return (int)n;
+}
+
+/*
+ * Before any exit: the lanes of what is still downstream (the lines
+ * written, which rb-complete may complete after this process is gone)
+ * get a plain lease of --lease from now, no longer the liveness lock's
+ * (f_release handed back the idle ones first).  A store whose connection
+ * was lost is connected again for it once: the lock went with the old
+ * session, and the lanes would be taken over 1.5 s later.
+ */
+static void
+f_plain(struct follow *f)
+{
+	struct rb_error err = { 0 };
+	int n;
+
+	if (f->nout == 0 && f_queued(f) == 0)
+		return;
+	if (rb_store_broken(f->store)) {
+		if (rb_store_reconnect(f->store, &err) < 0) {
+			rb_warn("could not reconnect to keep the lanes of the %zu lines written: another claimer "
+			    "may take them over, and rb-complete then reports them lost: %s", f->nout, err.msg);
+			return;
+		}
+		rb_debug("reconnected to keep the lanes of the lines written");
+		if (f_queued(f) > 0)
+			(void)f_release(f, false);
+	}
+	if ((n = rb_store_extend_plain(f->store, opt.handler, f->owner, opt.lease_ms, &err)) < 0)
+		rb_warn("could not keep the lanes of the %zu lines written: another claimer may take them "
+		    "over, and rb-complete then reports them lost: %s", f->nout, err.msg);
+	else
+		rb_debug("%d lanes of the %zu lines written keep a plain lease", n, f->nout);
 }
 
 static void
@@ -848,6 +884,7 @@ done:
 			(void)f_release(&f, false);
 		break;
 	}
+	f_plain(&f);
 	if (f.pipe)
 		(void)fcntl(STDOUT_FILENO, F_SETFL, f.fl);
 	f_free(&f);

@@ -223,12 +223,14 @@ struct rb_claim_opts {
 	 * attempt. */
 	int		 chain;
 	bool		 chain_early;
-	/* a long-lived holder (rb-dispatch): PostgreSQL keeps a session lock
-	 * of this process's holder on the connection, taken again after every
-	 * reconnect, so that another claimer can take the lanes over about
-	 * 1.5 s after this process died instead of when their lease ends.
-	 * Not for a claim whose deliveries are completed by another process
-	 * after it exits (rb-claim | ... | rb-complete).  Ignored by MongoDB. */
+	/* a long-lived holder (rb-dispatch, rb-claim --follow): PostgreSQL
+	 * keeps a session lock of this process's holder on the connection,
+	 * taken again after every reconnect, so that another claimer can take
+	 * the lanes over about 1.5 s after this process died instead of when
+	 * their lease ends.  Not for a claim whose deliveries are completed by
+	 * another process after it exits (rb-claim | ... | rb-complete), but
+	 * while it runs: such a claimer turns its leases into plain ones
+	 * before it exits (rb_store_extend_plain).  Ignored by MongoDB. */
 	bool		 liveness;
 	/* a long-lived claimer (rb-dispatch, rb-claim --follow): PostgreSQL
 	 * keeps claim cursors between its claims, so that a claim under a
@@ -350,6 +352,16 @@ int	rb_store_claim(struct rb_store *, const struct rb_claim_opts *, struct rb_dl
 
 /** Renew the lease of every lane held by owner for handler.  Returns lanes renewed, or -1. */
 int	rb_store_extend(struct rb_store *, const char *handler, const char *owner, int64_t lease_ms,
+	    struct rb_error *err);
+
+/**
+ * The same, and from now on as plain leases: the liveness lock of this
+ * store (rb_claim_opts.liveness) no longer speaks for its lanes, so they
+ * stay owner's until the lease ends, even after this process exits.  For a
+ * long-lived claimer whose deliveries another process completes (rb-claim
+ * --follow), before it exits.  Returns lanes renewed, or -1.
+ */
+int	rb_store_extend_plain(struct rb_store *, const char *handler, const char *owner, int64_t lease_ms,
 	    struct rb_error *err);
 
 struct rb_backoff {

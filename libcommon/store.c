@@ -560,6 +560,15 @@ rb_store_extend(struct rb_store *s, const char *handler, const char *owner, int6
 	return s->ops->extend(s, handler, owner, lease_ms, err);
 }
 
+int
+rb_store_extend_plain(struct rb_store *s, const char *handler, const char *owner, int64_t lease_ms,
+    struct rb_error *err)
+{
+	if (s->ops->extend_plain != NULL)
+		return s->ops->extend_plain(s, handler, owner, lease_ms, err);
+	return rb_store_extend(s, handler, owner, lease_ms, err);
+}
+
 /* The outcome part of n results, before a completion fills it in. */
 static void
 outcomes_reset(struct rb_result *v, size_t n)

@@ -158,6 +158,11 @@ struct rb_store_ops {
 	/* Renew every lane of handler held by owner for lease_ms; lanes renewed. */
 	int	(*extend)(struct rb_store *s, const char *handler, const char *owner, int64_t lease_ms,
 		    struct rb_error *err);
+	/* As extend, and from now on as plain leases: the liveness lock of
+	 * this store no longer speaks for them (rb_store_extend_plain).
+	 * NULL: extend (a backend without the lock). */
+	int	(*extend_plain)(struct rb_store *s, const char *handler, const char *owner, int64_t lease_ms,
+		    struct rb_error *err);
 	/* Hand back owner's idle lanes of handler; lanes freed. */
 	int	(*relinquish)(struct rb_store *s, const char *handler, const char *owner,
 		    struct rb_error *err);

@@ -416,6 +416,7 @@ const struct rb_store_ops rb_store_pg_ops = {
 	.publish = pg_publish,
 	.claim = pg_claim,
 	.extend = pg_extend,
+	.extend_plain = pg_extend_plain,
 	.complete = pg_complete,
 	.relinquish = pg_relinquish,
 	.relinquish_owner = pg_relinquish_owner,

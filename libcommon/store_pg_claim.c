@@ -562,6 +562,20 @@ pg_extend(struct rb_store *s, const char *handler, const char *owner, int64_t le
 	return pg_run_affected(s, pg_be(s)->q_extend, 5, params, "extend", err);
 }
 
+/* The lock is no longer asked for, nor said to hold the lanes (it goes
+ * with the session; their holder_live is false from this renewal on, so
+ * no claimer cuts them when it is gone) */
+int
+pg_extend_plain(struct rb_store *s, const char *handler, const char *owner, int64_t lease_ms,
+    struct rb_error *err)
+{
+	struct pg_be *be = pg_be(s);
+
+	be->want_live = false;
+	be->live = PG_LIVE_OFF;
+	return pg_extend(s, handler, owner, lease_ms, err);
+}
+
 /* ---- handing lanes back -------------------------------------------------- */
 
 int

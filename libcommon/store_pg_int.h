@@ -332,6 +332,8 @@ int	pg_publish(struct rb_store *, const char *events, size_t n, struct rb_publis
 int	pg_claim(struct rb_store *, const struct rb_claim_opts *, struct rb_dl ***, struct rb_error *);
 int	pg_extend(struct rb_store *, const char *handler, const char *owner, int64_t lease_ms,
 	    struct rb_error *);
+int	pg_extend_plain(struct rb_store *, const char *handler, const char *owner, int64_t lease_ms,
+	    struct rb_error *);
 int	pg_relinquish(struct rb_store *, const char *handler, const char *owner, struct rb_error *);
 int	pg_relinquish_owner(struct rb_store *, const char *handler, const char *owner, struct rb_error *);
 int	pg_relinquish_leases(struct rb_store *, const struct rb_result *, size_t, struct rb_error *);

@@ -152,6 +152,53 @@ claim_after_kill() {  # handler [rb-dispatch args]
             AND lease_expires_at > now() + interval '20 seconds'")" -gt 0 ]
 }
 
+@test "kill -9 of rb-claim --follow (--lease 30s): another claimer takes its lanes over in seconds, attempts charged" {
+  pg_only
+  need_pg
+  local f=$BATS_TEST_TMPDIR/f t0 t1
+  publish 4 fk folkill
+  # its lines go to a file: written, and never completed
+  rb-claim -H folkill --follow --lease 30s >"$f.1" 2>"$f.err" & PIDS=$!
+  wait_for 10 '[ "$(lines "$f.1")" = 4 ]'
+  # it holds them as rb-dispatch does, under its liveness lock
+  [ "$(q "SELECT count(*) FROM relaybus_lanes WHERE handler = 'folkill' AND lease_owner IS NOT NULL AND holder_live
+            AND lease_expires_at > now() + interval '20 seconds'")" -gt 0 ]
+  kill -9 "$PIDS"
+  t0=$(now_ms)
+  wait_for 20 'rb-claim -H folkill --batch 10 >>"$f.2" || true; [ "$(lines "$f.2")" = 4 ]'
+  t1=$(now_ms)
+  echo "claimed again $((t1 - t0)) ms after the kill" >&3
+  [ $((t1 - t0)) -lt 10000 ]
+  # the takeover charged the attempt that may have run
+  [ "$(jq -r .attempt "$f.2" | sort -u)" = 2 ]
+  [ "$(jq -r .event_id "$f.2" | sort | tr '\n' ' ')" = "$(jq -r .event_id "$f.1" | sort | tr '\n' ' ')" ]
+}
+
+@test "rb-claim --follow stopped (SIGTERM): the lanes of the lines it wrote keep a plain lease after it exited, and they complete" {
+  pg_only
+  need_pg
+  local f=$BATS_TEST_TMPDIR/f p
+  publish 4 fs folstop
+  rb-claim -H folstop --follow --lease 30s >"$f.1" 2>"$f.err" & p=$!
+  PIDS=$p
+  wait_for 10 '[ "$(lines "$f.1")" = 4 ]'
+  kill -TERM "$p"
+  wait "$p"
+  # no longer the liveness lock's (it went with the process), leased for --lease from the stop
+  [ "$(q "SELECT count(*) FROM relaybus_lanes WHERE handler = 'folstop' AND lease_owner IS NOT NULL AND holder_live")" = 0 ]
+  [ "$(q "SELECT count(*) FROM relaybus_lanes WHERE handler = 'folstop' AND lease_owner IS NOT NULL
+            AND lease_expires_at > now() + interval '25 seconds'")" -gt 0 ]
+  # a claimer looks, and again once a cut lease would have ended: nothing for it
+  rb-claim -q -H folstop >/dev/null || true
+  sleep 2
+  run rb-claim -H folstop --batch 10
+  [ "$status" -eq 1 ]
+  # the pipeline's other end completes all four
+  while IFS= read -r l; do printf '%s\n' "${l%\}},\"ok\":true}"; done <"$f.1" | rb-complete -o >"$f.done"
+  [ "$(grep -c '"completed"' "$f.done")" = 4 ]
+  [ "$(pending folstop)" = 0 ]
+}
+
 # c1, c2, c3 of key C and an unkeyed u for HANDLER.  A dispatcher (ARGS...)
 # with --chain 3 claims all four, runs c1 and u for 60 s (c2 and c3 wait
 # behind c1) and is killed; once its lease ended, another one drains the
