@@ -317,6 +317,8 @@ struct follow {
 	bool			 woken, more;	/* a wake-up came; the last claim was full */
 	bool			 dry;		/* the last claim found nothing */
 	bool			 held_back;	/* ... while deliveries were out */
+	int64_t			 free_in;	/* the last claim said another holder's cut lease ends in (ms; 0 none) */
+	int64_t			 retry_at;	/* the soonest such end said, not yet passed (0 none) */
 	int64_t			 next_claim, next_extend, next_check, next_key_claim;
 	int64_t			 check_ms, key_ms;	/* their intervals now (backing off) */
 };
@@ -332,6 +334,12 @@ struct follow {
  * key becomes due when the one before it is completed, and a completion
  * (by rb-complete) wakes no one */
 #define FOLLOW_KEY_MS		10
+
+static int64_t
+earliest(int64_t a, int64_t b)
+{
+	return a == 0 ? b : b == 0 ? a : a < b ? a : b;
+}
 
 static int64_t
 backoff(int64_t ms, bool found, int64_t base)
@@ -423,7 +431,7 @@ f_claim(struct follow *f, struct rb_error *err)
 {
 	/* (a long-lived claimer: claim cursors, relaybus(7)) */
 	struct rb_claim_opts co = { .handler = opt.handler, .owner = f->owner, .lease_ms = opt.lease_ms,
-	    .max_attempts = opt.max_attempts, .cursors = true, .liveness = true };
+	    .max_attempts = opt.max_attempts, .cursors = true, .liveness = true, .retry_ms = &f->free_in };
 	struct rb_dl **v = NULL;
 	int want = f_room(f), n;
 	int64_t t0 = rb_mono_ms();
@@ -472,7 +480,14 @@ f_claim(struct follow *f, struct rb_error *err)
 	 * wakes no one: look again on the key claims' schedule */
 	f->held_back = n == 0 && f->nout > 0;
 	f->woken = false;
-	rb_debug("claimed %d deliveries in %lld ms (%zu out)", n, (long long)(rb_mono_ms() - t0), f->nout);
+	char cut[48] = "";
+
+	/* (only a claim that read every lane row says: kept until it passed) */
+	if (f->free_in > 0) {
+		snprintf(cut, sizeof cut, "; a cut lease ends in %lld ms", (long long)f->free_in);
+		f->retry_at = earliest(f->retry_at, rb_mono_ms() + f->free_in + 5);
+	}
+	rb_debug("claimed %d deliveries in %lld ms (%zu out%s)", n, (long long)(rb_mono_ms() - t0), f->nout, cut);
 	return n;
 }
 
@@ -694,12 +709,6 @@ f_stdout_setup(struct follow *f)
 	f->pipe = true;
 }
 
-static int64_t
-earliest(int64_t a, int64_t b)
-{
-	return a == 0 ? b : b == 0 ? a : a < b ? a : b;
-}
-
 static int
 follow_run(struct rb_store *store, const char *owner)
 {
@@ -788,6 +797,13 @@ follow_run(struct rb_store *store, const char *owner)
 				break;
 			}
 			f.next_claim = now + opt.poll_ms;
+			/* a dead holder's lanes, cut by this claim or one before,
+			 * are free when the cut lease ends: look again then, not a
+			 * --poll later (as rb-dispatch does) */
+			if (f.retry_at != 0 && f.retry_at <= now)
+				f.retry_at = 0;
+			if (f.retry_at != 0)
+				f.next_claim = earliest(f.next_claim, f.retry_at);
 			f.key_ms = backoff(f.key_ms, rc > 0, FOLLOW_KEY_MS);
 			f.next_key_claim = now + f.key_ms;
 			if (rc == 0 && opt.drain && f.nout == 0) {

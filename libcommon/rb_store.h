@@ -238,6 +238,10 @@ struct rb_claim_opts {
 	 * (relaybus(7), "Claim cursors"; RELAYBUS_PG_RESCAN).  Ignored by
 	 * MongoDB. */
 	bool		 cursors;
+	/* rb_store_claim: when not NULL, receives the CLAIMED event's
+	 * retry_ms (below: when a lane another holder's cut lease frees may
+	 * be taken over; 0 none known) */
+	int64_t		*retry_ms;
 };
 #define RB_LINE_TEXT_KEY	"_line"
 

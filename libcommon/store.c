@@ -473,6 +473,8 @@ rb_store_claim(struct rb_store *s, const struct rb_claim_opts *o, struct rb_dl *
 	struct rb_store_event ev;
 
 	*out = NULL;
+	if (o->retry_ms != NULL)
+		*o->retry_ms = 0;
 	if (s->ops->claim_start == NULL)
 		NEED_OP(s, claim, err);
 	if (claim_opts_check(o, err) < 0)
@@ -481,6 +483,8 @@ rb_store_claim(struct rb_store *s, const struct rb_claim_opts *o, struct rb_dl *
 		return s->ops->claim(s, o, out, err);
 	if (s->ops->claim_start(s, o, true, err) < 0 || answer_of(s, RB_STORE_CLAIMED, &ev, err) < 0)
 		return -1;
+	if (o->retry_ms != NULL)
+		*o->retry_ms = ev.retry_ms;
 	*out = ev.v != NULL ? ev.v : xcalloc(1, sizeof **out);
 	return (int)ev.n;
 }

@@ -174,6 +174,39 @@ claim_after_kill() {  # handler [rb-dispatch args]
   [ "$(jq -r .event_id "$f.2" | sort | tr '\n' ' ')" = "$(jq -r .event_id "$f.1" | sort | tr '\n' ' ')" ]
 }
 
+@test "rb-claim --follow whose own lines ran out looks again when a killed holder's cut lease ends, not a --poll later" {
+  pg_only
+  need_pg
+  local a=$BATS_TEST_TMPDIR/a.out f=$BATS_TEST_TMPDIR/f p t0 t1
+  publish 8 r cutfol
+  rb-dispatch -H cutfol --owner A --lease 30s -c 4 --exec "rb-test-exec $a sleep:60" >/dev/null 2>&1 3>&- & p=$!
+  PIDS=$p
+  wait_for 20 '[ "$(lines "$a.start")" = 4 ]'
+  # B takes the other four; its handler answers them once told to (then
+  # at once), and after them B polls only every 30 s
+  printf '%s\n' '#!/bin/bash' 'while [ ! -e "$1.go" ]; do sleep 0.02; done' \
+    'while IFS= read -r l; do printf "%s\n" "$l" >>"$1.log"; printf "%s\n" "${l%\}},\"ok\":true}"; done' >"$f.h"
+  chmod +x "$f.h"
+  (rb-claim -H cutfol --owner B --follow --poll 30s --lease 30s 2>"$f.err" & echo $! >"$f.pid"; wait) |
+    "$f.h" "$f" | rb-complete -o >"$f.done" 3>&- &
+  wait_for 10 '[ -s "$f.pid" ]'
+  PIDS="$PIDS $(cat "$f.pid")"
+  wait_for 20 '[ "$(q "SELECT coalesce(sum(cardinality(in_flight)), 0) FROM relaybus_lanes WHERE handler = '"'cutfol'"' AND lease_owner = '"'B'"'")" = 4 ]'
+  kill -9 "$p"
+  t0=$(now_ms)
+  # B's own four end 1.2 s after the kill: after B cut A's leases (within
+  # a second), before the cut leases end (1.5 s after the cut)
+  sleep 1.2
+  touch "$f.go"
+  wait_for 40 '[ "$(pending cutfol)" = 0 ]'
+  t1=$(now_ms)
+  echo "nothing pending $((t1 - t0)) ms after the kill" >&3
+  [ $((t1 - t0)) -lt 15000 ]
+  # A's four completed at B, on attempt 2 (the takeover charged them)
+  [ "$(grep -c '"completed"' "$f.done")" = 8 ]
+  [ "$(jq -r 'select(.attempt == 2) | .event_id' "$f.log" | sort -u | wc -l)" = 4 ]
+}
+
 @test "rb-claim --follow stopped (SIGTERM): the lanes of the lines it wrote keep a plain lease after it exited, and they complete" {
   pg_only
   need_pg
