@@ -287,6 +287,39 @@ EOF
   [ "$(order_violations "$out" 0)" = 0 ]
 }
 
+@test "PostgreSQL stopped for 3 s under load with a backlog (--lease 30s): drained well before the lease would have let it, every event run" {
+  need_pg
+  drop_schema
+  RESTART_DIR=$(mktemp -d /tmp/rb-restart.XXXXXX)
+  chmod 755 "$RESTART_DIR"
+  _test_pg_url=$("$RB_SRCDIR/scripts/pg-tmp" start "$RESTART_DIR" 3>&-)
+  export RELAYBUS_URL=$_test_pg_url
+  rb-setup
+  local out=$BATS_TEST_TMPDIR/o.out p1 p2 t_up t_end
+  publish 1200 o outage 20
+  rb-dispatch -H outage --exec "rb-test-exec $out sleep:0.02" --drain -c 8 --lease 30s 2>"$BATS_TEST_TMPDIR/o1.err" 3>&- & p1=$!
+  rb-dispatch -H outage --exec "rb-test-exec $out sleep:0.02" --drain -c 8 --lease 30s 2>"$BATS_TEST_TMPDIR/o2.err" 3>&- & p2=$!
+  PIDS="$p1 $p2"
+  wait_for 30 '[ "$(lines "$out")" -ge 100 ]'
+  # (the new server must not hold the test's output open: bats waits for it)
+  "$RB_SRCDIR/scripts/pg-tmp" stop "$RESTART_DIR" >/dev/null 2>&1 3>&-
+  local down=$(lines "$out")
+  sleep 3
+  "$RB_SRCDIR/scripts/pg-tmp" start "$RESTART_DIR" >/dev/null 2>&1 3>&-
+  t_up=$(date +%s%3N)
+  wait "$p1"
+  wait "$p2"
+  t_end=$(date +%s%3N)
+  echo "# $down run before the stop; the rest drained $((t_end - t_up)) ms after the server was up" >&3
+  # the leases the stop left (30 s) kept nothing waiting
+  [ $((t_end - t_up)) -lt 20000 ]
+  grep -q reconnected "$BATS_TEST_TMPDIR/o1.err"
+  grep -q reconnected "$BATS_TEST_TMPDIR/o2.err"
+  [ "$(pending outage)" = 0 ]
+  [ "$(cut -d' ' -f1 "$out" | sort -u | wc -l)" = 1200 ]
+  [ "$(order_violations "$out" 0)" = 0 ]
+}
+
 @test "a server down for 8 s: rb-dispatch is back within about a second of it accepting connections (reconnect backoff at most 0.5 s)" {
   need_pg
   drop_schema
