@@ -262,15 +262,21 @@ EOF
   wait "$PIDS"
 }
 
-@test "a restart of PostgreSQL during a drain: the dispatchers reconnect and finish, nothing lost" {
-  need_pg
-  # a server of its own, so that the restart does not break test files running in parallel
+# A server of this test's own (RESTART_DIR, stopped by teardown), so that
+# its restart does not break the test files running beside it: RELAYBUS_URL
+# points there, the schema set up.
+own_server() {
   drop_schema
   RESTART_DIR=$(mktemp -d /tmp/rb-restart.XXXXXX)
   chmod 755 "$RESTART_DIR"
   _test_pg_url=$("$RB_SRCDIR/scripts/pg-tmp" start "$RESTART_DIR" 3>&-)
   export RELAYBUS_URL=$_test_pg_url
   rb-setup
+}
+
+@test "a restart of PostgreSQL during a drain: the dispatchers reconnect and finish, nothing lost" {
+  need_pg
+  own_server
   local out=$BATS_TEST_TMPDIR/r.out p1 p2
   publish 1000 r restart 20
   rb-dispatch -H restart --exec "rb-test-exec $out ok" --drain -c 20 --lease 10s 2>"$BATS_TEST_TMPDIR/r1.err" 3>&- & p1=$!
@@ -289,12 +295,7 @@ EOF
 
 @test "PostgreSQL stopped for 3 s under load with a backlog (--lease 30s): drained well before the lease would have let it, every event run" {
   need_pg
-  drop_schema
-  RESTART_DIR=$(mktemp -d /tmp/rb-restart.XXXXXX)
-  chmod 755 "$RESTART_DIR"
-  _test_pg_url=$("$RB_SRCDIR/scripts/pg-tmp" start "$RESTART_DIR" 3>&-)
-  export RELAYBUS_URL=$_test_pg_url
-  rb-setup
+  own_server
   local out=$BATS_TEST_TMPDIR/o.out p1 p2 t_up t_end
   publish 1200 o outage 20
   rb-dispatch -H outage --exec "rb-test-exec $out sleep:0.02" --drain -c 8 --lease 30s 2>"$BATS_TEST_TMPDIR/o1.err" 3>&- & p1=$!
@@ -322,12 +323,7 @@ EOF
 
 @test "a server down for 8 s: rb-dispatch is back within about a second of it accepting connections (reconnect backoff at most 0.5 s)" {
   need_pg
-  drop_schema
-  RESTART_DIR=$(mktemp -d /tmp/rb-restart.XXXXXX)
-  chmod 755 "$RESTART_DIR"
-  _test_pg_url=$("$RB_SRCDIR/scripts/pg-tmp" start "$RESTART_DIR" 3>&-)
-  export RELAYBUS_URL=$_test_pg_url
-  rb-setup
+  own_server
   local out=$BATS_TEST_TMPDIR/down.out t_up t_rec
   publish 2 down down
   rb-dispatch -H down --exec "rb-test-exec $out ok" 2>"$BATS_TEST_TMPDIR/down.err" 3>&- & PIDS=$!
