@@ -25,6 +25,10 @@ setup() {
 teardown() {
   # the processes a test started in the background
   for p in $(cat "$BATS_TEST_TMPDIR"/pids 2>/dev/null); do kill "$p" 2>/dev/null || true; done
+  if [ -n "${OWN_PG:-}" ]; then
+    "$RB_SRCDIR/scripts/pg-tmp" stop "$OWN_PG" >/dev/null 2>&1 3>&- || true
+    rm -rf "$OWN_PG"
+  fi
 }
 
 # N events PREFIX-1..N for handler fol, with a payload of PAD bytes
@@ -147,6 +151,26 @@ handled_once() {  # out n prefix
   while IFS= read -r l; do printf '%s\n' "${l%\}},\"ok\":true}"; done <lines | rb-complete -o >done
   [ "$(grep -c '"completed"' done)" = 4 ]
   [ "$(stat_of pending)" = 0 ]
+}
+
+@test "rb-claim --follow: the server gone for good while lines are out: exits 75 and warns, once, that their lanes may be taken over" {
+  pg_only
+  # a server of this test's own, stopped under it
+  OWN_PG=$(mktemp -d /tmp/rb-follow-pg.XXXXXX)
+  chmod 755 "$OWN_PG"
+  local url
+  url=$("$RB_SRCDIR/scripts/pg-tmp" start "$OWN_PG" 3>&-)
+  RELAYBUS_URL=$url rb-setup -q -s 'fol:*'
+  events 4 gone | RELAYBUS_URL=$url rb-publish -q
+  (rc=0; rb-claim --db "$url" -H fol --follow --lease 30s 2>claim.err || rc=$?; echo $rc >claim.rc) >lines &
+  echo $! >>pids
+  wait_for 10 '[ "$(wc -l <lines)" = 4 ]'
+  "$RB_SRCDIR/scripts/pg-tmp" stop "$OWN_PG" >/dev/null 2>&1 3>&-
+  wait_for 10 '[ -s claim.rc ]'
+  cat claim.err
+  [ "$(cat claim.rc)" = 75 ]
+  [ "$(grep -c 'could not reconnect to keep the lanes of the 4 lines written' claim.err)" = 1 ]
+  [ "$(wc -l <claim.err)" -le 4 ]
 }
 
 @test "rb-claim --follow | head -n 3: exits 74 and releases all that the reader did not take" {
