@@ -8,7 +8,7 @@ CREATE SCHEMA IF NOT EXISTS @S@;
 -- Only the low 8 bits of the state matter for the result, so the loop keeps
 -- those: (h xor b) * 16777619 mod 256 = (h xor b) * 0x93 mod 256, h0 = 0xc5.
 CREATE OR REPLACE FUNCTION @S@.relaybus_lane(p_text text) RETURNS smallint
-LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $$
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     b bytea := convert_to(p_text, 'UTF8');
     h integer := 197;

@@ -167,8 +167,9 @@ CREATE TABLE IF NOT EXISTS @S@.relaybus_subscriptions (
 -- RFC 3339 UTC text of a timestamp, as every program prints times.
 -- STABLE like to_char itself, so that the planner inlines it.
 CREATE OR REPLACE FUNCTION @S@.relaybus_ts(t timestamptz) RETURNS text
+-- No SET clause (it would stop the inlining): its one call is qualified.
 LANGUAGE sql STABLE PARALLEL SAFE AS
-$$ SELECT to_char(t AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"') $$;
+$$ SELECT pg_catalog.to_char(t AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'::pg_catalog.text) $$;
 
 -- relaybus_lane(text), the lane of a delivery, is in lane_pg.sql: rb-setup
 -- runs it before this script (the 0.1.0 upgrade fills lanes with it).
@@ -183,7 +184,7 @@ $$ SELECT to_char(t AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"') $$;
 -- others: ALTER ROLE app SET relaybus.liveness = off).  The lock is
 -- pg_advisory_lock(p_holder); holders are random 63-bit numbers.
 CREATE OR REPLACE FUNCTION @S@.relaybus_hold(p_holder bigint) RETURNS boolean
-LANGUAGE plpgsql SET lock_timeout = '250ms' AS $$
+LANGUAGE plpgsql SET lock_timeout = '250ms' SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     IF coalesce(lower(current_setting('relaybus.liveness', true)), '') IN ('off', 'false', '0', 'no') THEN
         RETURN NULL;
@@ -195,7 +196,7 @@ EXCEPTION WHEN lock_not_available THEN
 END $$;
 
 CREATE OR REPLACE FUNCTION @S@.relaybus_seed_lanes(p_handler text) RETURNS void
-LANGUAGE sql AS $$
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
     INSERT INTO @S@.relaybus_lanes (handler, lane)
     SELECT p_handler, g FROM generate_series(0, 255) g
     ON CONFLICT DO NOTHING
@@ -212,7 +213,7 @@ $$;
 -- 1); workers that poll anyway can do without it:
 --   ALTER ROLE app SET relaybus.notify = off;   (or SET, per session)
 CREATE OR REPLACE FUNCTION @S@.relaybus_notify_on() RETURNS boolean
-LANGUAGE sql STABLE AS $$
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     SELECT coalesce(lower(current_setting('relaybus.notify', true)), '') NOT IN ('off', 'false', '0', 'no')
 $$;
 
@@ -221,7 +222,7 @@ CREATE OR REPLACE FUNCTION @S@.relaybus_publish(
     p_headers jsonb DEFAULT NULL, p_available_at timestamptz DEFAULT NULL,
     p_delay_ms bigint DEFAULT NULL, p_handlers text[] DEFAULT NULL)
 RETURNS TABLE (event_id text, deliveries integer, duplicate boolean, handlers text[])
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_id       text := coalesce(p_id, gen_random_uuid()::text);
     v_handlers text[];
@@ -318,7 +319,7 @@ DROP FUNCTION IF EXISTS @S@.relaybus_publish_batch(jsonb);
 CREATE FUNCTION @S@.relaybus_publish_batch(p_events jsonb)
 RETURNS TABLE (ord integer, event_id text, deliveries integer, duplicate boolean, handlers text[],
                due boolean)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     v_ords  integer[];
@@ -469,7 +470,7 @@ END $$;
 -- backlog of 100,000 in bench/README.md.
 CREATE OR REPLACE FUNCTION @S@.relaybus_event_deliveries(p_event_id text, p_handler text DEFAULT NULL)
 RETURNS SETOF bigint
-LANGUAGE plpgsql STABLE ROWS 4 SET enable_seqscan = off AS $$
+LANGUAGE plpgsql STABLE ROWS 4 SET enable_seqscan = off SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_key  text;
     v_hs   text[];
@@ -502,7 +503,7 @@ END $$;
 -- without, relaybus_event_deliveries.
 CREATE OR REPLACE FUNCTION @S@.relaybus_delivery_there(p_event_id text, p_handler text, p_id bigint DEFAULT NULL)
 RETURNS boolean
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     IF p_id IS NOT NULL THEN
         RETURN EXISTS (SELECT 1 FROM @S@.relaybus_deliveries d
@@ -544,7 +545,9 @@ CREATE FUNCTION @S@.relaybus_lane_candidates(
 RETURNS TABLE (id bigint, event_id text, claims integer, attempts integer, sequence bigint,
                created_at timestamptz, key text)
 -- LANGUAGE sql, STABLE, no SET clause: the planner inlines it into the
--- claim's statements (one plan for all lanes, no call per lane: the pass
+-- claim's statements, whose functions pin search_path to pg_catalog (its
+-- operators all have exact matches there; its one polymorphic call,
+-- unnest, is qualified) (one plan for all lanes, no call per lane: the pass
 -- over 256 held lanes went from 1.3 to 0.7 ms).  Every scan here is meant to go
 -- through an index: relaybus_claim runs with enable_seqscan off, which the
 -- inlined query inherits (a table created moments ago has no statistics,
@@ -558,7 +561,7 @@ LANGUAGE sql STABLE AS $$
        FROM @S@.relaybus_deliveries d
       WHERE d.handler = p_handler AND d.lane = p_lane AND d.status = 'pending' AND d.key IS NULL
         AND d.available_at >= p_ucur AND d.available_at <= p_now
-        AND d.id NOT IN (SELECT v FROM unnest(p_live) v WHERE v IS NOT NULL)
+        AND d.id NOT IN (SELECT v FROM pg_catalog.unnest(p_live) v WHERE v IS NOT NULL)
       ORDER BY d.available_at, d.id
       LIMIT p_limit)
     UNION ALL
@@ -610,7 +613,7 @@ LANGUAGE sql STABLE AS $$
                      LIMIT p_chain) x) r
          WHERE r.due
          ORDER BY r.sequence) c
-      WHERE h.available_at <= p_now AND h.id NOT IN (SELECT v FROM unnest(p_live) v WHERE v IS NOT NULL)
+      WHERE h.available_at <= p_now AND h.id NOT IN (SELECT v FROM pg_catalog.unnest(p_live) v WHERE v IS NOT NULL)
      LIMIT p_limit)
     LIMIT p_limit
 $$;
@@ -685,7 +688,7 @@ RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigi
 -- bench/recovery --full --only hold from 80 s into the hold on.  Bitmap
 -- scans stay: the pass over the lane rows reads each page once with one,
 -- and five times as many buffers without)
-LANGUAGE plpgsql SET enable_seqscan = off SET enable_sort = off SET jit = off AS $$
+LANGUAGE plpgsql SET enable_seqscan = off SET enable_sort = off SET jit = off SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_now      timestamptz := clock_timestamp();
     v_expires  timestamptz := v_now + p_lease_ms * interval '1 millisecond';
@@ -1310,7 +1313,7 @@ RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigi
 -- claim; one statement would read them with the snapshot it began with,
 -- older than the claim's own, and leave out a delivery whose event was
 -- committed in between: claimed, in flight, and never returned)
-LANGUAGE plpgsql SET enable_seqscan = off SET jit = off AS $$
+LANGUAGE plpgsql SET enable_seqscan = off SET jit = off SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_id bigint[]; v_ev text[]; v_h text[]; v_lane smallint[]; v_epoch bigint[];
     v_claims integer[]; v_att integer[]; v_seq bigint[]; v_ts text[];
@@ -1350,7 +1353,7 @@ CREATE OR REPLACE FUNCTION @S@.relaybus_fail(
     p_claims integer[], p_kinds text[], p_retry_ms bigint[], p_errors text[],
     p_max_attempts integer, p_base_ms bigint, p_max_ms bigint, p_factor double precision)
 RETURNS TABLE (ord integer, outcome text, attempts integer, missing boolean)
-LANGUAGE plpgsql SET enable_seqscan = off SET jit = off AS $$
+LANGUAGE plpgsql SET enable_seqscan = off SET jit = off SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     i     integer;
     v_id  bigint;
@@ -1421,7 +1424,7 @@ CREATE OR REPLACE FUNCTION @S@.relaybus_claim(
 RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigint, claims integer,
                attempts integer, name text, key text, sequence bigint, payload jsonb, headers jsonb,
                created_at text)
-LANGUAGE sql SET jit = off AS $$
+LANGUAGE sql SET jit = off SET search_path = pg_catalog, pg_temp AS $$
     SELECT * FROM @S@.relaybus_claim(p_handler, p_owner, p_batch, p_lease_ms, p_max_attempts, NULL::bigint[], true, 1)
 $$;
 
@@ -1466,7 +1469,7 @@ CREATE TABLE IF NOT EXISTS @S@.relaybus_grants (
 -- (plpgsql, not sql: its statements' plans are kept; a SQL function that
 -- cannot be inlined is planned at every call, 50 us)
 CREATE OR REPLACE FUNCTION @S@.relaybus_allowed(p_kinds text[]) RETURNS text[]
-LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = @S@, pg_temp AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_any boolean;
     v_hs  text[];
@@ -1483,7 +1486,7 @@ END $$;
 -- Refuse (42501) when one of p_handlers is not the session user's to work.
 -- Called by the definer functions below, where current_user is the owner.
 CREATE OR REPLACE FUNCTION @S@.relaybus_check(p_kinds text[], p_handlers text[]) RETURNS void
-LANGUAGE plpgsql STABLE SET search_path = @S@, pg_temp AS $$
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_allowed text[];
     v_h       text;
@@ -1524,7 +1527,7 @@ CREATE OR REPLACE FUNCTION @S@.relaybus_worker_claim(
 RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigint, claims integer,
                attempts integer, name text, key text, sequence bigint, payload jsonb, headers jsonb,
                created_at text)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = @S@, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM @S@.relaybus_check('{worker}', ARRAY[p_handler]);  -- (rb-setup --grant worker=ROLE:HANDLER)
     RETURN QUERY SELECT * FROM @S@.relaybus_claim(p_handler, p_owner, p_batch, p_lease_ms, p_max_attempts,
@@ -1547,7 +1550,7 @@ CREATE OR REPLACE FUNCTION @S@.relaybus_worker_claim_ids(
     p_mine smallint[] DEFAULT NULL, p_others smallint[] DEFAULT NULL, p_mine_t tid[] DEFAULT NULL)
 RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigint, claims integer,
                attempts integer, sequence bigint, created_at text)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = @S@, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM @S@.relaybus_check('{worker}', ARRAY[p_handler]);
     RETURN QUERY SELECT * FROM @S@.relaybus_claim_ids(p_handler, p_owner, p_batch, p_lease_ms, p_max_attempts,
@@ -1560,7 +1563,7 @@ CREATE OR REPLACE FUNCTION @S@.relaybus_worker_fail(
     p_claims integer[], p_kinds text[], p_retry_ms bigint[], p_errors text[],
     p_max_attempts integer, p_base_ms bigint, p_max_ms bigint, p_factor double precision)
 RETURNS TABLE (ord integer, outcome text, attempts integer, missing boolean)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = @S@, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM @S@.relaybus_check('{worker}', p_handlers);
     RETURN QUERY SELECT * FROM @S@.relaybus_fail(p_event_ids, p_handlers, p_lanes, p_epochs, p_claims,
@@ -1574,7 +1577,7 @@ CREATE OR REPLACE VIEW @S@.relaybus_worker_events WITH (security_barrier) AS
     SELECT e.id, e.name, e.key, e.payload, coalesce(e.headers, '{}') AS headers, e.handlers, e.created_at
       FROM @S@.relaybus_events e
      WHERE (SELECT @S@.relaybus_allowed('{worker}') IS NULL)
-        OR e.handlers && (SELECT @S@.relaybus_allowed('{worker}'));
+        OR e.handlers OPERATOR(pg_catalog.&&) (SELECT @S@.relaybus_allowed('{worker}'));
 
 -- The delivery path's statements, as functions (a worker role has no table
 -- privilege).  Each is the statement store_pg.c runs in the owner's
@@ -1597,7 +1600,7 @@ CREATE OR REPLACE FUNCTION @S@.relaybus_complete_batch(
     p_event_ids text[], p_handlers text[], p_lanes smallint[], p_epochs bigint[],
     p_claims integer[], p_ids bigint[])
 RETURNS TABLE (ord bigint)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = @S@, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 BEGIN
     PERFORM @S@.relaybus_check('{worker}', p_handlers);
@@ -1655,7 +1658,7 @@ DROP FUNCTION IF EXISTS @S@.relaybus_extend(text, text, bigint, bigint);
 CREATE OR REPLACE FUNCTION @S@.relaybus_extend(p_handler text, p_owner text, p_lease_ms bigint,
     p_holder bigint, p_holder_live boolean DEFAULT false)
 RETURNS integer
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = @S@, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     n integer;
 BEGIN
@@ -1670,7 +1673,7 @@ END $$;
 -- Hand back p_owner's (p_holder's) lanes of p_handler that run nothing; the number.
 CREATE OR REPLACE FUNCTION @S@.relaybus_relinquish(p_handler text, p_owner text, p_holder bigint)
 RETURNS integer
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = @S@, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     n integer;
 BEGIN
@@ -1686,7 +1689,7 @@ END $$;
 -- new epoch.
 CREATE OR REPLACE FUNCTION @S@.relaybus_relinquish_owner(p_handler text, p_owner text, p_holder bigint)
 RETURNS integer
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = @S@, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     n integer;
 BEGIN
@@ -1702,7 +1705,7 @@ END $$;
 CREATE OR REPLACE FUNCTION @S@.relaybus_relinquish_leases(p_handlers text[], p_lanes smallint[],
     p_epochs bigint[])
 RETURNS integer
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = @S@, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     n integer;
 BEGIN
@@ -1720,7 +1723,7 @@ END $$;
 -- --sql completion of rb-dispatch and rb-complete); false: not at that epoch.
 CREATE OR REPLACE FUNCTION @S@.relaybus_lock_lane(p_handler text, p_lane smallint, p_epoch bigint)
 RETURNS boolean
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = @S@, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM @S@.relaybus_check('{worker}', ARRAY[p_handler]);
     PERFORM 1 FROM @S@.relaybus_lanes WHERE handler = p_handler AND lane = p_lane AND epoch = p_epoch
@@ -1731,7 +1734,7 @@ END $$;
 -- Does the delivery (event, handler) exist (a lost completion's "missing")?
 CREATE OR REPLACE FUNCTION @S@.relaybus_delivery_exists(p_event_id text, p_handler text)
 RETURNS boolean
-LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = @S@, pg_temp AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM @S@.relaybus_check('{worker}', ARRAY[p_handler]);
     RETURN @S@.relaybus_delivery_there(p_event_id, p_handler);
@@ -1744,7 +1747,7 @@ DROP FUNCTION IF EXISTS @S@.relaybus_delivery_state(text, text, smallint, bigint
 CREATE OR REPLACE FUNCTION @S@.relaybus_delivery_state(p_event_id text, p_handler text, p_lane smallint,
     p_epoch bigint, p_id bigint DEFAULT NULL)
 RETURNS TABLE (present boolean, held boolean)
-LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = @S@, pg_temp AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM @S@.relaybus_check('{worker}', ARRAY[p_handler]);
     RETURN QUERY SELECT @S@.relaybus_delivery_there(p_event_id, p_handler, p_id),
@@ -1756,7 +1759,7 @@ END $$;
 CREATE OR REPLACE FUNCTION @S@.relaybus_worker_done(p_event_ids text[], p_handlers text[], p_lanes smallint[],
     p_epochs bigint[], p_claims integer[], p_ids bigint[])
 RETURNS TABLE (ord bigint, present boolean, pending boolean)
-LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = @S@, pg_temp AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM @S@.relaybus_check('{worker}', p_handlers);
     RETURN QUERY SELECT r.ord, @S@.relaybus_delivery_there(r.event_id, r.handler, r.id), x.live IS NOT NULL
@@ -1792,7 +1795,7 @@ END $$;
 -- 'lost').
 CREATE OR REPLACE FUNCTION @S@.relaybus_complete(p_lease text, p_event_id text, p_handler text)
 RETURNS text
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = @S@, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_lane   smallint;
     v_epoch  bigint;
@@ -1843,14 +1846,14 @@ END $$;
 -- line needs no JSON parser of its own):
 --   SELECT relaybus_complete(:'line')      -- psql -v line="$(cat)"
 CREATE OR REPLACE FUNCTION @S@.relaybus_complete(p_delivery jsonb) RETURNS text
-LANGUAGE sql SET search_path = @S@, pg_temp AS $$
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
     SELECT @S@.relaybus_complete(p_delivery->>'lease', p_delivery->>'event_id', p_delivery->>'handler')
 $$;
 
 -- Record a grant (rb-setup --grant); relaybus_apply_grants applies it.
 CREATE OR REPLACE FUNCTION @S@.relaybus_grant(p_kind text, p_role text, p_handlers text[] DEFAULT NULL)
 RETURNS void
-LANGUAGE plpgsql SET search_path = @S@, pg_temp AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = p_role) THEN
         RAISE EXCEPTION 'role "%" does not exist', p_role USING ERRCODE = '42704';
@@ -1865,7 +1868,7 @@ END $$;
 -- what its other grants give.
 CREATE OR REPLACE FUNCTION @S@.relaybus_revoke(p_kind text, p_role text, p_handlers text[] DEFAULT NULL)
 RETURNS void
-LANGUAGE plpgsql SET search_path = @S@, pg_temp AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     f regprocedure;
     t regclass;
@@ -1896,7 +1899,7 @@ END $$;
 -- that it covers every function the set-up (re)created; a role that no
 -- longer exists is passed over with a warning.
 CREATE OR REPLACE FUNCTION @S@.relaybus_apply_grants() RETURNS void
-LANGUAGE plpgsql SET search_path = @S@, pg_temp AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     -- (the claim and the failure stay SECURITY INVOKER: workers enter
     -- them through relaybus_worker_claim, _claim_ids and _fail)
@@ -1914,7 +1917,7 @@ BEGIN
     FOR f IN SELECT p.oid::regprocedure AS sig, p.proname FROM pg_catalog.pg_proc p
               WHERE p.pronamespace = '@S@'::regnamespace AND p.proname LIKE 'relaybus\_%' LOOP
         IF f.proname = ANY (c_definer) THEN
-            EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = @S@, pg_temp', f.sig);
+            EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = pg_catalog, pg_temp', f.sig);
         END IF;
         EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f.sig);
     END LOOP;

@@ -217,6 +217,7 @@ pg_close(struct rb_store *s)
 	pg_close_conn3(be);
 	pg_complete_forget(be);
 	free(be->wake_for);
+	free(be->user_path);
 	pg_cursors_free(&be->cursors);
 	free(be->claim_live.s);
 	free(be->claim_live_lanes.s);

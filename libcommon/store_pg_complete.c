@@ -449,6 +449,29 @@ fenced(struct rb_store *s, PGresult *res, struct rb_result *r)
 	return n > 0;
 }
 
+#define PINNED_PATH	"pg_catalog, pg_temp"
+
+/* Set search_path to path for the rest of this transaction (NULL: leave
+ * it): 0, or -1 + err (the transaction rolled back).  The statement names
+ * pg_catalog's function, so it means the same under any path. */
+static int
+sql_path(struct rb_store *s, const char *path, struct rb_error *err)
+{
+	const char *p[1] = { path };
+	PGresult *res;
+
+	if (path == NULL)
+		return 0;
+	res = pg_run(s, "SELECT pg_catalog.set_config('search_path', $1::pg_catalog.text, true)", 1, p,
+	    PGRES_TUPLES_OK, "complete", false, err);
+	if (res == NULL) {
+		pg_rollback_quietly(s);
+		return -1;
+	}
+	PQclear(res);
+	return 0;
+}
+
 /* Complete one result with the caller's SQL in the same transaction: 0
  * (its outcome set), 1 (the SQL failed: r->sql_error set, it takes the
  * failure path) or -1. */
@@ -473,6 +496,10 @@ complete_sql(struct rb_store *s, const struct rb_complete_opts *o, struct rb_res
 	res = pg_run(s, be->q_lock_lane, 3, lp, PGRES_TUPLES_OK, "complete", false, err);
 	if ((rc = fenced(s, res, r)) <= 0)
 		return rc;
+	/* the caller's statement resolves its names as the session would
+	 * have (pg_connect_to pinned relaybus's own to pg_catalog) */
+	if (sql_path(s, be->user_path, err) < 0)
+		return -1;
 	const char *sp[1] = { r->json };
 	res = PQexecParams(be->conn, o->sql, strstr(o->sql, "$1") != NULL ? 1 : 0, NULL, sp, NULL, NULL, 0);
 	if (res == NULL || (PQresultStatus(res) != PGRES_COMMAND_OK && PQresultStatus(res) != PGRES_TUPLES_OK)) {
@@ -490,6 +517,8 @@ complete_sql(struct rb_store *s, const struct rb_complete_opts *o, struct rb_res
 		return 1;
 	}
 	PQclear(res);
+	if (sql_path(s, be->user_path != NULL ? PINNED_PATH : NULL, err) < 0)
+		return -1;
 	{
 		struct pg_fence a;
 

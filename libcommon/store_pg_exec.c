@@ -389,6 +389,38 @@ refused_role(PGconn *c, const char *msg)
 	    strstr(msg, "no password supplied") != NULL || strstr(msg, "pg_hba.conf") != NULL;
 }
 
+/*
+ * relaybus's own statements resolve names in pg_catalog only: every
+ * relaybus name in them is qualified with the schema, and an operator or
+ * function another role put in a schema on the login's search_path
+ * (public, "$user") would otherwise win over pg_catalog's inexact or
+ * polymorphic match (bigint * interval, text[] && text[], jsonb ->>
+ * unknown) and run as this session's role.  The session's own path is
+ * kept for the caller's --sql (pg_user_path).  Not behind a transaction
+ * pooler, which keeps no session setting: there the role's setting must
+ * say it (relaybus(7), SECURITY).
+ */
+static int
+pin_search_path(struct rb_store *s, PGconn *c, struct rb_error *err)
+{
+	struct pg_be *be = pg_be(s);
+	PGresult *res;
+
+	if (be->pooler)
+		return 0;
+	res = PQexec(c, "SELECT x.p, pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', false) "
+	    "FROM (SELECT pg_catalog.current_setting('search_path') AS p OFFSET 0) x");
+	if (res == NULL || PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
+		pg_fail_on(s, c, res, "connect", err);
+		PQclear(res);
+		return -1;
+	}
+	free(be->user_path);
+	be->user_path = xstrdup(PQgetvalue(res, 0, 0));
+	PQclear(res);
+	return 0;
+}
+
 int
 pg_connect_to(struct rb_store *s, PGconn **conn, struct rb_error *err)
 {
@@ -419,7 +451,7 @@ pg_connect_to(struct rb_store *s, PGconn **conn, struct rb_error *err)
 	if (pg_server_check(s, conn, err) < 0)
 		return -1;
 	PQsetNoticeProcessor(*conn, notice_to_log, NULL);
-	return 0;
+	return pin_search_path(s, *conn, err);
 }
 
 int

@@ -102,6 +102,10 @@ struct pg_be {
 	 * PgBouncer, where a session's state does not outlive a transaction:
 	 * no named prepared statements, no LISTEN (polling), no SET */
 	bool	 pooler;
+	/* the search_path the server gave the session before pg_connect_to
+	 * pinned it to pg_catalog, pg_temp (the caller's --sql runs under
+	 * it); NULL: not read (behind a transaction pooler) */
+	char	*user_path;
 	/* the wake-up of a publish (store_pg_publish.c), found out on each
 	 * connection's first publish: 0 not yet, 1 sent by the store after the
 	 * commit (the session's relaybus.notify is then off), -1 by the

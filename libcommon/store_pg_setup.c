@@ -18,6 +18,7 @@
 #include <libpq-fe.h>
 
 #include "rb_exit.h"
+#include "rb_log.h"
 #include "rb_records.h"
 #include "rb_store.h"
 #include "rb_util.h"
@@ -70,7 +71,11 @@ setup_script(struct rb_sbuf *b, const char *schema, const struct rb_setup_opts *
 {
 	char *sql;
 
-	rb_sb_puts(b, "SELECT pg_advisory_xact_lock(" SETUP_LOCK_KEY ");\n");
+	/* every name the script makes or binds resolves in pg_catalog or is
+	 * the schema's, qualified: an operator another role made in public
+	 * cannot become the view's && (relaybus(7), SECURITY) */
+	rb_sb_puts(b, "SET LOCAL search_path = pg_catalog, pg_temp;\n"
+	    "SELECT pg_advisory_xact_lock(" SETUP_LOCK_KEY ");\n");
 	pg_setup_before(b, schema);
 	sql = pg_render(rb_schema_pg_sql, schema);
 	rb_sb_puts(b, sql);
@@ -165,6 +170,38 @@ pg_setup_script(const char *schema, const struct rb_setup_opts *o, struct rb_err
 	return b.s;
 }
 
+/* The roles other than the owner that can create objects in the schema
+ * (not superusers, who can do anything anyway; PUBLIC when every role
+ * can): relaybus's own statements and functions resolve names in
+ * pg_catalog only, but an application's sessions, a pooled owner session
+ * (relaybus(7), SECURITY) and psql do not.  Said once, after the set-up. */
+static const char creators_sql[] =
+    "SELECT pg_catalog.string_agg(CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE pg_catalog.quote_ident(r.rolname) END, "
+    "  ', ' ORDER BY a.grantee <> 0, r.rolname) "
+    "FROM pg_catalog.pg_namespace n "
+    "CROSS JOIN LATERAL pg_catalog.aclexplode(coalesce(n.nspacl, pg_catalog.acldefault('n', n.nspowner))) a "
+    "LEFT JOIN pg_catalog.pg_roles r ON r.oid = a.grantee "
+    "WHERE n.nspname = $1 AND a.privilege_type = 'CREATE' "
+    "  AND (a.grantee = 0 OR (r.rolname <> current_user AND NOT r.rolsuper "
+    "    AND NOT (r.rolname = 'pg_database_owner' AND EXISTS (SELECT FROM pg_catalog.pg_database d "
+    "      WHERE d.datname = pg_catalog.current_database() AND d.datdba = "
+    "        (SELECT u.oid FROM pg_catalog.pg_roles u WHERE u.rolname = current_user)))))";
+
+static void
+warn_creators(struct rb_store *s)
+{
+	const char *p[1] = { s->schema };
+	struct rb_error e = { 0 };
+	PGresult *res = pg_run(s, creators_sql, 1, p, PGRES_TUPLES_OK, "set-up", false, &e);
+
+	if (res != NULL && PQntuples(res) == 1 && !PQgetisnull(res, 0, 0))
+		rb_warn("schema %s: roles other than the owner can create objects in it (%s): an operator or "
+		    "function they make there can take over unqualified names in the sessions of every role "
+		    "that has the schema on its search_path; fix: REVOKE CREATE ON SCHEMA %s FROM %s",
+		    s->schema, PQgetvalue(res, 0, 0), s->schema, PQgetvalue(res, 0, 0));
+	PQclear(res);
+}
+
 int
 pg_setup(struct rb_store *s, const struct rb_setup_opts *o, struct rb_error *err)
 {
@@ -223,6 +260,7 @@ pg_setup(struct rb_store *s, const struct rb_setup_opts *o, struct rb_error *err
 		goto fail;
 	if (pg_run_cmd(s, "COMMIT", "set-up", err) < 0)
 		goto out;
+	warn_creators(s);
 	rc = 0;
 	goto out;
 fail:
