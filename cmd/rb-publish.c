@@ -63,6 +63,7 @@ static const char usage_str[] =
 "  -V, --version         version and libraries\n"
 "\n"
 "Exit status: 0 ok, 64 usage, 65 a bad input line, 69 database unavailable,\n"
+"81 an event id that exists with another name, key or payload (a conflict),\n"
 "73 cannot open --rejects, 74 I/O error, 75 connection lost (rerun: ids make it safe;\n"
 "or --reconnect),\n"
 "76/79 schema newer than this relaybus / needs an upgrade (rb-setup),\n"
@@ -84,6 +85,7 @@ static struct options {
 
 static struct counters {
 	long	events, deliveries, duplicates, unrouted, rejected;
+	long	conflicts;		/* of the rejected: ids that exist with other data */
 	long	committed_line;		/* the last input line whose batch committed */
 } cnt;
 
@@ -396,6 +398,15 @@ publish_riding(struct rb_store *store, struct batch *b, size_t from, size_t n, s
 	}
 }
 
+/* An error of one event, not of the run: data the database refuses (an
+ * impossible date, a delay past --max-delay), or an id that exists with
+ * another name, key or payload (a conflict). */
+static bool
+event_error(const struct rb_error *err)
+{
+	return err->exit_code == RB_EXIT_DATAERR || err->exit_code == RB_EXIT_CONFLICT;
+}
+
 /*
  * Commit the batch.  A data error the database finds (say an impossible
  * date) fails the whole transaction: fail fast reports the batch's lines;
@@ -413,25 +424,27 @@ flush_batch(struct rb_store *store, struct batch *b)
 		batch_clear(b);
 		return 0;
 	}
-	if (err.exit_code != RB_EXIT_DATAERR) {
+	if (!event_error(&err)) {
 		rb_error("stdin:%ld: %s; committed through line %ld", b->lines[0], err.msg, cnt.committed_line);
 		return err.exit_code;
 	}
 	if (!opt.keep_going) {
 		rb_error("stdin:%ld-%ld: %s (this batch was not committed; committed through line %ld)",
 		    b->lines[0], b->lines[b->n - 1], err.msg, cnt.committed_line);
-		return RB_EXIT_DATAERR;
+		return err.exit_code;
 	}
 	for (size_t i = 0; i < b->n; i++) {
 		struct rb_error e1 = { 0 };
 
 		if (publish_riding(store, b, i, 1, &e1) == 0)
 			continue;
-		if (e1.exit_code != RB_EXIT_DATAERR) {
+		if (!event_error(&e1)) {
 			rb_error("stdin:%ld: %s; committed through line %ld", b->lines[i], e1.msg,
 			    cnt.committed_line);
 			return e1.exit_code;
 		}
+		if (e1.exit_code == RB_EXIT_CONFLICT)
+			cnt.conflicts++;
 		reject(b->text.s + b->off[i], b->len[i], b->lines[i], e1.msg);
 	}
 	batch_clear(b);
@@ -558,8 +571,10 @@ main(int argc, char **argv)
 	}
 	if (exit_code == RB_EXIT_OK)
 		exit_code = flush_batch(store, &b);
-	if (exit_code == RB_EXIT_OK && (bad_seen || cnt.rejected > 0))
+	if (exit_code == RB_EXIT_OK && (bad_seen || cnt.rejected > cnt.conflicts))
 		exit_code = RB_EXIT_DATAERR;
+	else if (exit_code == RB_EXIT_OK && cnt.conflicts > 0)
+		exit_code = RB_EXIT_CONFLICT;
 	summary();
 	free(b.text.s);
 	free(b.off);

@@ -27,7 +27,7 @@ static const char usage_str[] =
 "usage: rb-setup [--db URL] [--schema NAME] [--subscribe HANDLER:PATTERN]...\n"
 "                [--unsubscribe HANDLER:PATTERN]... [--completion-history]\n"
 "                [--grant KIND=ROLE[:HANDLER,...]]... [--revoke KIND=ROLE[:HANDLER,...]]...\n"
-"                [--print-sql]\n"
+"                [--max-delay DUR] [--print-sql]\n"
 "       rb-setup --check [--db URL] [--schema NAME]\n"
 "\n"
 "Create or upgrade the relaybus schema (idempotent; a relaybus 0.1.0 schema is\n"
@@ -45,9 +45,11 @@ static const char usage_str[] =
 "      --grant KIND=ROLE[:HANDLER,...]  give ROLE what KIND needs: publisher (publish),\n"
 "                                 worker (claim, complete, fail, extend, relinquish),\n"
 "                                 handler (relaybus_complete in its own transaction),\n"
-"                                 admin (rb-admin); workers and handlers only for the\n"
-"                                 HANDLERs named (default: every handler)\n"
+"                                 admin (rb-admin); publishers, workers and handlers\n"
+"                                 only for the HANDLERs named (default: every handler)\n"
 "      --revoke KIND=ROLE[:HANDLER,...]  take such a grant back\n"
+"      --max-delay DUR            the latest a publish may make an event due, from now\n"
+"                                 (delay_ms, available_at; default: kept, 30d when new)\n"
 "      --print-sql                print the set-up as one SQL script; do not connect\n"
 "      --check                    print the installed and the expected schema version;\n"
 "                                 change nothing (exit 0 up to date, 79 upgrade due)\n"
@@ -62,7 +64,8 @@ static const char usage_str[] =
 "denied, 78 bad URL or schema name, or (--check) not set up, 79 (--check) an\n"
 "upgrade is due.\n";
 
-enum { OPT_UNSUBSCRIBE = RB_OPT_FIRST_PROGRAM, OPT_HISTORY, OPT_PRINT_SQL, OPT_CHECK, OPT_GRANT, OPT_REVOKE };
+enum { OPT_UNSUBSCRIBE = RB_OPT_FIRST_PROGRAM, OPT_HISTORY, OPT_PRINT_SQL, OPT_CHECK, OPT_GRANT, OPT_REVOKE,
+	OPT_MAX_DELAY };
 
 static struct options {
 	struct rb_common	 common;
@@ -77,6 +80,7 @@ static struct options {
 	bool			 history;
 	bool			 print_sql;
 	bool			 check;
+	long long		 max_delay_ms;	/* 0: not given */
 } opt;
 
 static void
@@ -91,6 +95,7 @@ parse_args(int argc, char **argv)
 		{ "grant", required_argument, NULL, OPT_GRANT },
 		{ "revoke", required_argument, NULL, OPT_REVOKE },
 		{ "check", no_argument, NULL, OPT_CHECK },
+		{ "max-delay", required_argument, NULL, OPT_MAX_DELAY },
 		{ NULL, 0, NULL, 0 }
 	};
 	int c;
@@ -124,6 +129,11 @@ parse_args(int argc, char **argv)
 		case OPT_CHECK:
 			opt.check = true;
 			break;
+		case OPT_MAX_DELAY:
+			opt.max_delay_ms = rb_cli_duration(usage_str, "--max-delay", optarg);
+			if (opt.max_delay_ms < 1000)
+				rb_cli_usage_error(usage_str, "--max-delay: '%s' is less than a second", optarg);
+			break;
 		default:
 			rb_cli_bad_option(usage_str);
 		}
@@ -131,7 +141,7 @@ parse_args(int argc, char **argv)
 	if (optind < argc)
 		rb_cli_usage_error(usage_str, "unexpected argument '%s'", argv[optind]);
 	if (opt.check && (opt.print_sql || opt.history || opt.n_subscribe > 0 ||
-	    opt.n_unsubscribe > 0))
+	    opt.n_unsubscribe > 0 || opt.max_delay_ms > 0))
 		rb_cli_usage_error(usage_str, "--check changes nothing: it takes no other set-up option");
 	for (size_t i = 0; i < opt.n_subscribe + opt.n_unsubscribe; i++) {
 		const char *spec = i < opt.n_subscribe ? opt.subscribe[i] : opt.unsubscribe[i - opt.n_subscribe];
@@ -206,6 +216,7 @@ main(int argc, char **argv)
 		.unsubscribe = opt.unsubscribe, .n_unsubscribe = opt.n_unsubscribe,
 		.grant = opt.grant, .n_grant = opt.n_grant,
 		.revoke = opt.revoke, .n_revoke = opt.n_revoke,
+		.max_delay_ms = opt.max_delay_ms,
 	};
 	if (opt.print_sql) {
 		/* the script of the backend --db picks, for the schema rb_store_open would use */

@@ -211,6 +211,7 @@ static const struct {
 	{ "--dead-older-than", "3650d", 3650 * 86400000LL },
 	{ "--completed-older-than", "3650d", 3650 * 86400000LL },
 	{ "--history-older-than", "3650d", 3650 * 86400000LL },
+	{ "--max-delay", "3650d", 3650 * 86400000LL },
 	{ NULL, "24d", 24 * 86400000LL },	/* every other duration */
 };
 

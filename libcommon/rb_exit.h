@@ -24,6 +24,7 @@ enum rb_exit {
 	RB_EXIT_CONFIG = 78,		/* bad URL or environment; schema not set up */
 	/* not in sysexits(3), relaybus's own: */
 	RB_EXIT_UPGRADE = 79,		/* the schema needs an upgrade: run rb-setup */
+	RB_EXIT_CONFLICT = 81,		/* rb-publish: an event id exists with another name, key or payload */
 };
 
 #endif

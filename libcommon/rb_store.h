@@ -88,6 +88,9 @@ struct rb_setup_opts {
 	size_t		 n_grant;
 	const char	*const *revoke;		/* the same, to take back */
 	size_t		 n_revoke;
+	/* the latest a publish may make an event due, from now (ms;
+	 * 0: keep the schema's setting, 30 days when new) */
+	int64_t		 max_delay_ms;
 };
 
 /** Validate "handler:pattern"; on success split it (pointers into a copy in *buf, caller frees *buf). */
@@ -95,7 +98,7 @@ int	rb_subscription_parse(const char *spec, char **buf, const char **handler,
 	    const char **pattern, struct rb_error *err);
 /**
  * Validate "KIND=ROLE[:HANDLER,...]" (KIND publisher, worker, handler or
- * admin; handlers only for worker and handler) and split it: pointers into
+ * admin; handlers for all but admin) and split it: pointers into
  * a copy in *buf (caller frees *buf); *handlers NULL when none are named
  * (every handler), else a "{h1,h2}" text[] literal.
  */

@@ -392,8 +392,8 @@ rb_grant_parse(const char *spec, char **buf, const char **kind, const char **rol
 		goto fail;
 	}
 	if (colon != NULL) {
-		if (strcmp(copy, "worker") != 0 && strcmp(copy, "handler") != 0) {
-			rb_seterr(err, RB_EXIT_USAGE, "'%s': only worker and handler grants name handlers", spec);
+		if (strcmp(copy, "admin") == 0) {
+			rb_seterr(err, RB_EXIT_USAGE, "'%s': an admin grant names no handlers", spec);
 			goto fail;
 		}
 		lit = copy + len + 1;

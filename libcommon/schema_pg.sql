@@ -217,6 +217,52 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     SELECT coalesce(lower(current_setting('relaybus.notify', true)), '') NOT IN ('off', 'false', '0', 'no')
 $$;
 
+-- Settings of the schema that rb-setup keeps (name, value as text).
+--   max_delay   how far in the future a publish may make an event due
+--               (delay_ms, available_at): an interval, '30 days' unless
+--               rb-setup --max-delay said otherwise.  A keyed event not
+--               yet due holds back every later one of its key for its
+--               handler: without a bound, a publisher could freeze a key
+--               for a century.
+CREATE TABLE IF NOT EXISTS @S@.relaybus_settings (
+    name  text PRIMARY KEY,
+    value text NOT NULL
+);
+INSERT INTO @S@.relaybus_settings (name, value) VALUES ('max_delay', '30 days') ON CONFLICT DO NOTHING;
+
+CREATE OR REPLACE FUNCTION @S@.relaybus_max_delay() RETURNS interval
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT coalesce((SELECT s.value::interval FROM @S@.relaybus_settings s WHERE s.name = 'max_delay'),
+                    interval '30 days')
+$$;
+
+-- Refuse (22023) an event due later than the maximum delay allows: p_at is
+-- when it is due, p_clock the publish's clock, p_id the event (or its
+-- place in a batch).
+CREATE OR REPLACE FUNCTION @S@.relaybus_check_due(p_at timestamptz, p_clock timestamptz, p_id text)
+RETURNS void
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_max interval := @S@.relaybus_max_delay();
+BEGIN
+    IF p_at > p_clock + v_max THEN
+        RAISE EXCEPTION 'relaybus_publish: event % would be due at %, beyond the maximum delay of % (rb-setup --max-delay)',
+            p_id, @S@.relaybus_ts(p_at), v_max USING ERRCODE = '22023';
+    END IF;
+END $$;
+
+-- An event id that exists already with another name, key or payload:
+-- refused (RBP01), never a silent duplicate.  A genuine redelivery carries
+-- the same name, key and payload (compared as jsonb: key order and
+-- spacing do not matter; headers are not compared) and stays a duplicate.
+CREATE OR REPLACE FUNCTION @S@.relaybus_conflict(p_id text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RAISE EXCEPTION 'event id "%" exists with another name, key or payload (conflict): not published', p_id
+        USING ERRCODE = 'RBP01',
+              HINT = 'a redelivery must carry the same name, key and payload; give a new event a new id';
+END $$;
+
 CREATE OR REPLACE FUNCTION @S@.relaybus_publish(
     p_name text, p_payload jsonb, p_key text DEFAULT NULL, p_id text DEFAULT NULL,
     p_headers jsonb DEFAULT NULL, p_available_at timestamptz DEFAULT NULL,
@@ -232,6 +278,9 @@ DECLARE
     v_at       timestamptz;
     v_clock    timestamptz;
     v_dup      boolean := false;
+    v_name     text;
+    v_payload  jsonb;
+    v_key      text;
 BEGIN
     IF p_name IS NULL OR p_payload IS NULL THEN
         RAISE EXCEPTION 'relaybus_publish: name and payload are required' USING ERRCODE = '22004';
@@ -245,6 +294,10 @@ BEGIN
     ELSE
         SELECT coalesce(array_agg(DISTINCT h ORDER BY h), '{}') INTO v_handlers
           FROM unnest(p_handlers) h WHERE h IS NOT NULL;
+    END IF;
+    -- a publisher granted some handlers only (rb-setup --grant publisher=ROLE:H,...)
+    IF NOT pg_catalog.pg_has_role(session_user, current_user, 'USAGE') THEN
+        PERFORM @S@.relaybus_check('{publisher}', v_handlers);
     END IF;
     -- a new id (none given) cannot be there yet: a plain insert, without
     -- the speculative insertion of ON CONFLICT (48 B of WAL an event)
@@ -263,9 +316,19 @@ BEGIN
         -- the event's own key, not the one given again: its deliveries'
         -- lane is the lane of its key (relaybus_event_deliveries finds
         -- them there), and the claims return the event row's key
-        SELECT e.handlers, e.key INTO v_existing, p_key FROM @S@.relaybus_events e WHERE e.id = v_id FOR UPDATE;
+        SELECT e.handlers, e.name, e.payload, e.key INTO v_existing, v_name, v_payload, v_key
+          FROM @S@.relaybus_events e WHERE e.id = v_id FOR UPDATE;
+        IF v_name IS DISTINCT FROM p_name OR v_payload IS DISTINCT FROM p_payload OR v_key IS DISTINCT FROM p_key THEN
+            PERFORM @S@.relaybus_conflict(v_id);
+        END IF;
+        -- a redelivery reaches the handlers subscribed to its name since
+        -- that it never had, and no other: a publisher cannot route an
+        -- existing event (whose payload it may not know) to a handler of
+        -- its choice
         SELECT coalesce(array_agg(h ORDER BY h), '{}') INTO v_new
-          FROM unnest(v_handlers) h WHERE NOT (h = ANY (v_existing));
+          FROM unnest(v_handlers) h
+         WHERE NOT (h = ANY (v_existing))
+           AND EXISTS (SELECT 1 FROM @S@.relaybus_subscriptions s WHERE s.handler = h AND p_name LIKE s.like_pattern);
         IF cardinality(v_new) > 0 THEN
             UPDATE @S@.relaybus_events e SET handlers = e.handlers || v_new WHERE e.id = v_id;
         END IF;
@@ -290,6 +353,9 @@ BEGIN
         PERFORM pg_current_xact_id();
         v_clock := clock_timestamp();
         v_at := greatest(coalesce(p_available_at, v_clock + coalesce(p_delay_ms, 0) * interval '1 millisecond'), v_clock);
+        IF v_at > v_clock THEN
+            PERFORM @S@.relaybus_check_due(v_at, v_clock, v_id);
+        END IF;
         INSERT INTO @S@.relaybus_deliveries (event_id, handler, lane, key, sequence, available_at, created_at)
         SELECT v_id, h, @S@.relaybus_lane(coalesce(p_key, v_id)), p_key, v_seq, v_at, nullif(v_clock, v_at)
           FROM unnest(v_new) h;
@@ -327,6 +393,8 @@ DECLARE
     v_hs    jsonb[];
     v_due   boolean[];
     v_notify text[];
+    v_ats   timestamptz[];
+    v_max   interval;
     r       record;
     v_clock timestamptz;
 BEGIN
@@ -358,9 +426,9 @@ BEGIN
             RETURNING handler, available_at
         )
         SELECT array_agg(f.ord ORDER BY f.ord), array_agg(f.id ORDER BY f.ord), array_agg(to_jsonb(f.hs) ORDER BY f.ord),
-               array_agg(f.at <= v_clock ORDER BY f.ord),
+               array_agg(f.at <= v_clock ORDER BY f.ord), array_agg(f.at ORDER BY f.ord),
                (SELECT array_agg(DISTINCT d.handler) FROM del d WHERE d.available_at <= v_clock)
-          INTO v_ords, v_ids, v_hs, v_due, v_notify
+          INTO v_ords, v_ids, v_hs, v_due, v_ats, v_notify
           FROM routed f;
     ELSE
     WITH src AS (
@@ -422,10 +490,23 @@ BEGIN
         RETURNING handler, available_at
     )
     SELECT array_agg(f.ord ORDER BY f.ord), array_agg(f.id ORDER BY f.ord), array_agg(to_jsonb(f.hs) ORDER BY f.ord),
-           array_agg(f.at <= v_clock ORDER BY f.ord),
+           array_agg(f.at <= v_clock ORDER BY f.ord), array_agg(f.at ORDER BY f.ord),
            (SELECT array_agg(DISTINCT d.handler) FROM del d WHERE d.available_at <= v_clock)
-      INTO v_ords, v_ids, v_hs, v_due, v_notify
+      INTO v_ords, v_ids, v_hs, v_due, v_ats, v_notify
       FROM fresh f;
+    END IF;
+    -- (after the statement, whose failure rolls it back whole: nothing is
+    -- read for the common batch, all of it due now, by the owner)
+    IF NOT (v_due <@ ARRAY[true]) THEN
+        v_max := @S@.relaybus_max_delay();
+        SELECT u.o, u.i, u.a INTO r FROM unnest(v_ords, v_ids, v_ats) AS u(o, i, a)
+         WHERE u.a > v_clock + v_max ORDER BY u.o LIMIT 1;
+        IF FOUND THEN
+            PERFORM @S@.relaybus_check_due(r.a, v_clock, format('%s (the batch''s event %s)', r.i, r.o));
+        END IF;
+    END IF;
+    IF NOT pg_catalog.pg_has_role(session_user, current_user, 'USAGE') THEN
+        PERFORM @S@.relaybus_check('{publisher}', ARRAY(SELECT DISTINCT jsonb_array_elements_text(h) FROM unnest(v_hs) h));
     END IF;
     -- one notification per handler and transaction
     IF @S@.relaybus_notify_on() THEN

@@ -86,6 +86,16 @@ setup_script(struct rb_sbuf *b, const char *schema, const struct rb_setup_opts *
 		rb_sb_puts(b, sql);
 		free(sql);
 	}
+	if (o->max_delay_ms > 0) {
+		char v[64];
+		char *q = pg_render("INSERT INTO @S@.relaybus_settings (name, value) VALUES ('max_delay', ", schema);
+
+		snprintf(v, sizeof v, "%lld milliseconds", (long long)o->max_delay_ms);
+		rb_sb_puts(b, q);
+		free(q);
+		sb_literal(b, v);
+		rb_sb_puts(b, ") ON CONFLICT (name) DO UPDATE SET value = excluded.value;\n");
+	}
 	if (!with_subs)
 		return;
 	for (size_t i = 0; i < o->n_subscribe; i++) {

@@ -163,7 +163,8 @@ EOF2
 @test "delay_ms and available_at make a delivery due later" {
   printf '%s\n' '{"id":"later","name":"invoice.paid","payload":1,"delay_ms":600000}' \
     '{"id":"past","name":"invoice.paid","payload":1,"available_at":"2020-01-01T00:00:00Z"}' \
-    '{"id":"future","name":"invoice.paid","payload":1,"available_at":"2999-01-01T00:00:00+02:00"}' | rb-publish -q
+    '{"id":"future","name":"invoice.paid","payload":1,"available_at":"'"$(date -u -d '+20 days' +%Y-%m-%dT%H:%M:%S)"'+02:00"}' |
+    rb-publish -q
   run rb-claim -H bill --batch 10
   [ "$status" -eq 0 ]
   [ "$(echo "$output" | jq -r .event_id)" = past ]

@@ -94,7 +94,7 @@ tables_of() {
 @test "--grant and --revoke: a bad spec is a usage error naming the option" {
   for spec in worker '=bob' 'boss=bob' 'worker=' 'worker=pg_monitor' 'worker=public' 'worker=none' \
       'worker=a"b' "worker=a'b" 'worker=a b' 'worker=1abc' "worker=$(printf 'r%.0s' {1..64})" \
-      'publisher=bob:mailer' 'admin=bob:mailer' 'worker=bob:' 'worker=bob:a,,b' 'worker=bob:a b'; do
+      'admin=bob:mailer' 'worker=bob:' 'worker=bob:a,,b' 'worker=bob:a b'; do
     run --separate-stderr rb-setup --print-sql --grant "$spec"
     [ "$status" -eq 64 ]
     [[ ${stderr_lines[0]} == "rb-setup: --grant: '$spec'"* ]] || [[ ${stderr_lines[0]} == "rb-setup: --grant: '$spec' is not"* ]]
