@@ -1544,6 +1544,13 @@ CREATE TABLE IF NOT EXISTS @S@.relaybus_grants (
     created_at timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT relaybus_grants_pkey PRIMARY KEY (grantee, kind, handler)
 );
+-- The role a grant was given to, by oid: a grant dies with its role, and a
+-- new role that takes a dropped one's name gets nothing of it
+-- (relaybus_apply_grants removes the grants of a dropped role).  A schema
+-- set up before had names only: the role of that name now.
+ALTER TABLE @S@.relaybus_grants ADD COLUMN IF NOT EXISTS grantee_oid oid;
+UPDATE @S@.relaybus_grants g SET grantee_oid = r.oid FROM pg_catalog.pg_roles r
+ WHERE g.grantee_oid IS NULL AND r.rolname = g.grantee;
 
 -- The handlers the session's user may work as one of p_kinds: NULL for
 -- every handler (the owner's privileges, or a grant for '*').
@@ -1559,8 +1566,10 @@ BEGIN
         RETURN NULL;
     END IF;
     SELECT coalesce(bool_or(g.handler = '*'), false), coalesce(array_agg(g.handler), '{}') INTO v_any, v_hs
-      FROM @S@.relaybus_grants g JOIN pg_catalog.pg_roles r ON r.rolname = g.grantee
-     WHERE g.kind = ANY (p_kinds) AND pg_catalog.pg_has_role(session_user, r.oid, 'USAGE');
+      FROM @S@.relaybus_grants g
+     WHERE g.kind = ANY (p_kinds) AND g.grantee_oid IS NOT NULL
+       AND EXISTS (SELECT FROM pg_catalog.pg_roles r WHERE r.oid = g.grantee_oid)
+       AND pg_catalog.pg_has_role(session_user, g.grantee_oid, 'USAGE');
     RETURN CASE WHEN v_any THEN NULL ELSE v_hs END;
 END $$;
 
@@ -1939,9 +1948,10 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = p_role) THEN
         RAISE EXCEPTION 'role "%" does not exist', p_role USING ERRCODE = '42704';
     END IF;
-    INSERT INTO @S@.relaybus_grants (grantee, kind, handler)
-    SELECT p_role, p_kind, h FROM unnest(coalesce(p_handlers, '{*}')) h
-    ON CONFLICT DO NOTHING;
+    INSERT INTO @S@.relaybus_grants (grantee, grantee_oid, kind, handler)
+    SELECT p_role, (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = p_role), p_kind, h
+      FROM unnest(coalesce(p_handlers, '{*}')) h
+    ON CONFLICT ON CONSTRAINT relaybus_grants_pkey DO UPDATE SET grantee_oid = excluded.grantee_oid;
 END $$;
 
 -- Remove grants (rb-setup --revoke; p_handlers NULL: all of that kind) and
@@ -2002,11 +2012,17 @@ BEGIN
         END IF;
         EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f.sig);
     END LOOP;
-    FOR r IN SELECT g.grantee, g.kind FROM @S@.relaybus_grants g GROUP BY g.grantee, g.kind ORDER BY 1, 2 LOOP
-        IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = r.grantee) THEN
-            RAISE WARNING 'relaybus: role "%" (granted %) does not exist: passed over', r.grantee, r.kind;
-            CONTINUE;
-        END IF;
+    -- a grant dies with its role (by oid: a role of the same name made since
+    -- is another role)
+    FOR r IN SELECT g.grantee, string_agg(DISTINCT g.kind, ', ') AS kinds FROM @S@.relaybus_grants g
+              WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_roles x WHERE x.oid = g.grantee_oid)
+              GROUP BY g.grantee ORDER BY 1 LOOP
+        RAISE WARNING 'relaybus: role "%" (granted %) was dropped: its grants are removed', r.grantee, r.kinds;
+    END LOOP;
+    DELETE FROM @S@.relaybus_grants g WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_roles x WHERE x.oid = g.grantee_oid);
+    FOR r IN SELECT x.rolname AS grantee, g.kind FROM @S@.relaybus_grants g
+               JOIN pg_catalog.pg_roles x ON x.oid = g.grantee_oid
+              GROUP BY x.rolname, g.kind ORDER BY 1, 2 LOOP
         EXECUTE format('GRANT USAGE ON SCHEMA @S@ TO %I', r.grantee);
         -- (every program reads the schema's version when it opens the store)
         EXECUTE format('GRANT SELECT ON @S@.relaybus_schema_version TO %I', r.grantee);

@@ -398,14 +398,22 @@ acls() {
   [ "$(tables_of "$R_WRK")" = "relaybus_schema_version:SELECT relaybus_worker_events:SELECT" ]
 }
 
-@test "a granted role dropped since: later set-ups pass it over with a warning" {
+@test "a grant dies with its role: a later set-up removes it with a warning, and a new role of that name gets nothing" {
   gone=${RB_SCHEMA}_gone
   q "CREATE ROLE \"$gone\" LOGIN"
-  rb-setup -q --grant "publisher=$gone"
+  rb-setup -q --grant "publisher=$gone" --grant "worker=$gone:mailer"
+  [ "$(asql "$gone" -c "SELECT count(*) FROM $RB_SCHEMA.relaybus_worker_events")" = 0 ]
   q "DROP OWNED BY \"$gone\"; DROP ROLE \"$gone\""
-  run --separate-stderr rb-setup
+  # the review's finding 14: a new, unrelated role takes the name
+  q "CREATE ROLE \"$gone\" LOGIN"
+  run --separate-stderr rb-setup -s 'other:x.*'
   [ "$status" -eq 0 ]
-  [[ $stderr == *"role \"$gone\" (granted publisher) does not exist: passed over"* ]]
-  rb-setup -q --revoke "publisher=$gone"
+  [[ $stderr == *"role \"$gone\" (granted publisher, worker) was dropped: its grants are removed"* ]]
   [ "$(q "SELECT count(*) FROM relaybus_grants WHERE grantee = '$gone'")" = 0 ]
+  [ "$(executes "$gone")" = - ]
+  run asql "$gone" -c "SELECT id FROM $RB_SCHEMA.relaybus_worker_events"
+  [ "$status" -ne 0 ]
+  [[ $output == *"permission denied"* ]]
+  rb-setup -q --unsubscribe 'other:x.*'
+  q "DROP OWNED BY \"$gone\"; DROP ROLE \"$gone\""
 }
