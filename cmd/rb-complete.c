@@ -339,7 +339,7 @@ main(int argc, char **argv)
 	rb_cli_init("rb-complete", &opt.common);
 	parse_args(argc, argv);
 	store = rb_cli_open(&opt.common);
-	in = rb_jsonl_reader_new(STDIN_FILENO, 0);
+	in = rb_jsonl_reader_new(STDIN_FILENO, RB_JSONL_RESULT_MAX);
 	group.objs = json_array();
 	seen_key = json_object();
 	order_state = json_object();
@@ -366,7 +366,7 @@ main(int argc, char **argv)
 		}
 		if (st == RB_JSONL_TOOLONG) {
 			rb_error("stdin:%ld: line longer than %d bytes: not applied", rb_jsonl_lineno(in),
-			    RB_JSONL_DEFAULT_MAX);
+			    RB_JSONL_RESULT_MAX);
 			BAD_LINES++;
 			bad = true;
 			continue;

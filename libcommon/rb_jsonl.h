@@ -22,6 +22,11 @@
 #include <jansson.h>
 
 #define RB_JSONL_DEFAULT_MAX (1024 * 1024)
+/* The longest result line (rb-complete, a --pipe handler's answers): a
+ * result may echo its delivery line, whose payload and headers the store
+ * takes up to 1 MiB as stored (relaybus_check_event), which JSON text can
+ * make about twice as long */
+#define RB_JSONL_RESULT_MAX (8 * 1024 * 1024)
 
 enum rb_jsonl_status {
 	RB_JSONL_LINE = 1,	/* a line is returned */

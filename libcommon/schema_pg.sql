@@ -263,6 +263,34 @@ BEGIN
               HINT = 'a redelivery must carry the same name, key and payload; give a new event a new id';
 END $$;
 
+-- The limits of the programs, where data enters (relaybus_publish and
+-- relaybus_publish_batch): a name, id and key of at most 1000 bytes,
+-- handler names of [A-Za-z0-9_.:-], at most 200, and a payload and headers
+-- of at most 1 MiB together, as PostgreSQL stores them (rb-publish's line,
+-- and a delivery line rb-complete takes back whole).  22023, naming the
+-- event (p_what) and the limit.
+CREATE OR REPLACE FUNCTION @S@.relaybus_check_event(p_what text, p_id text, p_name text, p_key text,
+    p_payload jsonb, p_headers jsonb, p_handlers text[])
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_h text;
+BEGIN
+    IF octet_length(p_name) > 1000 OR octet_length(p_id) > 1000 OR octet_length(p_key) > 1000 THEN
+        RAISE EXCEPTION 'relaybus_publish: event %: name, id and key take at most 1000 bytes', p_what
+            USING ERRCODE = '22023';
+    END IF;
+    IF pg_column_size(p_payload) + coalesce(pg_column_size(p_headers), 0) > 1048576 THEN
+        RAISE EXCEPTION 'relaybus_publish: event %: payload and headers take at most 1 MiB together', p_what
+            USING ERRCODE = '22023';
+    END IF;
+    SELECT h INTO v_h FROM unnest(p_handlers) h WHERE h !~ '^[A-Za-z0-9_.:-]{1,200}$' LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'relaybus_publish: event %: invalid handler name "%" ([A-Za-z0-9_.:-], at most 200)',
+            p_what, left(v_h, 200) USING ERRCODE = '22023';
+    END IF;
+END $$;
+
 CREATE OR REPLACE FUNCTION @S@.relaybus_publish(
     p_name text, p_payload jsonb, p_key text DEFAULT NULL, p_id text DEFAULT NULL,
     p_headers jsonb DEFAULT NULL, p_available_at timestamptz DEFAULT NULL,
@@ -294,6 +322,12 @@ BEGIN
     ELSE
         SELECT coalesce(array_agg(DISTINCT h ORDER BY h), '{}') INTO v_handlers
           FROM unnest(p_handlers) h WHERE h IS NOT NULL;
+    END IF;
+    IF octet_length(p_name) > 1000 OR octet_length(p_id) > 1000 OR octet_length(p_key) > 1000
+       OR pg_column_size(p_payload) + coalesce(pg_column_size(p_headers), 0) > 1048576
+       OR (p_handlers IS NOT NULL AND NOT (v_handlers <@ ARRAY(SELECT h FROM unnest(v_handlers) h
+                                                               WHERE h ~ '^[A-Za-z0-9_.:-]{1,200}$'))) THEN
+        PERFORM @S@.relaybus_check_event(v_id, p_id, p_name, p_key, p_payload, p_headers, v_handlers);
     END IF;
     -- a publisher granted some handlers only (rb-setup --grant publisher=ROLE:H,...)
     IF NOT pg_catalog.pg_has_role(session_user, current_user, 'USAGE') THEN
@@ -394,6 +428,7 @@ DECLARE
     v_due   boolean[];
     v_notify text[];
     v_ats   timestamptz[];
+    v_ok    boolean;
     v_max   interval;
     r       record;
     v_clock timestamptz;
@@ -427,8 +462,12 @@ BEGIN
         )
         SELECT array_agg(f.ord ORDER BY f.ord), array_agg(f.id ORDER BY f.ord), array_agg(to_jsonb(f.hs) ORDER BY f.ord),
                array_agg(f.at <= v_clock ORDER BY f.ord), array_agg(f.at ORDER BY f.ord),
-               (SELECT array_agg(DISTINCT d.handler) FROM del d WHERE d.available_at <= v_clock)
-          INTO v_ords, v_ids, v_hs, v_due, v_ats, v_notify
+               (SELECT array_agg(DISTINCT d.handler) FROM del d WHERE d.available_at <= v_clock),
+               bool_and(octet_length(f.name) <= 1000
+                        AND pg_column_size(f.payload) + coalesce(pg_column_size(f.headers), 0) <= 1048576
+                        AND (f.explicit IS NULL OR NOT EXISTS (SELECT FROM unnest(f.explicit) h
+                                                                WHERE h !~ '^[A-Za-z0-9_.:-]{1,200}$')))
+          INTO v_ords, v_ids, v_hs, v_due, v_ats, v_notify, v_ok
           FROM routed f;
     ELSE
     WITH src AS (
@@ -491,9 +530,22 @@ BEGIN
     )
     SELECT array_agg(f.ord ORDER BY f.ord), array_agg(f.id ORDER BY f.ord), array_agg(to_jsonb(f.hs) ORDER BY f.ord),
            array_agg(f.at <= v_clock ORDER BY f.ord), array_agg(f.at ORDER BY f.ord),
-           (SELECT array_agg(DISTINCT d.handler) FROM del d WHERE d.available_at <= v_clock)
-      INTO v_ords, v_ids, v_hs, v_due, v_ats, v_notify
+           (SELECT array_agg(DISTINCT d.handler) FROM del d WHERE d.available_at <= v_clock),
+           bool_and(octet_length(f.name) <= 1000 AND octet_length(f.id) <= 1000 AND coalesce(octet_length(f.key), 0) <= 1000
+                    AND pg_column_size(f.payload) + coalesce(pg_column_size(f.headers), 0) <= 1048576
+                    AND (f.explicit IS NULL OR NOT EXISTS (SELECT FROM unnest(f.explicit) h
+                                                            WHERE h !~ '^[A-Za-z0-9_.:-]{1,200}$')))
+      INTO v_ords, v_ids, v_hs, v_due, v_ats, v_notify, v_ok
       FROM fresh f;
+    END IF;
+    -- the programs' limits (relaybus_check_event), said for the first event past one
+    IF NOT v_ok THEN
+        PERFORM @S@.relaybus_check_event(format('%s (the batch''s event %s)', coalesce(x.e->>'id', 'without id'), x.o),
+                   x.e->>'id', x.e->>'name', x.e->>'key', x.e->'payload',
+                   CASE WHEN jsonb_typeof(x.e->'headers') = 'object' THEN x.e->'headers' END,
+                   CASE WHEN jsonb_typeof(x.e->'handlers') = 'array' THEN
+                        ARRAY(SELECT jsonb_array_elements_text(x.e->'handlers')) END)
+           FROM jsonb_array_elements(p_events) WITH ORDINALITY AS x(e, o) ORDER BY x.o;
     END IF;
     -- (after the statement, whose failure rolls it back whole: nothing is
     -- read for the common batch, all of it due now, by the owner)

@@ -167,3 +167,29 @@ EOF
   run -64 --separate-stderr rb-setup --max-delay 4000d
   [[ $stderr == *"--max-delay: '4000d' is more than 3650d"* ]]
 }
+
+@test "finding 11: the SQL entry points keep the programs' limits, and what they take completes through rb-claim | rb-complete" {
+  # the review's: a 1 MB name, a 2 MB payload, a 2 kB handler name
+  run asql "$R_PUB" -c "SELECT relaybus_publish(repeat('n', 1000000), '{}', p_handlers => '{A}')"
+  [ "$status" -ne 0 ]
+  [[ $output == *"name, id and key take at most 1000 bytes"* ]]
+  run asql "$R_PUB" -c "SELECT relaybus_publish('big', jsonb_build_object('blob', repeat('x', 2000000)), p_handlers => '{C}')"
+  [ "$status" -ne 0 ]
+  [[ $output == *"payload and headers take at most 1 MiB together"* ]]
+  run asql "$R_PUB" -c "SELECT relaybus_publish('zz', '{}', p_handlers => ARRAY[repeat('h', 2016)])"
+  [ "$status" -ne 0 ]
+  [[ $output == *'invalid handler name "hhh'* ]]
+  run asql "$R_PUB" -c "SELECT * FROM relaybus_publish_batch(jsonb_build_array(jsonb_build_object('name', 'a.x', 'payload', 1),
+                                jsonb_build_object('name', 'a.x', 'payload', 1, 'handlers', jsonb_build_array(E'ev\u009b31m'))))"
+  [ "$status" -ne 0 ]
+  [[ $output == *"event without id (the batch's event 2): invalid handler name"* ]]
+  run asql "$R_PUB" -c "SELECT * FROM relaybus_publish_batch(jsonb_build_array(jsonb_build_object('id', 'big-1', 'key', 'k', 'name', 'a.x',
+                                'payload', jsonb_build_object('blob', repeat('x', 1100000)))))"
+  [ "$status" -ne 0 ]
+  [[ $output == *"event big-1 (the batch's event 1): payload and headers take at most 1 MiB"* ]]
+  [ "$(q "SELECT count(*) FROM relaybus_events")" = 0 ]
+  # the largest payload the store takes goes through the man page's pipeline
+  asql "$R_PUB" -c "SELECT relaybus_publish('big', jsonb_build_object('blob', repeat('x', 1040000)), p_id => 'big-2', p_handlers => '{C}')" >/dev/null
+  rb-claim -H C | sed 's/}$/,"ok":true}/' | rb-complete -q
+  [ "$(q "SELECT count(*) FROM relaybus_deliveries WHERE event_id = 'big-2'")" = 0 ]
+}

@@ -82,7 +82,7 @@ proc_start(struct dispatcher *dp, int i)
 	c->out_fd = out[0];
 	set_nonblock(c->in_fd);
 	set_nonblock(c->out_fd);
-	c->rd = rb_jsonl_reader_new(c->out_fd, 0);
+	c->rd = rb_jsonl_reader_new(c->out_fd, RB_JSONL_RESULT_MAX);
 	c->wlen = c->woff = 0;
 	c->started = rb_mono_ms();
 	c->restart_at = 0;
