@@ -31,7 +31,9 @@ setup_file() {
 }
 teardown_file() {
   drop_schema
-  [ -n "$_test_pg_url" ] && drop_roles || true
+  [ -n "$_test_pg_url" ] || return 0
+  drop_roles
+  psql "$_test_pg_url" -X -q -c "DROP DATABASE IF EXISTS ${RB_SCHEMA:0:40}_s18" >/dev/null 2>&1 || true
 }
 setup() {
   pg_only "PostgreSQL's roles and sessions"
@@ -110,4 +112,21 @@ PGPASSWORD=xxxxx" ] || { cat "$out.pass"; false; }
   [ "$rc" = 0 ]
   [ "$seen" = "65534
 done" ] || { echo "$seen"; false; }
+}
+
+# ---- finding 12: terminal controls in the table view ------------------------
+
+@test "finding 12: rb-admin --table shows C0, DEL and C1 controls (CSI U+009B) of a handler name as spaces" {
+  q "SELECT count(*) FROM relaybus_publish('zz', '{}', p_id => 'c1-1',
+       p_handlers => ARRAY[E'ev\\u009b31mred\\u001b[0m', E'de\\u007fl\\u0085x'])" >/dev/null
+  run -0 rb-admin --table stats
+  local hex
+  hex=$(printf '%s' "$output" | od -An -tx1 | tr -d ' \n')
+  [[ $hex != *c29b* && $hex != *c285* && $hex != *1b* && $hex != *7f* ]] || { printf '%s' "$output" | cat -v; false; }
+  [[ $output == *"ev 31mred [0m"* && $output == *"de l x"* ]] || { printf '%s' "$output" | cat -v; false; }
+  # other text of more than one byte is kept as it is
+  q "SELECT count(*) FROM relaybus_publish('zz', '{}', p_id => 'c1-2', p_handlers => ARRAY[E'caf\\u00e9-\\u00a0-\\u0100'])" >/dev/null
+  run -0 rb-admin --table stats
+  [[ $output == *$'caf\xc3\xa9-\xc2\xa0-\xc4\x80'* ]] || { printf '%s' "$output" | cat -v; false; }
+  q "DELETE FROM relaybus_deliveries WHERE event_id LIKE 'c1-%'; DELETE FROM relaybus_events WHERE id LIKE 'c1-%'"
 }
