@@ -130,3 +130,26 @@ done" ] || { echo "$seen"; false; }
   [[ $output == *$'caf\xc3\xa9-\xc2\xa0-\xc4\x80'* ]] || { printf '%s' "$output" | cat -v; false; }
   q "DELETE FROM relaybus_deliveries WHERE event_id LIKE 'c1-%'; DELETE FROM relaybus_events WHERE id LIKE 'c1-%'"
 }
+
+# ---- findings 18-20: schema names, the handler NULL, the refusal's hint ------
+
+@test "finding 18: pg_* and information_schema are refused as schema names (64 for --schema, 78 for RELAYBUS_SCHEMA)" {
+  # a database of its own: were the check to let one through, nothing of
+  # the test server's is changed
+  local db=${RB_SCHEMA:0:40}_s18 url
+  q "DROP DATABASE IF EXISTS $db" >/dev/null
+  q "CREATE DATABASE $db" >/dev/null
+  url=$(printf '%s\n' "$_test_pg_url" | sed "s|^\(postgresql://[^/]*/\)[^?]*|\1$db|")
+  local s
+  for s in information_schema pg_temp pg_catalog pg_toast pg_x; do
+    run -64 --separate-stderr rb-setup --db "$url" --schema "$s"
+    [[ "$stderr" == "rb-setup: --schema: '$s' is not a schema name"*"not pg_* or information_schema)"* ]] || { echo "$stderr"; false; }
+    RELAYBUS_SCHEMA=$s run -78 --separate-stderr rb-setup --db "$url"
+    [[ "$stderr" == *"invalid schema name '$s'"* ]] || { echo "$stderr"; false; }
+    RELAYBUS_SCHEMA=$s run -78 --separate-stderr rb-admin --db "$url" stats
+  done
+  [ "$(psql "$url" -X -A -t -c "SELECT count(*) FROM pg_class WHERE relname LIKE 'relaybus%'")" = 0 ]
+  # a name that merely contains them is fine
+  run -0 rb-setup --db "$url" --schema my_pg_information_schema -q
+  q "DROP DATABASE IF EXISTS $db" >/dev/null
+}
