@@ -153,3 +153,17 @@ done" ] || { echo "$seen"; false; }
   run -0 rb-setup --db "$url" --schema my_pg_information_schema -q
   q "DROP DATABASE IF EXISTS $db" >/dev/null
 }
+
+@test "finding 19: --grant worker=ROLE:NULL grants the handler named NULL, not the SQL null" {
+  printf '{"id":"n19-1","name":"zz","payload":{},"handlers":["NULL"]}\n' | rb-publish -q
+  run -77 --separate-stderr env RELAYBUS_URL="$(role_url "$R_WB")" rb-claim -H NULL
+  run -0 rb-setup -q --grant "worker=$R_WB:NULL,hb"
+  run -0 --separate-stderr env RELAYBUS_URL="$(role_url "$R_WB")" rb-claim -H NULL
+  [ "$(jq -r .event_id <<<"$output")" = n19-1 ]
+  # the lowercase spelling too, and --revoke the same way
+  run -0 rb-setup -q --grant "worker=$R_WB:null"
+  run -0 rb-setup -q --revoke "worker=$R_WB:NULL,null"
+  printf '{"id":"n19-2","name":"zz","payload":{},"handlers":["NULL"]}\n' | rb-publish -q
+  run -77 --separate-stderr env RELAYBUS_URL="$(role_url "$R_WB")" rb-claim -H NULL
+  q "DELETE FROM relaybus_deliveries WHERE event_id LIKE 'n19-%'; DELETE FROM relaybus_events WHERE id LIKE 'n19-%'"
+}
