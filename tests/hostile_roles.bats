@@ -167,3 +167,15 @@ done" ] || { echo "$seen"; false; }
   run -77 --separate-stderr env RELAYBUS_URL="$(role_url "$R_WB")" rb-claim -H NULL
   q "DELETE FROM relaybus_deliveries WHERE event_id LIKE 'n19-%'; DELETE FROM relaybus_events WHERE id LIKE 'n19-%'"
 }
+
+@test "finding 20: a handler role refused another handler is told --grant handler=ROLE:H, a worker --grant worker=ROLE:H" {
+  run asql "$R_HDA" -c "SELECT relaybus_complete('181:1:0', 'eb1', 'hb')"
+  [ "$status" -ne 0 ]
+  [[ "$output" == *"role \"$R_HDA\" may not work handler \"hb\" (rb-setup --grant handler=$R_HDA:hb)"* ]] || { echo "$output"; false; }
+  run asql "$R_WB" -c "SELECT relaybus_complete('181:1:0', 'eb1', 'ha')"
+  [ "$status" -ne 0 ]
+  [[ "$output" == *"role \"$R_WB\" may not work handler \"ha\" (rb-setup --grant worker=$R_WB:ha)"* ]] || { echo "$output"; false; }
+  # a role without grants: the first kind the function takes
+  run asql "$R_NOBODY" -c "SELECT \"$RB_SCHEMA\".relaybus_complete('181:1:0', 'eb1', 'hb')"
+  [ "$status" -ne 0 ]
+}
