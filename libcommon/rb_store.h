@@ -100,7 +100,8 @@ int	rb_subscription_parse(const char *spec, char **buf, const char **handler,
  * Validate "KIND=ROLE[:HANDLER,...]" (KIND publisher, worker, handler or
  * admin; handlers for all but admin) and split it: pointers into
  * a copy in *buf (caller frees *buf); *handlers NULL when none are named
- * (every handler), else a "{h1,h2}" text[] literal.
+ * (every handler), else a "{h1,h2}" text[] literal (a handler named
+ * NULL, in any case, quoted: the name, not the SQL null).
  */
 int	rb_grant_parse(const char *spec, char **buf, const char **kind, const char **role,
 	    const char **handlers, struct rb_error *err);
