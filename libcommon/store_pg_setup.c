@@ -231,22 +231,39 @@ warn_creators(struct rb_store *s)
 /*
  * A re-run (a deploy script's, a new subscription, a grant) on a schema
  * that this very DDL made takes no lock that a claim, a completion or a
- * publish waits for: the DDL is skipped when the schema's fingerprint (the
- * script's FNV-1a 64, and how many relaybus functions it left) is the
- * script's own and the worker view is there.  A real change locks what its
- * ALTERs and the view's re-creation lock, first and in the order the
- * delivery path takes them (grants, lanes, the view with the events, then
- * deliveries), so that it cannot deadlock with a running dispatcher.
+ * publish waits for: the DDL is skipped when the schema's fingerprint is
+ * the script's hash (FNV-1a 64) and a digest of its catalog as the script
+ * left it (tables and their columns, defaults and options, indexes,
+ * constraints, the view's definition, each function's source and
+ * settings), so that a schema changed by hand since, or by another
+ * version, is set up again.  A real change locks what its ALTERs and the
+ * view's re-creation lock, first and in the order the delivery path takes
+ * them (grants, lanes, the view with the events, then deliveries), so that
+ * it cannot deadlock with a running dispatcher.
  */
+#define CATALOG_DIGEST \
+    "(SELECT pg_catalog.md5(coalesce(pg_catalog.string_agg(s.x, E'\\n' ORDER BY s.x), '')) FROM (" \
+    "  SELECT c.relname || ' ' || c.relkind::pg_catalog.text || ' ' || coalesce(pg_catalog.array_to_string(c.reloptions, ','), '') " \
+    "    || ' ' || coalesce((SELECT pg_catalog.string_agg(a.attname || ' ' || pg_catalog.format_type(a.atttypid, a.atttypmod) " \
+    "         || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END " \
+    "         || coalesce(' default ' || pg_catalog.pg_get_expr(d.adbin, d.adrelid), ''), ', ' ORDER BY a.attnum) " \
+    "       FROM pg_catalog.pg_attribute a LEFT JOIN pg_catalog.pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum " \
+    "      WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '') " \
+    "    || CASE c.relkind WHEN 'v' THEN ' ' || pg_catalog.pg_get_viewdef(c.oid) " \
+    "                      WHEN 'i' THEN ' ' || pg_catalog.pg_get_indexdef(c.oid) ELSE '' END " \
+    "    FROM pg_catalog.pg_class c WHERE c.relnamespace = '@S@'::pg_catalog.regnamespace " \
+    "  UNION ALL " \
+    "  SELECT 'f ' || p.oid::pg_catalog.regprocedure::pg_catalog.text || ' ' || pg_catalog.md5(p.prosrc) || ' ' " \
+    "         || p.prosecdef::pg_catalog.text || ' ' || coalesce(pg_catalog.array_to_string(p.proconfig, ','), '') " \
+    "    FROM pg_catalog.pg_proc p WHERE p.pronamespace = '@S@'::pg_catalog.regnamespace " \
+    "  UNION ALL " \
+    "  SELECT 'k ' || co.conname || ' ' || pg_catalog.pg_get_constraintdef(co.oid) " \
+    "    FROM pg_catalog.pg_constraint co WHERE co.connamespace = '@S@'::pg_catalog.regnamespace) s(x))"
 static const char fp_same_sql[] =
     "SELECT coalesce((SELECT s.value FROM @S@.relaybus_settings s WHERE s.name = 'script'), '') = "
-    "  $1 || ':' || (SELECT pg_catalog.count(*) FROM pg_catalog.pg_proc p "
-    "                 WHERE p.pronamespace = '@S@'::pg_catalog.regnamespace) "
-    "  AND pg_catalog.to_regclass('@S@.relaybus_worker_events') IS NOT NULL";
+    "  $1 || ':' || " CATALOG_DIGEST;
 static const char fp_write_sql[] =
-    "INSERT INTO @S@.relaybus_settings (name, value) "
-    "SELECT 'script', $1 || ':' || (SELECT pg_catalog.count(*) FROM pg_catalog.pg_proc p "
-    "                               WHERE p.pronamespace = '@S@'::pg_catalog.regnamespace) "
+    "INSERT INTO @S@.relaybus_settings (name, value) SELECT 'script', $1 || ':' || " CATALOG_DIGEST " "
     "ON CONFLICT (name) DO UPDATE SET value = excluded.value";
 static const char lock_list_sql[] =
     "SELECT pg_catalog.string_agg(pg_catalog.format('%I.%I', $1::pg_catalog.text, x.t), ', ' ORDER BY x.o) "
@@ -315,38 +332,41 @@ lock_tables(struct rb_store *s, struct rb_error *err)
 	return rc;
 }
 
-/* The DDL, unless the schema is what it makes already: 0 or -1 */
+/* The DDL, unless the schema is what it makes already: 1 (it ran: fp
+ * holds its fingerprint, for write_fingerprint once the grants made the
+ * definer functions what they are), 0 (not needed) or -1 + err */
 static int
-run_ddl(struct rb_store *s, const struct rb_setup_opts *o, struct rb_error *err)
+run_ddl(struct rb_store *s, const struct rb_setup_opts *o, char *fp, size_t size, struct rb_error *err)
 {
 	struct rb_sbuf ddl;
-	char fp[32], *q;
-	const char *p[1] = { fp };
-	PGresult *res;
-	int cur, rc = -1;
+	int rc;
 
 	rb_sb_init(&ddl);
 	ddl_script(&ddl, s->schema, o->completion_history);
-	fingerprint(ddl.s, fp, sizeof fp);
-	if ((cur = ddl_current(s, fp, err)) < 0)
-		goto out;
-	if (cur == 1) {
+	fingerprint(ddl.s, fp, size);
+	rc = ddl_current(s, fp, err);
+	if (rc == 1) {
 		rb_debug("schema %s is what this set-up makes already: its tables are not touched", s->schema);
 		rc = 0;
-		goto out;
-	}
-	if (lock_tables(s, err) < 0 || pg_run_cmd(s, ddl.s, "set-up", err) < 0)
-		goto out;
-	q = pg_render(fp_write_sql, s->schema);
-	res = pg_run(s, q, 1, p, PGRES_COMMAND_OK, "set-up", false, err);
-	free(q);
-	if (res == NULL)
-		goto out;
-	PQclear(res);
-	rc = 0;
-out:
+	} else if (rc == 0)
+		rc = lock_tables(s, err) < 0 || pg_run_cmd(s, ddl.s, "set-up", err) < 0 ? -1 : 1;
 	free(ddl.s);
 	return rc;
+}
+
+/* The schema's fingerprint, last in the set-up's transaction: 0 or -1 */
+static int
+write_fingerprint(struct rb_store *s, const char *fp, struct rb_error *err)
+{
+	const char *p[1] = { fp };
+	char *q = pg_render(fp_write_sql, s->schema);
+	PGresult *res = pg_run(s, q, 1, p, PGRES_COMMAND_OK, "set-up", false, err);
+
+	free(q);
+	if (res == NULL)
+		return -1;
+	PQclear(res);
+	return 0;
 }
 
 /* rb-setup --max-delay: 0 or -1 */
@@ -374,7 +394,8 @@ int
 pg_setup(struct rb_store *s, const struct rb_setup_opts *o, struct rb_error *err)
 {
 	struct rb_sbuf b;
-	int rc = -1;
+	char fp[32];
+	int rc = -1, ddl = 0;
 
 	if (check_subscriptions(o, err) < 0)
 		return -1;
@@ -384,7 +405,7 @@ pg_setup(struct rb_store *s, const struct rb_setup_opts *o, struct rb_error *err
 		goto out;
 	/* quiet the NOTICEs of CREATE ... IF NOT EXISTS on a second run */
 	if (pg_run_cmd(s, "SET LOCAL client_min_messages = warning", "set-up", err) < 0 ||
-	    pg_run_cmd(s, b.s, "set-up", err) < 0 || run_ddl(s, o, err) < 0 ||
+	    pg_run_cmd(s, b.s, "set-up", err) < 0 || (ddl = run_ddl(s, o, fp, sizeof fp, err)) < 0 ||
 	    set_max_delay(s, o->max_delay_ms, err) < 0)
 		goto fail;
 	for (size_t i = 0; i < o->n_subscribe; i++) {
@@ -425,7 +446,7 @@ pg_setup(struct rb_store *s, const struct rb_setup_opts *o, struct rb_error *err
 			goto fail;
 	}
 	/* last: the privileges of every function made above */
-	if (pg_grants_setup(s, o, err) < 0)
+	if (pg_grants_setup(s, o, err) < 0 || (ddl == 1 && write_fingerprint(s, fp, err) < 0))
 		goto fail;
 	if (pg_run_cmd(s, "COMMIT", "set-up", err) < 0)
 		goto out;
