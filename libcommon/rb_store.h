@@ -91,6 +91,9 @@ struct rb_setup_opts {
 	/* the latest a publish may make an event due, from now (ms;
 	 * 0: keep the schema's setting, 30 days when new) */
 	int64_t		 max_delay_ms;
+	/* rb_store_setup_script: without BEGIN and COMMIT, for a migration
+	 * tool that runs each file in a transaction of its own */
+	bool		 no_transaction;
 };
 
 /** Validate "handler:pattern"; on success split it (pointers into a copy in *buf, caller frees *buf). */

@@ -188,11 +188,16 @@ pg_setup_script(const char *schema, const struct rb_setup_opts *o, struct rb_err
 	if (check_subscriptions(o, err) < 0)
 		return NULL;
 	rb_sb_init(&b);
-	rb_sb_puts(&b, "-- relaybus schema set-up; apply in one transaction with the workers stopped\n"
-	    "BEGIN;\n"
-	    "SET LOCAL standard_conforming_strings = on;\n");
+	if (o->no_transaction)
+		rb_sb_puts(&b, "-- relaybus schema set-up, for a migration tool: run it in one transaction\n");
+	else
+		rb_sb_puts(&b, "-- relaybus schema set-up; apply in one transaction\nBEGIN;\n");
+	/* (no NOTICE of CREATE ... IF NOT EXISTS on a second run) */
+	rb_sb_puts(&b, "SET LOCAL standard_conforming_strings = on;\n"
+	    "SET LOCAL client_min_messages = warning;\n");
 	setup_script(&b, schema, o);
-	rb_sb_puts(&b, "COMMIT;\n");
+	if (!o->no_transaction)
+		rb_sb_puts(&b, "COMMIT;\n");
 	return b.s;
 }
 
