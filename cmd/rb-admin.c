@@ -71,6 +71,7 @@ static const char usage_str[] =
 "  -p, --port PORT              server port (PGPORT)\n"
 "  -U, --username USER          database user (PGUSER)\n"
 "  -d, --dbname NAME            database name (PGDATABASE), or a URL as --db\n"
+"  -W, --password               ask for the password on the terminal\n"
 "      --schema NAME            schema of the tables (default: $RELAYBUS_SCHEMA or public)\n"
 "      --json                   JSON lines (the default when stdout is not a terminal)\n"
 "      --table                  an aligned table (the default on a terminal)\n"

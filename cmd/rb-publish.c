@@ -45,6 +45,7 @@ static const char usage_str[] =
 "  -p, --port PORT       server port (PGPORT)\n"
 "  -U, --username USER   database user (PGUSER)\n"
 "  -d, --dbname NAME     database name (PGDATABASE), or a URL as --db\n"
+"  -W, --password        ask for the password on the terminal\n"
 "      --schema NAME     relaybus schema (default: $RELAYBUS_SCHEMA or public)\n"
 "  -b, --batch N         lines per transaction (default 100)\n"
 "      --flush DUR       commit a partial batch when input pauses this long (default 20ms)\n"

@@ -38,6 +38,7 @@ static const char usage_str[] =
 "  -p, --port PORT                server port (PGPORT)\n"
 "  -U, --username USER            database user (PGUSER)\n"
 "  -d, --dbname NAME              database name (PGDATABASE), or a URL as --db\n"
+"  -W, --password                 ask for the password on the terminal\n"
 "      --schema NAME              schema for the tables (default: $RELAYBUS_SCHEMA or public)\n"
 "  -s, --subscribe HANDLER:PATTERN    deliver events named PATTERN (exact or glob: order.*) to HANDLER\n"
 "      --unsubscribe HANDLER:PATTERN  remove that subscription\n"

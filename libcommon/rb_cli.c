@@ -5,9 +5,11 @@
 #include <errno.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <termios.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -100,6 +102,45 @@ psql_option(const char *var, const char *arg)
 		rb_die_errno(RB_EXIT_OSERR, "cannot set %s", var);
 }
 
+/*
+ * -W: ask for the password on the terminal, as psql -W does, echo off, and
+ * hand it to libpq as PGPASSWORD (the programs give it to no handler:
+ * rb_env).  Without a terminal it is a usage error: a script has a
+ * passfile (PGPASSFILE) instead.
+ */
+static void
+ask_password(const char *usage)
+{
+	char buf[1024];
+	struct termios old, quiet;
+	FILE *tty = fopen("/dev/tty", "r+");
+	bool ok, term;
+	size_t n;
+
+	if (tty == NULL)
+		rb_cli_usage_error(usage, "--password: no terminal to ask on (give a passfile: PGPASSFILE)");
+	fputs("Password: ", tty);
+	fflush(tty);
+	term = tcgetattr(fileno(tty), &old) == 0;
+	if (term) {
+		quiet = old;
+		quiet.c_lflag &= ~(tcflag_t)ECHO;
+		quiet.c_lflag |= ECHONL;
+		tcsetattr(fileno(tty), TCSANOW, &quiet);
+	}
+	ok = fgets(buf, sizeof buf, tty) != NULL;
+	if (term)
+		tcsetattr(fileno(tty), TCSANOW, &old);
+	fclose(tty);
+	if (!ok)
+		rb_cli_usage_error(usage, "--password: no password read");
+	n = strcspn(buf, "\r\n");
+	buf[n] = '\0';
+	if (setenv("PGPASSWORD", buf, 1) < 0)
+		rb_die_errno(RB_EXIT_OSERR, "cannot set PGPASSWORD");
+	memset(buf, 0, sizeof buf);
+}
+
 bool
 rb_cli_common(int c, const char *arg, struct rb_common *cm, const char *usage)
 {
@@ -112,6 +153,9 @@ rb_cli_common(int c, const char *arg, struct rb_common *cm, const char *usage)
 	case 'p':
 		rb_cli_int(usage, "--port", arg, 1, 65535);
 		psql_option("PGPORT", arg);
+		return true;
+	case 'W':
+		ask_password(usage);
 		return true;
 	case 'U':
 		if (*arg == '\0')

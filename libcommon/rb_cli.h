@@ -36,10 +36,11 @@ enum {
 	{ "port", required_argument, NULL, 'p' },			\
 	{ "username", required_argument, NULL, 'U' },			\
 	{ "dbname", required_argument, NULL, 'd' },			\
+	{ "password", no_argument, NULL, 'W' },				\
 	{ "help", no_argument, NULL, RB_OPT_HELP },		\
 	{ "version", no_argument, NULL, 'V' }
 /* -h/-p/-U/-d are psql's (host, port, user, database); help is --help */
-#define RB_COMMON_SHORTOPTS "u:vqVh:p:U:d:"
+#define RB_COMMON_SHORTOPTS "u:vqVh:p:U:d:W"
 
 /*
  * The help lines of the common options, for a program's usage text (string
@@ -52,7 +53,8 @@ enum {
 "  -h, --host HOST        server host or socket folder (PGHOST)\n" \
 "  -p, --port PORT        server port (PGPORT)\n" \
 "  -U, --username USER    database user (PGUSER)\n" \
-"  -d, --dbname NAME      database name (PGDATABASE), or a URL as --db\n"
+"  -d, --dbname NAME      database name (PGDATABASE), or a URL as --db\n" \
+"  -W, --password         ask for the password on the terminal\n"
 #define RB_COMMON_LOG_HELP \
 "  -v, --verbose          more messages (-vv: debug)\n" \
 "  -q, --quiet            errors only\n" \

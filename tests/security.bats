@@ -25,6 +25,7 @@ teardown_file() {
 teardown() {
   local p
   for p in ${PIDS:-}; do kill -9 "$p" 2>/dev/null || true; done
+  tmux -L "rbw$$" kill-server 2>/dev/null || true
 }
 
 # the test database's port, and a URL to it that carries a password
@@ -318,4 +319,35 @@ fid_left() { q "SELECT count(*) FROM relaybus_deliveries WHERE handler = 'fid'";
   run -65 --separate-stderr bash -c "rb-claim -H fid | sed 's/}\$/,\"ok\":false,\"retry_ms\":1e400}/' | rb-complete"
   [[ "$stderr" == *"stdin:1: invalid JSON: real number overflow"*"(field 'retry_ms'): not applied"* ]] ||
     { echo "$stderr"; false; }
+}
+
+# ---- -W: the password asked for on the terminal --------------------------------
+
+@test "-W asks for the password on the terminal with echo off, and no handler gets it" {
+  need_pg
+  pg_only "rb-dispatch --exec on PostgreSQL"
+  local tm="tmux -L rbw$$" pane
+  rb-setup -q -s 'pw:pw.*'
+  echo '{"id":"pw-1","name":"pw.x","payload":{}}' | rb-publish -q
+  $tm new-session -d -x 150 -y 30 "rb-admin -W --json stats --handler pw; echo rc=\$?;
+    rb-dispatch -W -H pw --drain --exec 'env > $BATS_TEST_TMPDIR/env'; echo rc=\$?; sleep 60" 3>&-
+  wait_for 20 '$tm capture-pane -p | grep -q "^Password:"'
+  $tm send-keys 'TopSecretPW1' Enter
+  wait_for 20 '$tm capture-pane -p | grep -q "^rc=0"'
+  wait_for 20 '[ "$($tm capture-pane -p | grep -c "^Password:")" = 2 ]'
+  $tm send-keys 'TopSecretPW2' Enter
+  wait_for 30 '[ "$($tm capture-pane -p | grep -c "^rc=")" = 2 ]'
+  pane=$($tm capture-pane -p)
+  $tm kill-server
+  echo "$pane"
+  [[ $pane == *'"handler":"pw","pending":1'* ]]
+  [ "$(grep -c '^rc=0' <<<"$pane")" = 2 ]
+  [[ $pane != *TopSecretPW* ]]
+  [ -s "$BATS_TEST_TMPDIR/env" ]
+  ! grep -q 'TopSecretPW' "$BATS_TEST_TMPDIR/env"
+  [ "$(q "SELECT count(*) FROM relaybus_deliveries WHERE handler = 'pw'")" = 0 ]
+  # without a terminal: a usage error naming the way out
+  run --separate-stderr setsid -w rb-admin -W stats </dev/null
+  [ "$status" -eq 64 ]
+  [[ ${stderr_lines[0]} == "rb-admin: --password: no terminal to ask on (give a passfile: PGPASSFILE)" ]]
 }
