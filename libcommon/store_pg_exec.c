@@ -126,8 +126,8 @@ pg_sqlstate(const PGresult *res)
 
 static const char *idle_fatal(const PGconn *c);
 
-/* the first line of text (the whole of it when none starts so) that starts
- * with FATAL:, PANIC: or ERROR:, after that word; NULL if text has none */
+/* the first line of text that starts with FATAL:, PANIC: or ERROR:, from
+ * after that word; NULL if text (NULL: none) has no such line */
 static const char *
 server_line(const char *text)
 {
