@@ -418,7 +418,10 @@ cmd_stats(struct rb_store *s, int argc, char **argv)
 		emit(rows, stats_cols);
 		if (opt.table) {
 			table_flush();
-			printf("events without deliveries: %" JSON_INTEGER_FORMAT "\n",
+			/* (not "lost": every delivery of theirs completed, or
+			 * they matched no handler; purge removes them) */
+			printf("events with every delivery done (or none), kept until purge: %"
+			    JSON_INTEGER_FORMAT "\n",
 			    json_integer_value(json_object_get(st, "events_without_deliveries")));
 		}
 	}

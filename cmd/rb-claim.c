@@ -320,6 +320,7 @@ struct follow {
 	bool			 held_back;	/* ... while deliveries were out */
 	int64_t			 free_in;	/* the last claim said another holder's cut lease ends in (ms; 0 none) */
 	int64_t			 retry_at;	/* the soonest such end said, not yet passed (0 none) */
+	int			 drain_looks;	/* --drain: looks again for such lanes since work was found */
 	int64_t			 next_claim, next_extend, next_check, next_key_claim;
 	int64_t			 check_ms, key_ms;	/* their intervals now (backing off) */
 };
@@ -341,6 +342,10 @@ earliest(int64_t a, int64_t b)
 {
 	return a == 0 ? b : b == 0 ? a : a < b ? a : b;
 }
+
+/* --drain: how many times in a row it looks again when a cut lease ends
+ * without finding work, before it is over */
+#define DRAIN_CUT_LOOKS		3
 
 static int64_t
 backoff(int64_t ms, bool found, int64_t base)
@@ -807,7 +812,19 @@ follow_run(struct rb_store *store, const char *owner)
 				f.next_claim = earliest(f.next_claim, f.retry_at);
 			f.key_ms = backoff(f.key_ms, rc > 0, FOLLOW_KEY_MS);
 			f.next_key_claim = now + f.key_ms;
-			if (rc == 0 && opt.drain && f.nout == 0) {
+			if (rc > 0)
+				f.drain_looks = 0;
+			/* --drain: a dead holder's lanes, their lease cut, are
+			 * taken over when it ends: looked for then (a live
+			 * holder's lease that keeps ending that soon is renewed:
+			 * its lanes stay its own, and the looks that find
+			 * nothing end the drain) */
+			if (rc == 0 && opt.drain && f.nout == 0 && f.retry_at != 0 &&
+			    f.drain_looks < DRAIN_CUT_LOOKS) {
+				rb_debug("drain: a cut lease ends in %lld ms: looking again then",
+				    (long long)(f.retry_at - now));
+				f.drain_looks++;
+			} else if (rc == 0 && opt.drain && f.nout == 0) {
 				state = DRAINED;
 				break;
 			}

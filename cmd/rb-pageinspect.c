@@ -19,7 +19,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -263,12 +265,49 @@ print_lifecycle(FILE *f, const json_t *r)
 	    iget(sum, "non_hot_updates") == 1 ? "was" : "were");
 }
 
-/* Print two reports in two columns. */
+/* The columns out has: $COLUMNS when it is a number, else a terminal's
+ * width, else 0 (a file or pipe: no limit). */
+static size_t
+out_columns(FILE *out)
+{
+	const char *c = getenv("COLUMNS");
+	struct winsize ws;
+	char *end;
+
+	if (c != NULL && *c != '\0') {
+		long v = strtol(c, &end, 10);
+
+		if (*end == '\0' && v > 0)
+			return (size_t)v;
+	}
+	if (isatty(fileno(out)) && ioctl(fileno(out), TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0)
+		return ws.ws_col;
+	return 0;
+}
+
+/* the longest line of text */
+static size_t
+widest(const char *text)
+{
+	size_t w = 0;
+
+	for (const char *p = text; *p != '\0';) {
+		size_t n = strcspn(p, "\n");
+
+		if (n > w)
+			w = n;
+		p += n + (p[n] != '\0');
+	}
+	return w;
+}
+
+/* Print two reports in two columns, or one after the other when the two
+ * columns are wider than the terminal ($COLUMNS). */
 static int
 print_side_by_side(FILE *out, const json_t *left, const json_t *right)
 {
 	char *lb = NULL, *rb = NULL;
-	size_t ll = 0, rl = 0, w = 0;
+	size_t ll = 0, rl = 0, w = 0, cols = out_columns(out);
 	FILE *lf = open_memstream(&lb, &ll), *rf = open_memstream(&rb, &rl);
 
 	if (lf == NULL || rf == NULL)
@@ -277,12 +316,12 @@ print_side_by_side(FILE *out, const json_t *left, const json_t *right)
 	print_lifecycle(rf, right);
 	fclose(lf);
 	fclose(rf);
-	for (char *p = lb; *p != '\0';) {
-		size_t n = strcspn(p, "\n");
-
-		if (n > w)
-			w = n;
-		p += n + (p[n] != '\0');
+	w = widest(lb);
+	if (cols > 0 && w + 3 + widest(rb) > cols) {
+		fprintf(out, "%s\n%s", lb, rb);
+		free(lb);
+		free(rb);
+		return 0;
 	}
 	for (char *p = lb, *q = rb; *p != '\0' || *q != '\0';) {
 		size_t n = strcspn(p, "\n"), m = strcspn(q, "\n");

@@ -370,7 +370,7 @@ pg_service(struct rb_store *s)
 		struct rb_error err = { 0 };
 		char msg[300];
 
-		rb_pg_error_lines(PQerrorMessage(be->conn), msg, sizeof msg);
+		pg_lost_reason(be->conn, NULL, msg, sizeof msg);
 		rb_seterr(&err, RB_EXIT_TEMPFAIL, "connection lost: %s", msg);
 		rb_evq_failed(&s->evq, RB_STORE_WOKEN, 0, &err);
 		return;

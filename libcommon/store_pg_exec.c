@@ -124,6 +124,75 @@ pg_sqlstate(const PGresult *res)
 	return st != NULL ? st : "";
 }
 
+static const char *idle_fatal(const PGconn *c);
+
+/* the first line of text that starts with FATAL:, PANIC: or ERROR:, from
+ * after that word; NULL if text (NULL: none) has no such line */
+static const char *
+server_line(const char *text)
+{
+	static const char *const sev[] = { "FATAL:", "PANIC:", "ERROR:" };
+
+	for (const char *p = text; p != NULL && *p != '\0';) {
+		for (size_t i = 0; i < sizeof sev / sizeof sev[0]; i++)
+			if (strncmp(p, sev[i], strlen(sev[i])) == 0) {
+				p += strlen(sev[i]);
+				while (*p == ' ')
+					p++;
+				return p;
+			}
+		p = strchr(p, '\n');
+		if (p != NULL)
+			p++;
+	}
+	return NULL;
+}
+
+void
+pg_lost_reason(PGconn *c, const PGresult *res, char *out, size_t size)
+{
+	const char *rmsg = res != NULL ? PQresultErrorMessage(res) : "";
+	const char *cmsg = c != NULL ? PQerrorMessage(c) : "not connected";
+	const char *p = res != NULL ? PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY) : NULL;
+	size_t len;
+
+	if (size == 0)
+		return;
+	/* the server's reason (it may be in the connection's error only, when
+	 * libpq made the result of what it saw next: the socket closed) */
+	if (p == NULL)
+		p = server_line(rmsg);
+	if (p == NULL)
+		p = server_line(cmsg);
+	if (p == NULL)
+		p = server_line(idle_fatal(c));
+	if (p == NULL)
+		p = *rmsg != '\0' ? rmsg : cmsg;
+	while (*p == '\n' || *p == ' ' || *p == '\t')
+		p++;
+	len = strcspn(p, "\n");
+	while (len > 0 && (p[len - 1] == ' ' || p[len - 1] == '\r'))
+		len--;
+	if (len == 0) {
+		p = "the server closed the connection";
+		len = strlen(p);
+	}
+	snprintf(out, size, "%.*s", (int)len, p);
+}
+
+/* A connection cut by the server (SQLSTATE class 57P: an administrator's
+ * pg_terminate_backend or shutdown, a crash, "cannot connect now"), a
+ * connection exception (08) or one gone any other way (libpq says it is
+ * bad): "connection lost" and the server's first line, the same wherever
+ * it happened.  The rest of the server's text (CONTEXT, LINE, QUERY: they
+ * name internal functions) only with -v. */
+static bool
+lost(PGconn *c, const char *state)
+{
+	return c == NULL || PQstatus(c) == CONNECTION_BAD ||
+	    (state != NULL && (strncmp(state, "57P", 3) == 0 || strncmp(state, "08", 2) == 0));
+}
+
 int
 pg_fail_on(struct rb_store *s, PGconn *c, const PGresult *res, const char *what, struct rb_error *err)
 {
@@ -132,13 +201,25 @@ pg_fail_on(struct rb_store *s, PGconn *c, const PGresult *res, const char *what,
 	char msg[sizeof err->msg];
 	int code = RB_EXIT_SOFTWARE;
 
+	if (lost(c, state)) {
+		if (rb_log_level() >= RB_LOG_INFO) {
+			/* (the connection's error has the server's whole text; a
+			 * result libpq made has only what it saw last) */
+			const char *full = c != NULL ? PQerrorMessage(c) : "";
+
+			if (*full == '\0' && res != NULL)
+				full = PQresultErrorMessage(res);
+			rb_pg_error_lines(*full != '\0' ? full : "not connected", msg, sizeof msg);
+			rb_info("%s: %s", what, msg);
+		}
+		pg_lost_reason(c, res, msg, sizeof msg);
+		return rb_seterr(err, RB_EXIT_TEMPFAIL, "connection lost: %s", msg);
+	}
 	if (primary == NULL)
 		primary = c != NULL ? PQerrorMessage(c) : "not connected";
 	/* (libpq's own messages: one line per host of a multi-host URL) */
 	rb_pg_error_lines(primary, msg, sizeof msg);
-	if (c == NULL || PQstatus(c) == CONNECTION_BAD)
-		code = RB_EXIT_TEMPFAIL;
-	else if (state == NULL)
+	if (state == NULL)
 		code = RB_EXIT_SOFTWARE;
 	else if (strcmp(state, "42P01") == 0 || strcmp(state, "42883") == 0 ||
 	    strcmp(state, "3F000") == 0) {
@@ -184,9 +265,11 @@ pg_retryable(const PGresult *res)
  * completion took 0.33 ms a call, a tenth of the server's time in a drain.
  * Returns the statement's name, or NULL for any other statement or when
  * preparing failed (the caller then sends the text, which reports the
- * error as before). */
+ * error as before).  When preparing lost the connection, *lost is its
+ * answer (the server's reason: sending the text would only say "no
+ * connection to the server"). */
 static const char *
-prepared(struct pg_be *be, PGconn *c, const char *sql, int n)
+prepared(struct pg_be *be, PGconn *c, const char *sql, int n, PGresult **lost)
 {
 	static const char *const names[] = { "relaybus_claim", "relaybus_complete", "relaybus_complete_hist",
 	    "relaybus_claim_ids", "relaybus_fetch", "relaybus_publish", "relaybus_publish1", "relaybus_wake" };
@@ -208,6 +291,10 @@ prepared(struct pg_be *be, PGconn *c, const char *sql, int n)
 		return names[which];
 	res = PQprepare(c, names[which], sql, n, NULL);
 	ok = res != NULL && PQresultStatus(res) == PGRES_COMMAND_OK;
+	if (!ok && PQstatus(c) == CONNECTION_BAD && res != NULL) {
+		*lost = res;
+		return NULL;
+	}
 	PQclear(res);
 	if (!ok)
 		return NULL;
@@ -218,8 +305,11 @@ prepared(struct pg_be *be, PGconn *c, const char *sql, int n)
 PGresult *
 pg_exec(struct pg_be *be, PGconn *c, const char *sql, int n, const char *const *params)
 {
-	const char *name = prepared(be, c, sql, n);
+	PGresult *lost = NULL;
+	const char *name = prepared(be, c, sql, n, &lost);
 
+	if (lost != NULL)
+		return lost;
 	return name != NULL ? PQexecPrepared(c, name, n, params, NULL, NULL, 0)
 	    : PQexecParams(c, sql, n, NULL, params, NULL, NULL, 0);
 }
@@ -227,8 +317,14 @@ pg_exec(struct pg_be *be, PGconn *c, const char *sql, int n, const char *const *
 int
 pg_send(struct pg_be *be, PGconn *c, const char *sql, int n, const char *const *params)
 {
-	const char *name = prepared(be, c, sql, n);
+	PGresult *lost = NULL;
+	const char *name = prepared(be, c, sql, n, &lost);
 
+	if (lost != NULL) {
+		/* (not sent: the connection's error still says why) */
+		PQclear(lost);
+		return 0;
+	}
 	return name != NULL ? PQsendQueryPrepared(c, name, n, params, NULL, NULL, 0)
 	    : PQsendQueryParams(c, sql, n, NULL, params, NULL, NULL, 0);
 }
@@ -362,6 +458,46 @@ pg_history(struct rb_store *s, PGconn *c, const char *what, struct rb_error *err
 
 /* ---- connections --------------------------------------------------------- */
 
+/* The FATAL each connection got outside an answer (a backend terminated
+ * while idle: libpq gives it to the notice processor, and its error says
+ * only that the server closed the connection), for pg_lost_reason. */
+static struct {
+	const PGconn *c;
+	char msg[256];
+} fatal_of[4];
+
+static const char *
+idle_fatal(const PGconn *c)
+{
+	for (size_t i = 0; c != NULL && i < sizeof fatal_of / sizeof fatal_of[0]; i++)
+		if (fatal_of[i].c == c)
+			return fatal_of[i].msg;
+	return NULL;
+}
+
+/* (a connection's slot, a free one, else the first) */
+static void
+idle_fatal_set(const PGconn *c, const char *msg)
+{
+	size_t i, slot = 0;
+
+	for (i = 0; i < sizeof fatal_of / sizeof fatal_of[0]; i++)
+		if (fatal_of[i].c == c)
+			break;
+	if (i == sizeof fatal_of / sizeof fatal_of[0] && msg == NULL)
+		return;
+	if (i == sizeof fatal_of / sizeof fatal_of[0])
+		for (i = 0; i < sizeof fatal_of / sizeof fatal_of[0]; i++)
+			if (fatal_of[i].c == NULL) {
+				slot = i;
+				break;
+			}
+	if (i < sizeof fatal_of / sizeof fatal_of[0])
+		slot = i;
+	fatal_of[slot].c = msg != NULL ? c : NULL;
+	snprintf(fatal_of[slot].msg, sizeof fatal_of[slot].msg, "%s", msg != NULL ? msg : "");
+}
+
 /* What the server says outside an answer (a NOTICE, a WARNING, the FATAL
  * of a terminated backend) goes through our log, so that -q means quiet:
  * libpq would print it to stderr itself. */
@@ -370,7 +506,8 @@ notice_to_log(void *arg, const char *msg)
 {
 	int len = (int)strcspn(msg, "\n");
 
-	(void)arg;
+	if (arg != NULL && strncmp(msg, "FATAL:", 6) == 0)
+		idle_fatal_set(arg, msg);
 	if (strncmp(msg, "WARNING", 7) == 0)
 		rb_warn("server: %.*s", len, msg);
 	else
@@ -452,7 +589,9 @@ pg_connect_to(struct rb_store *s, PGconn **conn, struct rb_error *err)
 	}
 	if (pg_server_check(s, conn, err) < 0)
 		return -1;
-	PQsetNoticeProcessor(*conn, notice_to_log, NULL);
+	/* (a new connection may have the address of one closed) */
+	idle_fatal_set(*conn, NULL);
+	PQsetNoticeProcessor(*conn, notice_to_log, *conn);
 	return pin_search_path(s, *conn, err);
 }
 

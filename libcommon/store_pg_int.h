@@ -185,8 +185,10 @@ void	pg_arr_end(struct rb_sbuf *b);
 /**
  * The one map from a failure to an exit code and message, for every file
  * of the backend: c is the connection it happened on, res its result (NULL:
- * none), what prefixes the message.  A lost connection, 08/40/53/57 are
- * RB_EXIT_TEMPFAIL; an undefined table, function or schema means "schema
+ * none), what prefixes the message.  A lost connection (libpq says it is
+ * bad, or SQLSTATE 57P or 08) is "connection lost: " and the server's first
+ * line (pg_lost_reason; what and the rest of the text only with -v),
+ * RB_EXIT_TEMPFAIL; 40/53/57 are RB_EXIT_TEMPFAIL; an undefined table, function or schema means "schema
  * not set up" (RB_EXIT_CONFIG); RBV01, the set-up's guard against a schema
  * a newer relaybus set up, RB_EXIT_PROTOCOL; 42501 and authentication failures (28000,
  * 28P01) RB_EXIT_NOPERM; 22/23 RB_EXIT_DATAERR; anything else
@@ -194,6 +196,10 @@ void	pg_arr_end(struct rb_sbuf *b);
  */
 int	pg_fail_on(struct rb_store *, PGconn *c, const PGresult *res, const char *what,
 	    struct rb_error *err);
+/** Why c was lost, in one line: the server's primary message (res's, or the
+ * first line of the connection's error without "FATAL:"), never its CONTEXT,
+ * LINE or QUERY. */
+void	pg_lost_reason(PGconn *c, const PGresult *res, char *out, size_t size);
 /** pg_fail_on the main connection. */
 int	pg_fail(struct rb_store *, const PGresult *res, const char *what, struct rb_error *err);
 /** A deadlock or serialization failure: running it again may succeed. */

@@ -66,7 +66,7 @@ fields() { jq -r "[$1] | map(tostring) | join(\" \")"; }
   [[ "${lines[1]}" =~ ^audit\ +3\ +2\ +1\ +0\ +1\ +0\ +[0-9]+$ ]]
   [[ "${lines[2]}" =~ ^mailer\ +2\ +1\ +1\ +1\ +0\ +1\ +[0-9]+$ ]]
   [[ "${lines[3]}" =~ ^TOTAL\ +5\ +3\ +2\ +1\ +1\ +1\ +[0-9]+$ ]]
-  [ "${lines[4]}" = "events without deliveries: 1" ]
+  [ "${lines[4]}" = "events with every delivery done (or none), kept until purge: 1" ]
   # aligned: every row as long as the header
   [ "${#lines[1]}" -eq "${#lines[0]}" ]
   [ "${#lines[3]}" -eq "${#lines[0]}" ]

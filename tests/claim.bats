@@ -52,13 +52,14 @@ ok_all() { jq -c '. + {ok: true}'; }
   [ -z "$output" ]
   ( sleep 0.5; echo '{"id":"w1","name":"job.x","payload":1}' | rb-publish -q ) &
   start=$(date +%s%N)
-  run rb-claim -H h1 --wait 10s --poll 5s
+  run rb-claim -H h1 --wait 30s --poll 20s
   ms=$(( ($(date +%s%N) - start) / 1000000 ))
   wait
   [ "$status" -eq 0 ]
   [ "$(echo "$output" | jq -r .event_id)" = w1 ]
   echo "woken after ${ms} ms" >&3
-  [ "$ms" -lt 3000 ]
+  # (half the --poll: woken, not polled; a busy machine meets it)
+  [ "$ms" -lt 10000 ]
   start=$(date +%s%N)
   run rb-claim -H h1 --wait 300ms
   [ "$status" -eq 1 ]

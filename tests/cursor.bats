@@ -61,10 +61,11 @@ in_xact() { q "SELECT count(*) FROM pg_stat_activity WHERE application_name = '$
   [ "$(handled "$out" late-k)" = 0 ]
   t0=$(date +%s%3N)
   echo "COMMIT;" >&7
-  wait_for 10 '[ "$(handled "$out" late-u)" = 1 ] && [ "$(handled "$out" late-k)" = 1 ]'
+  wait_for 20 '[ "$(handled "$out" late-u)" = 1 ] && [ "$(handled "$out" late-k)" = 1 ]'
   t1=$(date +%s%3N)
   echo "# handled $((t1 - t0)) ms after the commit" >&3
-  [ $((t1 - t0)) -lt 5000 ]
+  # (the safety net would take an hour: a bound a busy machine meets)
+  [ $((t1 - t0)) -lt 15000 ]
   # after: three more of key kl
   for i in 7 8 9; do
     echo "{\"id\":\"a$i\",\"name\":\"t\",\"key\":\"kl\",\"payload\":{\"i\":$i},\"handlers\":[\"late\"]}"

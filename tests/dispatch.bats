@@ -296,24 +296,34 @@ own_server() {
 @test "PostgreSQL stopped for 3 s under load with a backlog (--lease 30s): drained well before the lease would have let it, every event run" {
   need_pg
   own_server
-  local out=$BATS_TEST_TMPDIR/o.out p1 p2 t_up t_end
+  local out=$BATS_TEST_TMPDIR/o.out p1 p2 t_a n_a t_b n_b t_up t_end down rest expect
   publish 1200 o outage 20
   rb-dispatch -H outage --exec "rb-test-exec $out sleep:0.02" --drain -c 8 --lease 30s 2>"$BATS_TEST_TMPDIR/o1.err" 3>&- & p1=$!
   rb-dispatch -H outage --exec "rb-test-exec $out sleep:0.02" --drain -c 8 --lease 30s 2>"$BATS_TEST_TMPDIR/o2.err" 3>&- & p2=$!
   PIDS="$p1 $p2"
-  wait_for 30 '[ "$(lines "$out")" -ge 100 ]'
+  # the drain's rate before the stop, on this machine as loaded as it is
+  # now (issue 38: the time of a drain of --exec handlers is mostly process
+  # creation, 2.5-11 times longer on a busy 2-core machine than on an idle one)
+  wait_for 30 '[ "$(lines "$out")" -ge 50 ]'
+  t_a=$(date +%s%3N) n_a=$(lines "$out")
+  wait_for 60 '[ "$(lines "$out")" -ge 300 ]'
+  t_b=$(date +%s%3N) n_b=$(lines "$out")
   # (the new server must not hold the test's output open: bats waits for it)
   "$RB_SRCDIR/scripts/pg-tmp" stop "$RESTART_DIR" >/dev/null 2>&1 3>&-
-  local down=$(lines "$out")
+  down=$(lines "$out")
   sleep 3
   "$RB_SRCDIR/scripts/pg-tmp" start "$RESTART_DIR" >/dev/null 2>&1 3>&-
   t_up=$(date +%s%3N)
   wait "$p1"
   wait "$p2"
   t_end=$(date +%s%3N)
-  echo "# $down run before the stop; the rest drained $((t_end - t_up)) ms after the server was up" >&3
-  # the leases the stop left (30 s) kept nothing waiting
-  [ $((t_end - t_up)) -lt 20000 ]
+  rest=$((1200 - down))
+  expect=$((rest * (t_b - t_a) / (n_b - n_a)))
+  echo "# $down run before the stop, at $(((n_b - n_a) * 1000 / (t_b - t_a)))/s; the other $rest drained $((t_end - t_up)) ms after the server was up ($expect ms at the rate before the stop)" >&3
+  # the leases the stop left (30 s) kept nothing waiting: a wait for them
+  # would add 27-30 s to the time of the rest at the rate before the stop;
+  # allowed: twice that time, and 10 s to reconnect
+  [ $((t_end - t_up)) -lt $((2 * expect + 10000)) ]
   grep -q reconnected "$BATS_TEST_TMPDIR/o1.err"
   grep -q reconnected "$BATS_TEST_TMPDIR/o2.err"
   [ "$(pending outage)" = 0 ]
@@ -706,10 +716,11 @@ s2|dead|5" ]
   local t0 t1
   t0=$(date +%s%N)
   publish 1 w wake
-  wait_for 5 '[ "$(lines "$out")" -ge 1 ]'
+  wait_for 8 '[ "$(lines "$out")" -ge 1 ]'
   t1=$(date +%s%N)
   echo "# wake-up latency: $(( (t1 - t0) / 1000000 ))ms" >&3
-  [ $(( (t1 - t0) / 1000000 )) -lt 2000 ]
+  # (half the --poll: a busy machine starts rb-publish and a handler in that)
+  [ $(( (t1 - t0) / 1000000 )) -lt 5000 ]
   kill -TERM "$PIDS"
   wait "$PIDS"
   [ "$(pending wake)" = 0 ]

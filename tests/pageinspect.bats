@@ -96,6 +96,15 @@ entries() { jq -r --arg n "relaybus_deliveries_$1" '.indexes[] | select(.name ==
   [ "$status" -eq 0 ]
   [[ "${lines[0]}" == "lane leases (relaybus)"*" | row leases (0.1.0)"* ]]
   [[ "$output" == *"17 entries in all"* ]]
+  # a terminal of 100 columns: one after the other, every line inside it
+  COLUMNS=100 run --separate-stderr rb-pageinspect lifecycle --side-by-side
+  [ "$status" -eq 0 ]
+  [[ "${lines[0]}" == "lane leases (relaybus)"* ]]
+  [[ "${lines[0]}" != *"|"* ]]
+  [ "$(printf '%s\n' "$output" | grep -c '^row leases (0.1.0)')" = 1 ]
+  [ "$(printf '%s\n' "$output" | awk '{ if (length > m) m = length } END { print m + 0 }')" -le 100 ]
+  COLUMNS=250 run --separate-stderr rb-pageinspect lifecycle --side-by-side
+  [[ "${lines[0]}" == "lane leases (relaybus)"*" | row leases (0.1.0)"* ]]
   run --separate-stderr rb-pageinspect lifecycle --side-by-side --json
   [ "$status" -eq 0 ]
   [ "$(jq -r '.lane_lease.summary.index_entries, .row_lease.summary.index_entries' <<<"$output" | tr '\n' ' ')" = "3 17 " ]

@@ -211,6 +211,8 @@ on_claimed(struct dispatcher *dp, const struct rb_store_event *ev)
 		if (t < dp->next_poll)
 			dp->next_poll = t;
 	}
+	if (n > 0)
+		dp->drain_looks = 0;
 	dp->stats.claimed += n;
 	dp->owners[dp->claim_gen % NOWNERS].count += n;
 	if (n > 0 && dp->next_extend == 0)

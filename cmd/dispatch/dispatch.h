@@ -168,6 +168,9 @@ struct slot {
  * flight or waiting to be applied, then handed back.
  */
 #define NOWNERS 8
+/* --drain: how many times in a row it looks again when a cut lease ends
+ * (rb_store_event.retry_ms) without finding work, before it is over */
+#define DRAIN_CUT_LOOKS 3
 struct owner {
 	char	*name;
 	unsigned gen;
@@ -279,6 +282,9 @@ struct dispatcher {
 	/* when a lane another holder leases frees (rb_store_event.retry_ms; 0:
 	 * none known): a claim then looks for lanes */
 	int64_t		 retry_at;
+	/* --drain: looks for a cut lease's lanes since a claim last found
+	 * work (bounded by DRAIN_CUT_LOOKS) */
+	int		 drain_looks;
 
 	/* stopping */
 	int		 stop_level;	/* 0 running, 1 stopping (grace), 2 aborted */

@@ -334,7 +334,20 @@ run(struct dispatcher *dp)
 		if (dp->running == 0 && dp->nqueue == 0 && !dp->claim_out && dp->owed == 0) {
 			if (dp->stop_level > 0)
 				break;
-			if (dp->opt.drain && dp->idle_seen && !dp->db_down && dp->fatal_code == 0) {
+			if (dp->opt.drain && dp->idle_seen && !dp->db_down && dp->fatal_code == 0 &&
+			    dp->retry_at > now && dp->drain_looks < DRAIN_CUT_LOOKS) {
+				/* a dead holder's lanes (its liveness lock free): a
+				 * claim cut their lease, which ends at retry_at, within
+				 * the grace; they are then taken over, by a claim that
+				 * looks at every lane.  (A live holder's lease that
+				 * keeps ending that soon is renewed: its lanes stay
+				 * its own, and the looks that find nothing end it.) */
+				rb_debug("drain: a cut lease ends in %lld ms: looking again then",
+				    (long long)(dp->retry_at - now));
+				dp->drain_looks++;
+				dp->idle_seen = false;
+				dp->want_full = true;
+			} else if (dp->opt.drain && dp->idle_seen && !dp->db_down && dp->fatal_code == 0) {
 				/* never exit 0 with a claim of ours unfinished */
 				int left = drain_leftovers(dp);
 
