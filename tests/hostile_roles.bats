@@ -179,3 +179,32 @@ done" ] || { echo "$seen"; false; }
   run asql "$R_NOBODY" -c "SELECT \"$RB_SCHEMA\".relaybus_complete('181:1:0', 'eb1', 'hb')"
   [ "$status" -ne 0 ]
 }
+
+# ---- finding 8: a flood of NOTIFYs against an idle dispatcher ----------------
+
+@test "finding 8: a NOTIFY flood from a role without grants costs an idle dispatcher at most ~10 claims a second" {
+  local log=$BATS_TEST_TMPDIR/disp.log flood=$BATS_TEST_TMPDIR/flood.sql n0 n1 n2 n3 t0 t1 t2 t3 i
+  RELAYBUS_URL=$(role_url "$R_WB") rb-dispatch -vv -H hb --poll 1s --exec 'cat >/dev/null' 2>"$log" 3>&- & PIDS=$!
+  wait_for 20 "grep -q 'claimed ' '$log'"
+  sleep 0.5
+  # the idle baseline: --poll 1s
+  t0=$(date +%s%N); n0=$(grep -c 'claimed ' "$log")
+  sleep 3
+  t1=$(date +%s%N); n1=$(grep -c 'claimed ' "$log")
+  # 1,500 notifications, each its own transaction, from a role granted nothing
+  for ((i = 0; i < 1500; i++)); do
+    printf "NOTIFY \"relaybus_%s\", 'hb';\n" "$RB_SCHEMA"
+    ((i % 3)) || echo "SELECT pg_sleep(0.005);"
+  done >"$flood"
+  t2=$(date +%s%N); n2=$(grep -c 'claimed ' "$log")
+  psql "$(role_url "$R_NOBODY")" -X -q -o /dev/null -v ON_ERROR_STOP=1 -f "$flood"
+  t3=$(date +%s%N); n3=$(grep -c 'claimed ' "$log")
+  local base=$((n1 - n0)) busy=$((n3 - n2)) base_ms=$(( (t1 - t0) / 1000000 )) busy_ms=$(( (t3 - t2) / 1000000 ))
+  echo "idle: $base claims in $base_ms ms; flood: $busy claims in $busy_ms ms"
+  # the idle rate plus 10 a second (the hold-back of 100 ms), with room
+  [ "$busy" -le $(( (base * 1000 / base_ms + 20) * busy_ms / 1000 + 5 )) ]
+  # and a real publish is still taken at once
+  printf '{"id":"fl-1","name":"b.x","payload":{}}\n' | rb-publish -q
+  wait_for 10 "[ \"\$(q \"SELECT count(*) FROM relaybus_deliveries WHERE event_id = 'fl-1'\")\" = 0 ]"
+  kill "$PIDS"; wait "$PIDS" || true
+}
