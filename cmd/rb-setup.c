@@ -7,8 +7,10 @@
  * instead of connecting, and --check, which prints the installed and the
  * expected schema version and changes nothing.  The set-up runs in one
  * transaction under a transaction-level advisory lock, so two rb-setup at
- * the same moment are safe and a second run changes nothing; a schema that
- * a newer relaybus set up is refused before anything is changed.
+ * the same moment are safe and a second run changes nothing (a lock held
+ * longer than --lock-timeout, by anyone: exit 75 naming the session); a
+ * schema that a newer relaybus set up is refused before anything is
+ * changed.
  */
 #include "config.h"
 
@@ -27,7 +29,7 @@ static const char usage_str[] =
 "usage: rb-setup [--db URL] [--schema NAME] [--subscribe HANDLER:PATTERN]...\n"
 "                [--unsubscribe HANDLER:PATTERN]... [--completion-history]\n"
 "                [--grant KIND=ROLE[:HANDLER,...]]... [--revoke KIND=ROLE[:HANDLER,...]]...\n"
-"                [--print-sql]\n"
+"                [--lock-timeout DUR] [--print-sql]\n"
 "       rb-setup --check [--db URL] [--schema NAME]\n"
 "\n"
 "Create or upgrade the relaybus schema (idempotent; a relaybus 0.1.0 schema is\n"
@@ -48,6 +50,9 @@ static const char usage_str[] =
 "                                 admin (rb-admin); workers and handlers only for the\n"
 "                                 HANDLERs named (default: every handler)\n"
 "      --revoke KIND=ROLE[:HANDLER,...]  take such a grant back\n"
+"      --lock-timeout DUR         wait at most DUR for the set-up lock (another set-up,\n"
+"                                 or any session holding it), then exit 75 naming the\n"
+"                                 session (default 10s; 0: wait for ever)\n"
 "      --print-sql                print the set-up as one SQL script; do not connect\n"
 "      --check                    print the installed and the expected schema version;\n"
 "                                 change nothing (exit 0 up to date, 79 upgrade due)\n"
@@ -62,7 +67,8 @@ static const char usage_str[] =
 "denied, 78 bad URL or schema name, or (--check) not set up, 79 (--check) an\n"
 "upgrade is due.\n";
 
-enum { OPT_UNSUBSCRIBE = RB_OPT_FIRST_PROGRAM, OPT_HISTORY, OPT_PRINT_SQL, OPT_CHECK, OPT_GRANT, OPT_REVOKE };
+enum { OPT_UNSUBSCRIBE = RB_OPT_FIRST_PROGRAM, OPT_HISTORY, OPT_PRINT_SQL, OPT_CHECK, OPT_GRANT, OPT_REVOKE,
+	OPT_LOCK_TIMEOUT };
 
 static struct options {
 	struct rb_common	 common;
@@ -77,6 +83,7 @@ static struct options {
 	bool			 history;
 	bool			 print_sql;
 	bool			 check;
+	int64_t			 lock_timeout_ms;	/* 0 the default, -1 for ever */
 } opt;
 
 static void
@@ -91,6 +98,7 @@ parse_args(int argc, char **argv)
 		{ "grant", required_argument, NULL, OPT_GRANT },
 		{ "revoke", required_argument, NULL, OPT_REVOKE },
 		{ "check", no_argument, NULL, OPT_CHECK },
+		{ "lock-timeout", required_argument, NULL, OPT_LOCK_TIMEOUT },
 		{ NULL, 0, NULL, 0 }
 	};
 	int c;
@@ -123,6 +131,11 @@ parse_args(int argc, char **argv)
 			break;
 		case OPT_CHECK:
 			opt.check = true;
+			break;
+		case OPT_LOCK_TIMEOUT:
+			opt.lock_timeout_ms = rb_cli_duration(usage_str, "--lock-timeout", optarg);
+			if (opt.lock_timeout_ms == 0)
+				opt.lock_timeout_ms = -1;
 			break;
 		default:
 			rb_cli_bad_option(usage_str);
@@ -206,6 +219,7 @@ main(int argc, char **argv)
 		.unsubscribe = opt.unsubscribe, .n_unsubscribe = opt.n_unsubscribe,
 		.grant = opt.grant, .n_grant = opt.n_grant,
 		.revoke = opt.revoke, .n_revoke = opt.n_revoke,
+		.lock_timeout_ms = opt.lock_timeout_ms,
 	};
 	if (opt.print_sql) {
 		/* the script of the backend --db picks, for the schema rb_store_open would use */

@@ -88,6 +88,10 @@ struct rb_setup_opts {
 	size_t		 n_grant;
 	const char	*const *revoke;		/* the same, to take back */
 	size_t		 n_revoke;
+	/* how long to wait for the set-up lock (another set-up, or any
+	 * session holding its advisory key): 0 the default (10 s), < 0 for
+	 * ever; then exit 75 naming the session that holds it */
+	int64_t		 lock_timeout_ms;
 };
 
 /** Validate "handler:pattern"; on success split it (pointers into a copy in *buf, caller frees *buf). */

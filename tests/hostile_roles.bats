@@ -33,15 +33,21 @@ teardown_file() {
   drop_schema
   [ -n "$_test_pg_url" ] || return 0
   drop_roles
-  psql "$_test_pg_url" -X -q -c "DROP DATABASE IF EXISTS ${RB_SCHEMA:0:40}_s18" >/dev/null 2>&1 || true
+  psql "$_test_pg_url" -X -q -c "DROP DATABASE IF EXISTS ${RB_SCHEMA:0:40}_s18" \
+    -c "DROP DATABASE IF EXISTS ${RB_SCHEMA:0:40}_s10 WITH (FORCE)" >/dev/null 2>&1 || true
 }
 setup() {
   pg_only "PostgreSQL's roles and sessions"
   need_pg
 }
+# the application_name of this file's squatters (psql sessions that hold or
+# wait for a lock), whose backends end with the test
+SQUAT=sq_${RB_SCHEMA:0:50}
 teardown() {
   local p
   for p in ${PIDS:-}; do kill -9 "$p" 2>/dev/null || true; done
+  [ -z "$_test_pg_url" ] || q "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+    WHERE application_name = '$SQUAT'" >/dev/null 2>&1 || true
 }
 
 # the test database's URL as role $1 with password $2 (in the userinfo)
@@ -207,4 +213,38 @@ done" ] || { echo "$seen"; false; }
   printf '{"id":"fl-1","name":"b.x","payload":{}}\n' | rb-publish -q
   wait_for 10 "[ \"\$(q \"SELECT count(*) FROM relaybus_deliveries WHERE event_id = 'fl-1'\")\" = 0 ]"
   kill "$PIDS"; wait "$PIDS" || true
+}
+
+# ---- finding 10: the set-up lock held by a role without grants ---------------
+
+@test "finding 10: rb-setup waits for a held set-up lock at most --lock-timeout (default 10s), then exits 75 naming the session" {
+  # a database of its own: the set-up lock is one per database, and the
+  # other test files' set-ups must not wait for this one
+  local db=${RB_SCHEMA:0:40}_s10 url sq start
+  q "DROP DATABASE IF EXISTS $db" >/dev/null
+  q "CREATE DATABASE $db" >/dev/null
+  url=$(printf '%s\n' "$_test_pg_url" | sed "s|^\(postgresql://[^/]*/\)[^?]*|\1$db|")
+  run -0 rb-setup --db "$url" -q
+  sq="$url?user=$R_NOBODY&application_name=$SQUAT"
+  psql "$sq" -X -q -c "SELECT pg_advisory_lock(7166535398124000001)" -c "SELECT pg_sleep(120)" >/dev/null 2>&1 & PIDS=$!
+  wait_for 20 "[ \"\$(psql '$url' -X -A -t -c \"SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+    WHERE l.locktype = 'advisory' AND l.granted AND a.application_name = '$SQUAT'\")\" = 1 ]"
+  start=$(date +%s%N)
+  run -75 --separate-stderr rb-setup --db "$url" --lock-timeout 1s -s 'x:y.*'
+  [ $(( ($(date +%s%N) - start) / 1000000 )) -lt 8000 ]
+  [[ "$stderr" =~ ^"rb-setup: the set-up lock (advisory key 7166535398124000001) is held by pid "[0-9]+" (user $R_NOBODY, application_name '$SQUAT', ".*"): not granted within 1s (--lock-timeout)"$ ]] || { echo "$stderr"; false; }
+  # the default: 10 s, the same message
+  start=$(date +%s%N)
+  run -75 --separate-stderr timeout 60 rb-setup --db "$url" --grant "worker=$R_WB:hb"
+  local took=$(( ($(date +%s%N) - start) / 1000000 ))
+  [ "$took" -ge 9000 ] && [ "$took" -lt 30000 ] || { echo "took $took ms"; false; }
+  [[ "$stderr" == *"held by pid"*"not granted within 10s (--lock-timeout)" ]] || { echo "$stderr"; false; }
+  # -v says what it waits for at once; 0 waits for ever: done once the squatter lets go
+  (sleep 2; kill "$PIDS") &
+  run -0 --separate-stderr rb-setup --db "$url" -v --lock-timeout 0 -s 'x:y.*'
+  [[ "$stderr" == *"waiting for the set-up lock, held by pid "*" (user $R_NOBODY, application_name '$SQUAT'"* ]] || { echo "$stderr"; false; }
+  wait || true
+  [ "$(psql "$url" -X -A -t -c "SELECT count(*) FROM \"$RB_SCHEMA\".relaybus_subscriptions WHERE handler = 'x'")" = 1 ]
+  run -0 rb-setup --db "$url" -q -s 'x:z.*'
+  q "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null
 }
