@@ -248,3 +248,39 @@ done" ] || { echo "$seen"; false; }
   run -0 rb-setup --db "$url" -q -s 'x:z.*'
   q "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null
 }
+
+# ---- finding 9: a dead dispatcher's liveness lock taken by a role without grants
+
+@test "finding 9: a role without grants that queues for a dispatcher's liveness lock does not keep its lanes after a kill -9" {
+  local out=$BATS_TEST_TMPDIR/ran p kids key t0 t1
+  printf '{"id":"lv-%s","name":"b.x","payload":{}}\n' 1 2 3 | rb-publish -q
+  RELAYBUS_URL=$(role_url "$R_WB") rb-dispatch -H hb --lease 30s -c 4 --exec 'exec sleep 60' >/dev/null 2>&1 3>&- & p=$!
+  PIDS=$p
+  wait_for 20 "[ \"\$(q \"SELECT count(*) FROM relaybus_lanes WHERE handler = 'hb' AND lease_owner IS NOT NULL AND holder_live\")\" -gt 0 ]"
+  wait_for 20 "[ \"\$(pgrep -c -P $p)\" -ge 3 ]"
+  kids=$(pgrep -P "$p" | tr '\n' ' ')
+  PIDS="$PIDS $kids"
+  # the review's squatter: the key from pg_locks, then a wait for the lock
+  key=$(asql "$R_NOBODY" -c "SELECT (l.classid::bigint << 32) | l.objid::bigint FROM pg_locks l
+    JOIN pg_stat_activity a USING (pid) WHERE l.locktype = 'advisory' AND l.granted AND a.usename = '$R_WB'")
+  [ -n "$key" ]
+  psql "$(role_url "$R_NOBODY")&application_name=$SQUAT" -X -q -c "SELECT pg_advisory_lock($key)" \
+    -c "SELECT pg_sleep(120)" >/dev/null 2>&1 &
+  PIDS="$PIDS $!"
+  wait_for 20 "[ \"\$(q \"SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+    WHERE l.locktype = 'advisory' AND NOT l.granted AND a.application_name = '$SQUAT'\")\" = 1 ]"
+  kill -9 "$p"
+  t0=$(date +%s%3N)
+  # the squatter has the lock now; the dead dispatcher's lanes are leased 30 s
+  wait_for 20 "[ \"\$(q \"SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+    WHERE l.locktype = 'advisory' AND l.granted AND a.application_name = '$SQUAT'\")\" = 1 ]"
+  [ "$(q "SELECT count(*) FROM relaybus_lanes WHERE handler = 'hb' AND lease_expires_at > now() + interval '20 seconds'")" -gt 0 ]
+  RELAYBUS_URL=$(role_url "$R_WB") rb-dispatch -H hb --lease 30s --exec "echo >>$out" >/dev/null 2>&1 3>&- &
+  PIDS="$PIDS $!"
+  wait_for 40 "[ \"\$(q \"SELECT count(*) FROM relaybus_deliveries WHERE handler = 'hb'\")\" = 0 ]"
+  t1=$(date +%s%3N)
+  echo "taken over $((t1 - t0)) ms after the kill"
+  # the lease (30 s) is not the rule: the squatter's lock does not count
+  [ $((t1 - t0)) -lt 15000 ]
+  [ "$(wc -l <"$out")" = 3 ]
+}
