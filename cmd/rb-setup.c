@@ -7,8 +7,10 @@
  * instead of connecting, and --check, which prints the installed and the
  * expected schema version and changes nothing.  The set-up runs in one
  * transaction under a transaction-level advisory lock, so two rb-setup at
- * the same moment are safe and a second run changes nothing; a schema that
- * a newer relaybus set up is refused before anything is changed.
+ * the same moment are safe and a second run changes nothing (a lock held
+ * longer than --lock-timeout, by anyone: exit 75 naming the session); a
+ * schema that a newer relaybus set up is refused before anything is
+ * changed.
  */
 #include "config.h"
 
@@ -27,7 +29,7 @@ static const char usage_str[] =
 "usage: rb-setup [--db URL] [--schema NAME] [--subscribe HANDLER:PATTERN]...\n"
 "                [--unsubscribe HANDLER:PATTERN]... [--completion-history]\n"
 "                [--grant KIND=ROLE[:HANDLER,...]]... [--revoke KIND=ROLE[:HANDLER,...]]...\n"
-"                [--max-delay DUR] [--print-sql [--no-transaction]]\n"
+"                [--max-delay DUR] [--lock-timeout DUR] [--print-sql [--no-transaction]]\n"
 "       rb-setup --check [--db URL] [--schema NAME]\n"
 "\n"
 "Create or upgrade the relaybus schema (idempotent; a relaybus 0.1.0 schema is\n"
@@ -51,6 +53,9 @@ static const char usage_str[] =
 "      --revoke KIND=ROLE[:HANDLER,...]  take such a grant back\n"
 "      --max-delay DUR            the latest a publish may make an event due, from now\n"
 "                                 (delay_ms, available_at; default: kept, 30d when new)\n"
+"      --lock-timeout DUR         wait at most DUR for the set-up lock (another set-up,\n"
+"                                 or any session holding it), then exit 75 naming the\n"
+"                                 session (default 10s; 0: wait for ever)\n"
 "      --print-sql                print the set-up as one SQL script; do not connect\n"
 "      --no-transaction           --print-sql: without BEGIN and COMMIT, for a migration\n"
 "                                 tool that runs each file in a transaction of its own\n"
@@ -68,7 +73,7 @@ static const char usage_str[] =
 "upgrade is due.\n";
 
 enum { OPT_UNSUBSCRIBE = RB_OPT_FIRST_PROGRAM, OPT_HISTORY, OPT_PRINT_SQL, OPT_CHECK, OPT_GRANT, OPT_REVOKE,
-	OPT_MAX_DELAY, OPT_NO_TRANSACTION };
+	OPT_MAX_DELAY, OPT_NO_TRANSACTION, OPT_LOCK_TIMEOUT };
 
 static struct options {
 	struct rb_common	 common;
@@ -85,6 +90,7 @@ static struct options {
 	bool			 check;
 	long long		 max_delay_ms;	/* 0: not given */
 	bool			 no_transaction;
+	int64_t			 lock_timeout_ms;	/* 0 the default, -1 for ever */
 } opt;
 
 static void
@@ -101,6 +107,7 @@ parse_args(int argc, char **argv)
 		{ "check", no_argument, NULL, OPT_CHECK },
 		{ "max-delay", required_argument, NULL, OPT_MAX_DELAY },
 		{ "no-transaction", no_argument, NULL, OPT_NO_TRANSACTION },
+		{ "lock-timeout", required_argument, NULL, OPT_LOCK_TIMEOUT },
 		{ NULL, 0, NULL, 0 }
 	};
 	int c;
@@ -141,6 +148,11 @@ parse_args(int argc, char **argv)
 			opt.max_delay_ms = rb_cli_duration(usage_str, "--max-delay", optarg);
 			if (opt.max_delay_ms < 1000)
 				rb_cli_usage_error(usage_str, "--max-delay: '%s' is less than a second", optarg);
+			break;
+		case OPT_LOCK_TIMEOUT:
+			opt.lock_timeout_ms = rb_cli_duration(usage_str, "--lock-timeout", optarg);
+			if (opt.lock_timeout_ms == 0)
+				opt.lock_timeout_ms = -1;
 			break;
 		default:
 			rb_cli_bad_option(usage_str);
@@ -228,6 +240,7 @@ main(int argc, char **argv)
 		.revoke = opt.revoke, .n_revoke = opt.n_revoke,
 		.max_delay_ms = opt.max_delay_ms,
 		.no_transaction = opt.no_transaction,
+		.lock_timeout_ms = opt.lock_timeout_ms,
 	};
 	if (opt.print_sql) {
 		/* the script of the backend --db picks, for the schema rb_store_open would use */

@@ -8,7 +8,9 @@
  * PG* variables (host, port, user, database, sslmode, ...) say where, not
  * how to prove who one is, and stay: a handler may connect with its own
  * credentials.  RELAYBUS_PASS_ENV="PGPASSWORD,RELAYBUS_URL" hands the
- * named ones on all the same.
+ * named ones on all the same.  A handler runs as our uid, though, and
+ * could read them in /proc/$PPID: rb_env_hide_secrets (rb-dispatch,
+ * rb-claim) closes that door too.
  */
 #include "config.h"
 

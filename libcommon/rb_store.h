@@ -94,6 +94,10 @@ struct rb_setup_opts {
 	/* rb_store_setup_script: without BEGIN and COMMIT, for a migration
 	 * tool that runs each file in a transaction of its own */
 	bool		 no_transaction;
+	/* how long to wait for the set-up lock (another set-up, or any
+	 * session holding its advisory key): 0 the default (10 s), < 0 for
+	 * ever; then exit 75 naming the session that holds it */
+	int64_t		 lock_timeout_ms;
 };
 
 /** Validate "handler:pattern"; on success split it (pointers into a copy in *buf, caller frees *buf). */

@@ -1107,7 +1107,18 @@ BEGIN
     IF (cardinality(v_picked) < p_batch AND (p_search OR cardinality(v_held) = 0))
        OR (v_cur AND p_mine IS NULL) THEN
         FOR l IN SELECT u.holder FROM unnest(v_holders) u(holder) LOOP
-            IF pg_try_advisory_xact_lock_shared(l.holder) THEN
+            -- (a lock held by a session whose role may not take liveness
+            -- locks, relaybus_hold, counts as free: any role may read a
+            -- holder's key in pg_locks, queue for its lock and so get it
+            -- when the holder dies, which would keep its lanes a lease)
+            IF pg_try_advisory_xact_lock_shared(l.holder) OR NOT EXISTS (
+                   SELECT 1 FROM pg_catalog.pg_locks k JOIN pg_catalog.pg_stat_activity a ON a.pid = k.pid
+                    WHERE k.locktype = 'advisory' AND k.granted AND k.mode = 'ExclusiveLock' AND k.objsubid = 1
+                      AND k.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                                         WHERE d.datname = pg_catalog.current_database())
+                      AND k.classid = (l.holder >> 32)::oid AND k.objid = (l.holder & 4294967295)::oid
+                      AND pg_catalog.has_function_privilege(a.usesysid,
+                              '@S@.relaybus_hold(bigint)'::pg_catalog.regprocedure, 'EXECUTE')) THEN
                 WITH c AS (
                 UPDATE @S@.relaybus_lanes x SET lease_expires_at = v_now + c_grace
                  WHERE x.handler = p_handler AND x.lane IN (

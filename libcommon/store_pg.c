@@ -292,6 +292,35 @@ pg_listen(struct rb_store *s, const char *handler, struct rb_error *err)
 	return 0;
 }
 
+/*
+ * Any role that can connect may NOTIFY relaybus_<schema>, '<handler>': no
+ * privilege is needed.  So that a flood of them cannot turn an idle
+ * dispatcher into a busy loop of claims, a wake-up whose claim found
+ * nothing holds the next one back PG_WAKE_QUIET_MS (relaybus(7),
+ * OPERATIONS, Wake-ups): at most 10 claims a second come of notifications
+ * that bring nothing, and a wake-up that brought work leaves the next one
+ * free.
+ */
+#define PG_WAKE_QUIET_MS 100
+
+void
+pg_wake_claimed(struct pg_be *be, int claimed)
+{
+	if (!be->wake_check)
+		return;
+	be->wake_check = false;
+	be->wake_quiet_until = claimed == 0 ? rb_mono_ms() + PG_WAKE_QUIET_MS : 0;
+}
+
+/* ms until a wake-up may be reported: 0 now */
+static int64_t
+wake_quiet_left(const struct pg_be *be)
+{
+	int64_t left = be->wake_quiet_until != 0 ? be->wake_quiet_until - rb_mono_ms() : 0;
+
+	return left > 0 ? left : 0;
+}
+
 /* The notifications libpq has read (with an answer, or during another
  * statement): whether one is for the handler listened for. */
 static void
@@ -348,8 +377,12 @@ pg_pollfds(struct rb_store *s, struct pollfd *pfd, int max, int *timeout_ms)
 		if (answered(c[i], job[i]))
 			*timeout_ms = 0;
 	}
-	if (be->woken)
-		*timeout_ms = 0;
+	if (be->woken) {
+		int64_t left = wake_quiet_left(be);
+
+		if (*timeout_ms < 0 || *timeout_ms > left)
+			*timeout_ms = (int)left;
+	}
 	return n;
 }
 
@@ -380,8 +413,9 @@ pg_service(struct rb_store *s)
 	if (be->job2 == PG_FETCH)
 		pg_fetch_answer(s, false);
 	take_notifies(be);
-	if (be->woken) {
+	if (be->woken && wake_quiet_left(be) == 0) {
 		be->woken = false;
+		be->wake_check = true;
 		rb_evq_push(&s->evq, &(struct rb_store_event){ .kind = RB_STORE_WOKEN });
 	}
 }

@@ -280,6 +280,8 @@ pg_claim(struct rb_store *s, const struct rb_claim_opts *o, struct rb_dl ***out,
 static void
 push(struct rb_store *s, struct rb_store_event ev)
 {
+	if (ev.kind == RB_STORE_CLAIMED)
+		pg_wake_claimed(pg_be(s), ev.claimed);
 	rb_evq_push(&s->evq, &ev);
 }
 

@@ -95,6 +95,11 @@ struct pg_be {
 	bool	 listening;
 	char	*wake_for;	/* rb_store_listen's handler; NULL: any */
 	bool	 woken;		/* a notification for it came, not reported yet */
+	/* wake-ups rate-limited (pg_wake_claimed): whether the next claim's
+	 * answer says if the last wake-up reported brought anything, and
+	 * until when the next one is held back */
+	bool	 wake_check;
+	int64_t	 wake_quiet_until;	/* rb_mono_ms */
 	/* how many connections the calls without waiting may use (1..3):
 	 * $RELAYBUS_PG_CONNECTIONS, else 2 (pg_connections) */
 	int	 connections;
@@ -364,6 +369,11 @@ bool	pg_complete_ready(const struct rb_store *);
 int	pg_connections(const struct rb_store *);
 /** Take the answer out on the main connection (waiting for it), so that a
  * statement can go there; what it says is pushed onto s->evq. */
+/**
+ * A claim's answer came (claimed deliveries): after a wake-up whose claim
+ * found nothing, the next wake-up is held back PG_WAKE_QUIET_MS.
+ */
+void	pg_wake_claimed(struct pg_be *, int claimed);
 void	pg_settle(struct rb_store *);
 /* store_pg_claim.c */
 int	pg_claim_start(struct rb_store *, const struct rb_claim_opts *, bool wait, struct rb_error *);

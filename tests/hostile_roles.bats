@@ -33,15 +33,21 @@ teardown_file() {
   drop_schema
   [ -n "$_test_pg_url" ] || return 0
   drop_roles
-  psql "$_test_pg_url" -X -q -c "DROP DATABASE IF EXISTS ${RB_SCHEMA:0:40}_s18" >/dev/null 2>&1 || true
+  psql "$_test_pg_url" -X -q -c "DROP DATABASE IF EXISTS ${RB_SCHEMA:0:40}_s18" \
+    -c "DROP DATABASE IF EXISTS ${RB_SCHEMA:0:40}_s10 WITH (FORCE)" >/dev/null 2>&1 || true
 }
 setup() {
   pg_only "PostgreSQL's roles and sessions"
   need_pg
 }
+# the application_name of this file's squatters (psql sessions that hold or
+# wait for a lock), whose backends end with the test
+SQUAT=sq_${RB_SCHEMA:0:50}
 teardown() {
   local p
   for p in ${PIDS:-}; do kill -9 "$p" 2>/dev/null || true; done
+  [ -z "$_test_pg_url" ] || q "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+    WHERE application_name = '$SQUAT'" >/dev/null 2>&1 || true
 }
 
 # the test database's URL as role $1 with password $2 (in the userinfo)
@@ -185,4 +191,103 @@ done" ] || { echo "$seen"; false; }
   # a role without grants: the first kind the function takes
   run asql "$R_NOBODY" -c "SELECT \"$RB_SCHEMA\".relaybus_complete('181:1:0', 'eb1', 'hb')"
   [ "$status" -ne 0 ]
+}
+
+# ---- finding 8: a flood of NOTIFYs against an idle dispatcher ----------------
+
+@test "finding 8: a NOTIFY flood from a role without grants costs an idle dispatcher at most ~10 claims a second" {
+  local log=$BATS_TEST_TMPDIR/disp.log flood=$BATS_TEST_TMPDIR/flood.sql n0 n1 n2 n3 t0 t1 t2 t3 i
+  RELAYBUS_URL=$(role_url "$R_WB") rb-dispatch -vv -H hb --poll 1s --exec 'cat >/dev/null' 2>"$log" 3>&- & PIDS=$!
+  wait_for 20 "grep -q 'claimed ' '$log'"
+  sleep 0.5
+  # the idle baseline: --poll 1s
+  t0=$(date +%s%N); n0=$(grep -c 'claimed ' "$log")
+  sleep 3
+  t1=$(date +%s%N); n1=$(grep -c 'claimed ' "$log")
+  # 1,500 notifications, each its own transaction, from a role granted nothing
+  for ((i = 0; i < 1500; i++)); do
+    printf "NOTIFY \"relaybus_%s\", 'hb';\n" "$RB_SCHEMA"
+    ((i % 3)) || echo "SELECT pg_sleep(0.005);"
+  done >"$flood"
+  t2=$(date +%s%N); n2=$(grep -c 'claimed ' "$log")
+  psql "$(role_url "$R_NOBODY")" -X -q -o /dev/null -v ON_ERROR_STOP=1 -f "$flood"
+  t3=$(date +%s%N); n3=$(grep -c 'claimed ' "$log")
+  local base=$((n1 - n0)) busy=$((n3 - n2)) base_ms=$(( (t1 - t0) / 1000000 )) busy_ms=$(( (t3 - t2) / 1000000 ))
+  echo "idle: $base claims in $base_ms ms; flood: $busy claims in $busy_ms ms"
+  # the idle rate plus 10 a second (the hold-back of 100 ms), with room
+  [ "$busy" -le $(( (base * 1000 / base_ms + 20) * busy_ms / 1000 + 5 )) ]
+  # and a real publish is still taken at once
+  printf '{"id":"fl-1","name":"b.x","payload":{}}\n' | rb-publish -q
+  wait_for 10 "[ \"\$(q \"SELECT count(*) FROM relaybus_deliveries WHERE event_id = 'fl-1'\")\" = 0 ]"
+  kill "$PIDS"; wait "$PIDS" || true
+}
+
+# ---- finding 10: the set-up lock held by a role without grants ---------------
+
+@test "finding 10: rb-setup waits for a held set-up lock at most --lock-timeout (default 10s), then exits 75 naming the session" {
+  # a database of its own: the set-up lock is one per database, and the
+  # other test files' set-ups must not wait for this one
+  local db=${RB_SCHEMA:0:40}_s10 url sq start
+  q "DROP DATABASE IF EXISTS $db" >/dev/null
+  q "CREATE DATABASE $db" >/dev/null
+  url=$(printf '%s\n' "$_test_pg_url" | sed "s|^\(postgresql://[^/]*/\)[^?]*|\1$db|")
+  run -0 rb-setup --db "$url" -q
+  sq="$url?user=$R_NOBODY&application_name=$SQUAT"
+  psql "$sq" -X -q -c "SELECT pg_advisory_lock(7166535398124000001)" -c "SELECT pg_sleep(120)" >/dev/null 2>&1 & PIDS=$!
+  wait_for 20 "[ \"\$(psql '$url' -X -A -t -c \"SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+    WHERE l.locktype = 'advisory' AND l.granted AND a.application_name = '$SQUAT'\")\" = 1 ]"
+  start=$(date +%s%N)
+  run -75 --separate-stderr rb-setup --db "$url" --lock-timeout 1s -s 'x:y.*'
+  [ $(( ($(date +%s%N) - start) / 1000000 )) -lt 8000 ]
+  [[ "$stderr" =~ ^"rb-setup: the set-up lock (advisory key 7166535398124000001) is held by pid "[0-9]+" (user $R_NOBODY, application_name '$SQUAT', ".*"): not granted within 1s (--lock-timeout)"$ ]] || { echo "$stderr"; false; }
+  # the default: 10 s, the same message
+  start=$(date +%s%N)
+  run -75 --separate-stderr timeout 60 rb-setup --db "$url" --grant "worker=$R_WB:hb"
+  local took=$(( ($(date +%s%N) - start) / 1000000 ))
+  [ "$took" -ge 9000 ] && [ "$took" -lt 30000 ] || { echo "took $took ms"; false; }
+  [[ "$stderr" == *"held by pid"*"not granted within 10s (--lock-timeout)" ]] || { echo "$stderr"; false; }
+  # -v says what it waits for at once; 0 waits for ever: done once the squatter lets go
+  (sleep 2; kill "$PIDS") &
+  run -0 --separate-stderr rb-setup --db "$url" -v --lock-timeout 0 -s 'x:y.*'
+  [[ "$stderr" == *"waiting for the set-up lock, held by pid "*" (user $R_NOBODY, application_name '$SQUAT'"* ]] || { echo "$stderr"; false; }
+  wait || true
+  [ "$(psql "$url" -X -A -t -c "SELECT count(*) FROM \"$RB_SCHEMA\".relaybus_subscriptions WHERE handler = 'x'")" = 1 ]
+  run -0 rb-setup --db "$url" -q -s 'x:z.*'
+  q "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null
+}
+
+# ---- finding 9: a dead dispatcher's liveness lock taken by a role without grants
+
+@test "finding 9: a role without grants that queues for a dispatcher's liveness lock does not keep its lanes after a kill -9" {
+  local out=$BATS_TEST_TMPDIR/ran p kids key t0 t1
+  printf '{"id":"lv-%s","name":"b.x","payload":{}}\n' 1 2 3 | rb-publish -q
+  RELAYBUS_URL=$(role_url "$R_WB") rb-dispatch -H hb --lease 30s -c 4 --exec 'exec sleep 60' >/dev/null 2>&1 3>&- & p=$!
+  PIDS=$p
+  wait_for 20 "[ \"\$(q \"SELECT count(*) FROM relaybus_lanes WHERE handler = 'hb' AND lease_owner IS NOT NULL AND holder_live\")\" -gt 0 ]"
+  wait_for 20 "[ \"\$(pgrep -c -P $p)\" -ge 3 ]"
+  kids=$(pgrep -P "$p" | tr '\n' ' ')
+  PIDS="$PIDS $kids"
+  # the review's squatter: the key from pg_locks, then a wait for the lock
+  key=$(asql "$R_NOBODY" -c "SELECT (l.classid::bigint << 32) | l.objid::bigint FROM pg_locks l
+    JOIN pg_stat_activity a USING (pid) WHERE l.locktype = 'advisory' AND l.granted AND a.usename = '$R_WB'")
+  [ -n "$key" ]
+  psql "$(role_url "$R_NOBODY")&application_name=$SQUAT" -X -q -c "SELECT pg_advisory_lock($key)" \
+    -c "SELECT pg_sleep(120)" >/dev/null 2>&1 &
+  PIDS="$PIDS $!"
+  wait_for 20 "[ \"\$(q \"SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+    WHERE l.locktype = 'advisory' AND NOT l.granted AND a.application_name = '$SQUAT'\")\" = 1 ]"
+  kill -9 "$p"
+  t0=$(date +%s%3N)
+  # the squatter has the lock now; the dead dispatcher's lanes are leased 30 s
+  wait_for 20 "[ \"\$(q \"SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+    WHERE l.locktype = 'advisory' AND l.granted AND a.application_name = '$SQUAT'\")\" = 1 ]"
+  [ "$(q "SELECT count(*) FROM relaybus_lanes WHERE handler = 'hb' AND lease_expires_at > now() + interval '20 seconds'")" -gt 0 ]
+  RELAYBUS_URL=$(role_url "$R_WB") rb-dispatch -H hb --lease 30s --exec "echo >>$out" >/dev/null 2>&1 3>&- &
+  PIDS="$PIDS $!"
+  wait_for 40 "[ \"\$(q \"SELECT count(*) FROM relaybus_deliveries WHERE handler = 'hb'\")\" = 0 ]"
+  t1=$(date +%s%3N)
+  echo "taken over $((t1 - t0)) ms after the kill"
+  # the lease (30 s) is not the rule: the squatter's lock does not count
+  [ $((t1 - t0)) -lt 15000 ]
+  [ "$(wc -l <"$out")" = 3 ]
 }

@@ -156,6 +156,11 @@ test_names(void)
 	ok(!rb_ident_valid("1abc"), "leading digit rejected");
 	ok(!rb_ident_valid("a;drop"), "punctuation rejected");
 	ok(!rb_ident_valid(""), "empty rejected");
+	ok(!rb_ident_valid("pg_temp") && !rb_ident_valid("pg_catalog") && !rb_ident_valid("pg_x"),
+	    "pg_* rejected: PostgreSQL's own");
+	ok(!rb_ident_valid("information_schema"), "information_schema rejected");
+	ok(rb_ident_valid("pg") && rb_ident_valid("my_pg_x") && rb_ident_valid("information_schema2"),
+	    "names that only contain them accepted");
 	ok(rb_handler_valid("mailer.v2:eu-1"), "handler with . : -");
 	ok(!rb_handler_valid("mail er"), "space in handler rejected");
 	ok(!rb_handler_valid(""), "empty handler rejected");
