@@ -402,6 +402,8 @@ set_max_delay(struct rb_store *s, int64_t ms, struct rb_error *err)
 		return -1;
 	PQclear(res);
 	return 0;
+}
+
 /* The session holding the set-up lock, for the message: "pid N (user U,
  * application_name 'A', in a transaction since T, STATE)", into buf; false
  * when no session holds it now. */
