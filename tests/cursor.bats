@@ -27,15 +27,6 @@ events() {  # n prefix handler keys
   }'
 }
 handled() { [ -f "$1" ] || { echo 0; return; }; grep -c "^$2 " "$1" || true; }
-# a psql session fed through a fifo, kept open on fd 7 (HOLD_FD)
-session() {  # application name
-  local fifo=$BATS_TEST_TMPDIR/fifo
-  mkfifo "$fifo"
-  (PGAPPNAME=$1 sql <"$fifo" >"$BATS_TEST_TMPDIR/session.out" 2>&1 3>&-) &
-  PIDS="${PIDS:-} $!"
-  exec 7>"$fifo"
-  HOLD_FD=7
-}
 in_xact() { q "SELECT count(*) FROM pg_stat_activity WHERE application_name = '$1' AND state = 'idle in transaction' AND backend_xid IS NOT NULL"; }
 
 @test "a publish that commits late, from a transaction older than many claims, is delivered at once (not by the safety net), keyed or not, in its key's order" {

@@ -19,15 +19,6 @@ teardown() {
   [ -z "${_test_pg_url:-}" ] || psql "$_test_pg_url" -X -q -c "DROP OWNED BY \"$R_W\"" -c "DROP ROLE IF EXISTS \"$R_W\"" >/dev/null 2>&1 || true
 }
 
-# a psql session fed through a fifo, kept open on fd 7 (HOLD_FD)
-session() {  # application name
-  local fifo=$BATS_TEST_TMPDIR/fifo
-  mkfifo "$fifo"
-  (PGAPPNAME=$1 sql <"$fifo" >"$BATS_TEST_TMPDIR/session.out" 2>&1 3>&-) &
-  PIDS="${PIDS:-} $!"
-  exec 7>"$fifo"
-  HOLD_FD=7
-}
 in_xact() { q "SELECT count(*) FROM pg_stat_activity WHERE application_name = '$1' AND state = 'idle in transaction'"; }
 
 @test "a re-run on an up-to-date schema waits for no reader of the tables (pg_dump's lock), and claims do not wait for it" {

@@ -12,19 +12,11 @@ R_NOBODY=${RB_SCHEMA}_nb   # LOGIN, granted nothing
 ROLES="$R_WB $R_HDA $R_NOBODY"
 PW_WB="Wb-Pw-${RB_SCHEMA: -8}-Secret"
 
-drop_roles() {
-  local r
-  for r in $ROLES "$@"; do
-    psql "$_test_pg_url" -X -q -c "DO \$\$ BEGIN IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '$r') THEN
-      EXECUTE 'DROP OWNED BY \"$r\"'; EXECUTE 'DROP ROLE \"$r\"'; END IF; END \$\$" >/dev/null 2>&1 || true
-  done
-}
-
 setup_file() {
   drop_schema
   on_mongo && return 0
   have_pg || return 0
-  drop_roles
+  drop_roles $ROLES
   for r in $ROLES; do q "CREATE ROLE \"$r\" LOGIN PASSWORD '${r}_pw'"; done
   q "ALTER ROLE \"$R_WB\" PASSWORD '$PW_WB'"
   rb-setup -q -s 'ha:a.*' -s 'hb:b.*' --grant "worker=$R_WB:hb" --grant "handler=$R_HDA:ha"
@@ -32,7 +24,7 @@ setup_file() {
 teardown_file() {
   drop_schema
   [ -n "$_test_pg_url" ] || return 0
-  drop_roles
+  drop_roles $ROLES
   psql "$_test_pg_url" -X -q -c "DROP DATABASE IF EXISTS ${RB_SCHEMA:0:40}_s18" \
     -c "DROP DATABASE IF EXISTS ${RB_SCHEMA:0:40}_s10 WITH (FORCE)" >/dev/null 2>&1 || true
 }
@@ -53,13 +45,6 @@ teardown() {
 # the test database's URL as role $1 with password $2 (in the userinfo)
 pw_url() {  # role password
   printf '%s\n' "$_test_pg_url" | sed "s|^postgresql://[^@/]*@|postgresql://|; s|^postgresql://|postgresql://$1:$2@|"
-}
-role_url() { case $_test_pg_url in *\?*) echo "$_test_pg_url&user=$1" ;; *) echo "$_test_pg_url?user=$1" ;; esac; }
-asql() {  # role [psql args]
-  local r=$1
-  shift
-  PGOPTIONS="-c search_path=$RB_SCHEMA -c client_min_messages=warning" \
-    psql "$(role_url "$r")" -X -A -t -q -v ON_ERROR_STOP=1 "$@"
 }
 
 # ---- finding 6: the dispatcher's password, seen from its handlers ------------

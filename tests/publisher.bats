@@ -15,25 +15,17 @@ R_PUBA=${RB_SCHEMA}_puba   # publisher, handler A only
 R_WA=${RB_SCHEMA}_wa       # worker, handler A only
 ROLES="$R_PUB $R_PUBA $R_WA"
 
-drop_roles() {
-  local r
-  for r in $ROLES; do
-    psql "$_test_pg_url" -X -q -c "DO \$\$ BEGIN IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '$r') THEN
-      EXECUTE 'DROP OWNED BY \"$r\"'; EXECUTE 'DROP ROLE \"$r\"'; END IF; END \$\$" >/dev/null 2>&1 || true
-  done
-}
-
 setup_file() {
   drop_schema
   on_mongo && return 0
   have_pg || return 0
-  drop_roles
+  drop_roles $ROLES
   for r in $ROLES; do q "CREATE ROLE \"$r\" LOGIN"; done
   rb-setup -q -s 'A:a.*' -s 'B:b.*' --grant "publisher=$R_PUB" --grant "publisher=$R_PUBA:A" --grant "worker=$R_WA:A"
 }
 teardown_file() {
   drop_schema
-  [ -n "$_test_pg_url" ] && ! on_mongo && drop_roles || true
+  [ -n "$_test_pg_url" ] && ! on_mongo && drop_roles $ROLES || true
 }
 setup() {
   pg_only "relaybus's roles are PostgreSQL's"
@@ -42,14 +34,6 @@ setup() {
      UPDATE relaybus_lanes SET lease_owner = NULL, lease_expires_at = NULL, in_flight = '{}'"
 }
 
-role_url() { case $_test_pg_url in *\?*) echo "$_test_pg_url&user=$1" ;; *) echo "$_test_pg_url?user=$1" ;; esac; }
-as() { local r=$1; shift; RELAYBUS_URL=$(role_url "$r") "$@"; }
-asql() {  # role [psql args]
-  local r=$1
-  shift
-  PGOPTIONS="-c search_path=$RB_SCHEMA -c client_min_messages=warning" \
-    psql "$(role_url "$r")" -X -A -t -q -v ON_ERROR_STOP=1 "$@"
-}
 
 @test "finding 3: a publisher cannot add a handler to an existing event and so read its payload" {
   echo '{"id":"eb1","name":"b.x","payload":{"secret":"B-only"}}' | rb-publish -q

@@ -15,20 +15,12 @@ R_ADM=${RB_SCHEMA}_adm     # admin
 R_NONE=${RB_SCHEMA}_none   # LOGIN, granted nothing
 ROLES="$R_PUB $R_WRK $R_WM $R_HM $R_ADM $R_NONE"
 
-drop_roles() {
-  local r
-  for r in $ROLES "$@"; do
-    psql "$_test_pg_url" -X -q -c "DO \$\$ BEGIN IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '$r') THEN
-      EXECUTE 'DROP OWNED BY \"$r\"'; EXECUTE 'DROP ROLE \"$r\"'; END IF; END \$\$" >/dev/null 2>&1 || true
-  done
-}
-
 GRANTS=()
 setup_file() {
   drop_schema
   on_mongo && return 0
   have_pg || return 0
-  drop_roles
+  drop_roles $ROLES
   for r in $ROLES; do q "CREATE ROLE \"$r\" LOGIN"; done
   rb-setup -q -s 'mailer:order.*' -s 'billing:invoice.*' --completion-history \
     --grant "publisher=$R_PUB" --grant "worker=$R_WRK" --grant "worker=$R_WM:mailer" \
@@ -36,7 +28,7 @@ setup_file() {
 }
 teardown_file() {
   drop_schema
-  [ -n "$_test_pg_url" ] && drop_roles "${RB_SCHEMA}_gone" || true
+  [ -n "$_test_pg_url" ] && drop_roles $ROLES "${RB_SCHEMA}_gone" || true
 }
 setup() {
   pg_only "relaybus's roles are PostgreSQL's (MongoDB's --grant: setup.bats)"
@@ -45,16 +37,6 @@ setup() {
      UPDATE relaybus_lanes SET lease_owner = NULL, lease_expires_at = NULL, in_flight = '{}'"
 }
 
-role_url() { case $_test_pg_url in *\?*) echo "$_test_pg_url&user=$1" ;; *) echo "$_test_pg_url?user=$1" ;; esac; }
-# run a program as a role
-as() { local r=$1; shift; RELAYBUS_URL=$(role_url "$r") "$@"; }
-# psql as a role, with the schema on the search path
-asql() {  # role [psql args]
-  local r=$1
-  shift
-  PGOPTIONS="-c search_path=$RB_SCHEMA -c client_min_messages=warning" \
-    psql "$(role_url "$r")" -X -A -t -q -v ON_ERROR_STOP=1 -v VERBOSITY=verbose "$@"
-}
 publish() {  # name id...
   local n=$1
   shift

@@ -257,3 +257,36 @@ wait_for() {  # secs cond...
     sleep 0.05
   done
 }
+
+# ---- real login roles (PostgreSQL) ------------------------------------------
+
+# Drop each role named, with what it owns, if it is there.
+drop_roles() {  # role...
+  local r
+  for r in "$@"; do
+    psql "$_test_pg_url" -X -q -c "DO \$\$ BEGIN IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '$r') THEN
+      EXECUTE 'DROP OWNED BY \"$r\"'; EXECUTE 'DROP ROLE \"$r\"'; END IF; END \$\$" >/dev/null 2>&1 || true
+  done
+}
+# The test database's URL for another role.
+role_url() { case $_test_pg_url in *\?*) echo "$_test_pg_url&user=$1" ;; *) echo "$_test_pg_url?user=$1" ;; esac; }
+# Run a program as a role.
+as() { local r=$1; shift; RELAYBUS_URL=$(role_url "$r") "$@"; }
+# psql as a role, with the file's schema on the search path.
+asql() {  # role [psql args]
+  local r=$1
+  shift
+  PGOPTIONS="-c search_path=$RB_SCHEMA -c client_min_messages=warning" \
+    psql "$(role_url "$r")" -X -A -t -q -v ON_ERROR_STOP=1 -v VERBOSITY=verbose "$@"
+}
+
+# A psql session fed through a fifo, kept open on fd 7 (HOLD_FD, which
+# kill_pids_drop_schema closes): echo "BEGIN; ..." >&7 runs in it.
+session() {  # application name
+  local fifo=$BATS_TEST_TMPDIR/fifo
+  mkfifo "$fifo"
+  (PGAPPNAME=$1 sql <"$fifo" >"$BATS_TEST_TMPDIR/session.out" 2>&1 3>&-) &
+  PIDS="${PIDS:-} $!"
+  exec 7>"$fifo"
+  HOLD_FD=7
+}
