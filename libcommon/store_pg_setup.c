@@ -374,13 +374,10 @@ write_fingerprint(struct rb_store *s, const char *fp, struct rb_error *err)
 {
 	const char *p[1] = { fp };
 	char *q = pg_render(fp_write_sql, s->schema);
-	PGresult *res = pg_run(s, q, 1, p, PGRES_COMMAND_OK, "set-up", false, err);
+	int rc = pg_cmd_on(s, pg_be(s)->conn, q, 1, p, "set-up", err);
 
 	free(q);
-	if (res == NULL)
-		return -1;
-	PQclear(res);
-	return 0;
+	return rc;
 }
 
 /* rb-setup --max-delay: 0 or -1 */
@@ -389,19 +386,16 @@ set_max_delay(struct rb_store *s, int64_t ms, struct rb_error *err)
 {
 	char v[64], *q;
 	const char *p[1] = { v };
-	PGresult *res;
+	int rc;
 
 	if (ms <= 0)
 		return 0;
 	snprintf(v, sizeof v, "%lld milliseconds", (long long)ms);
 	q = pg_render("INSERT INTO @S@.relaybus_settings (name, value) VALUES ('max_delay', $1) "
 	    "ON CONFLICT (name) DO UPDATE SET value = excluded.value", s->schema);
-	res = pg_run(s, q, 1, p, PGRES_COMMAND_OK, "set-up", false, err);
+	rc = pg_cmd_on(s, pg_be(s)->conn, q, 1, p, "set-up", err);
 	free(q);
-	if (res == NULL)
-		return -1;
-	PQclear(res);
-	return 0;
+	return rc;
 }
 
 /* The session holding the set-up lock, for the message: "pid N (user U,
