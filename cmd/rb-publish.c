@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "rb_admin.h"
@@ -30,11 +31,13 @@
 #include "rb_jsonl.h"
 #include "rb_log.h"
 #include "rb_store.h"
+#include "rb_trace.h"
 #include "rb_util.h"
 
 static const char usage_str[] =
 "usage: rb-publish [--db URL] [--schema NAME] [--batch N] [--flush DUR] [--output]\n"
 "                  [--keep-going] [--rejects FILE] [--max-line BYTES] [--reconnect DUR]\n"
+"                  [--trace]\n"
 "\n"
 "Publish events read as JSON lines on stdin, in transactions of --batch lines.\n"
 "An event: {\"name\": ..., \"payload\": ..., \"id\", \"key\", \"headers\", \"delay_ms\" or\n"
@@ -56,6 +59,8 @@ static const char usage_str[] =
 "      --reconnect DUR   when the connection is lost, reconnect (with backoff) and send\n"
 "                        again what was not acknowledged; exit only when no server\n"
 "                        has answered for DUR (default 0: exit at once)\n"
+"      --trace           give an event without a W3C traceparent in its headers a new\n"
+"                        one (a new trace, sampled): its handlers join it\n"
 "  -v, --verbose         more messages (-vv: debug)\n"
 "  -q, --quiet           errors only (no summary)\n"
 "      --log-format FMT  text (default) or json diagnostics on stderr\n"
@@ -69,7 +74,7 @@ static const char usage_str[] =
 "76/79 schema newer than this relaybus / needs an upgrade (rb-setup),\n"
 "78 bad URL or schema not set up.\n";
 
-enum { OPT_FLUSH = RB_OPT_FIRST_PROGRAM, OPT_REJECTS, OPT_MAX_LINE, OPT_RECONNECT };
+enum { OPT_FLUSH = RB_OPT_FIRST_PROGRAM, OPT_REJECTS, OPT_MAX_LINE, OPT_RECONNECT, OPT_TRACE };
 
 static struct options {
 	struct rb_common common;
@@ -81,6 +86,7 @@ static struct options {
 	size_t		 max_line;
 	int64_t		 reconnect_ms;
 	const char	*reconnect_arg;
+	bool		 trace;		/* --trace */
 } opt = { .batch = 100, .flush_ms = 20 };
 
 static struct counters {
@@ -105,6 +111,7 @@ parse_args(int argc, char **argv)
 		{ "rejects", required_argument, NULL, OPT_REJECTS },
 		{ "max-line", required_argument, NULL, OPT_MAX_LINE },
 		{ "reconnect", required_argument, NULL, OPT_RECONNECT },
+		{ "trace", no_argument, NULL, OPT_TRACE },
 		{ NULL, 0, NULL, 0 }
 	};
 	int c;
@@ -116,6 +123,9 @@ parse_args(int argc, char **argv)
 		switch (c) {
 		case 'b':
 			opt.batch = rb_cli_int(usage_str, "--batch", optarg, 1, 100000);
+			break;
+		case OPT_TRACE:
+			opt.trace = true;
 			break;
 		case OPT_FLUSH:
 			opt.flush_ms = rb_cli_duration(usage_str, "--flush", optarg);
@@ -483,6 +493,62 @@ check_handlers(struct rb_store *store, const json_t *ev, long line)
 	}
 }
 
+/*
+ * --trace: the line of an event whose headers have no "traceparent" (in
+ * any case), with a new one (rb_trace.h), or NULL when it has one.  The
+ * rest of the line is kept as written (numbers keep their spelling): a
+ * "headers" member is added after the brace, or its value replaced.
+ */
+static char *
+with_traceparent(const json_t *ev, const char *line, size_t len)
+{
+	const json_t *h = json_object_get(ev, "headers");
+	char tp[RB_TRACEPARENT_LEN + 1];
+	struct rb_json_member m[64];
+	struct rb_sbuf b;
+	json_t *nh;
+	const char *k, *brace;
+	json_t *v;
+	int n;
+
+	json_object_foreach((json_t *)h, k, v)
+		if (strcasecmp(k, "traceparent") == 0)
+			return NULL;
+	rb_traceparent_new(tp);
+	nh = json_is_object(h) ? json_deep_copy(h) : json_object();
+	json_object_set_new(nh, "traceparent", json_string(tp));
+	rb_sb_init(&b);
+	n = rb_json_scan(line, len, m, 64);
+	for (int i = 0; i < n && i < 64; i++)
+		if (m[i].klen == 7 && memcmp(m[i].key, "headers", 7) == 0 && !m[i].escaped) {
+			rb_sb_putn(&b, line, (size_t)(m[i].val - line));
+			rb_json_sb_dump(&b, nh);
+			rb_sb_putn(&b, m[i].val + m[i].vlen, len - (size_t)(m[i].val + m[i].vlen - line));
+			json_decref(nh);
+			return b.s;
+		}
+	if (n < 0 || n > 64 || json_object_get(ev, "headers") != NULL || (brace = memchr(line, '{', len)) == NULL) {
+		/* (a line rb_json_scan is in doubt about: printed again whole) */
+		json_t *e = json_deep_copy(ev);
+		char *t;
+
+		json_object_set_new(e, "headers", nh);
+		t = json_dumps(e, JSON_COMPACT | JSON_ENCODE_ANY);
+		json_decref(e);
+		free(b.s);
+		if (t == NULL)
+			rb_die(RB_EXIT_SOFTWARE, "--trace: cannot print the event again");
+		return t;
+	}
+	rb_sb_putn(&b, line, (size_t)(brace + 1 - line));
+	rb_sb_puts(&b, "\"headers\":");
+	rb_json_sb_dump(&b, nh);
+	rb_sb_puts(&b, ",");
+	rb_sb_putn(&b, brace + 1, len - (size_t)(brace + 1 - line));
+	json_decref(nh);
+	return b.s;
+}
+
 int
 main(int argc, char **argv)
 {
@@ -537,6 +603,7 @@ main(int argc, char **argv)
 			json_t *ev;
 			char why[256];
 			struct rb_error err = { 0 };
+			char *traced = NULL;
 
 			if (rb_jsonl_parse(line, len, &ev, why, sizeof why) < 0 ||
 			    (rb_event_validate(ev, &err) < 0 && snprintf(why, sizeof why, "%s", err.msg) >= 0)) {
@@ -550,6 +617,10 @@ main(int argc, char **argv)
 				continue;
 			}
 			check_handlers(store, ev, rb_jsonl_lineno(in));
+			if (opt.trace && (traced = with_traceparent(ev, line, len)) != NULL) {
+				line = traced;
+				len = strlen(traced);
+			}
 			if (json_object_get(ev, "event_id") != NULL && json_object_get(ev, "id") == NULL) {
 				/* the alias: the store reads "id", so the line gets one in
 				 * front, the rest sent as written (numbers keep their spelling) */
@@ -564,6 +635,7 @@ main(int argc, char **argv)
 			} else
 				batch_add(&b, line, len, rb_jsonl_lineno(in));
 			json_decref(ev);
+			free(traced);
 		}
 		if (b.n == (size_t)opt.batch && (exit_code = flush_batch(store, &b)) != 0)
 			break;
