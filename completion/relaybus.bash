@@ -18,7 +18,7 @@ _rb_opts_rb_dispatch="--handler= --exec= --pipe= --sql= --concurrency= --batch= 
   --stats-every= --metrics-file= --owner= --drain --settle $_rb_common"
 _rb_opts_rb_pageinspect="--baseline --side-by-side --json --interval= --count= $_rb_common"
 _rb_opts_rb_admin="--json --table $_rb_common"
-_rb_admin_commands='stats list show requeue bury cancel purge lanes subscriptions'
+_rb_admin_commands='stats list show requeue bury cancel purge lanes subscriptions top'
 _rb_admin_select='--handler= --all --key= --event= --limit='
 _rb_opts_rb_admin_stats='--handler= --prometheus --output='
 _rb_opts_rb_admin_list='--status= --handler= --key= --event= --limit='
@@ -29,6 +29,7 @@ _rb_opts_rb_admin_cancel=$_rb_admin_select
 _rb_opts_rb_admin_purge='--dead-older-than= --completed-older-than= --history-older-than= --keys --batch='
 _rb_opts_rb_admin_lanes='--handler= --all'
 _rb_opts_rb_admin_subscriptions='--handler='
+_rb_opts_rb_admin_top='--handler= --once --interval='
 _rb_pageinspect_commands='lifecycle watch'
 
 # short options that take an argument, per program

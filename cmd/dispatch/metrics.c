@@ -11,7 +11,6 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #include "rb_log.h"
 #include "rb_textfile.h"
@@ -41,29 +40,6 @@ observe(long *counts, double *sum, const double *le, int n, double v)
 	*sum += v;
 }
 
-/* "2026-12-05T16:08:43.512Z" (the delivery line's created_at) in ms; -1: not that */
-static int64_t
-iso_ms(const char *s)
-{
-	struct tm tm;
-	int ms = 0, n = 0;
-	char frac[8] = "";
-
-	if (s == NULL)
-		return -1;
-	memset(&tm, 0, sizeof tm);
-	if (sscanf(s, "%4d-%2d-%2dT%2d:%2d:%2d%n", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour,
-	    &tm.tm_min, &tm.tm_sec, &n) != 6)
-		return -1;
-	if (s[n] == '.' && sscanf(s + n + 1, "%7[0-9]", frac) == 1) {
-		for (int i = 0; i < 3; i++)
-			ms = ms * 10 + (frac[i] >= '0' && frac[i] <= '9' ? frac[i] - '0' : 0);
-	}
-	tm.tm_year -= 1900;
-	tm.tm_mon -= 1;
-	return (int64_t)timegm(&tm) * 1000 + ms;
-}
-
 void
 metrics_claimed(struct dispatcher *dp)
 {
@@ -73,7 +49,7 @@ metrics_claimed(struct dispatcher *dp)
 void
 metrics_started(struct dispatcher *dp, const struct rb_dl *d)
 {
-	int64_t at = iso_ms(d->created_at);
+	int64_t at = rb_parse_iso_ms(d->created_at);
 	double v;
 
 	if (at < 0)
