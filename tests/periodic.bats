@@ -68,6 +68,7 @@ report.hourly/2026-12-05T16 2026-12-05T16" ]
 }
 
 @test "why the payload holds the period alone: a host that adds its own name is a conflict (exit 81), and its event is not delivered again" {
+  pg_only "an id published again with another payload is a conflict (exit 81) on PostgreSQL"
   need_pg
   rb-setup -s 'reports:report.*'
   echo '{"id":"report.hourly/2026-12-05T16","name":"report.hourly","payload":{"period":"2026-12-05T16","host":"a"}}' | rb-publish -q

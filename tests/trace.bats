@@ -79,8 +79,9 @@ seen() { grep "^$1|" "$OUT" | cut -d'|' -f2-3; }
   [ "$(printf '%s\n' "${g1:3:32}" "${g2:3:32}" "${g4:3:32}" | sort -u | wc -l)" = 3 ]
   [ "$(jq -r 'select(.event_id == "g3") | .headers.traceparent' <<<"$output")" = "$TP" ]
   [ "$(jq -r 'select(.event_id == "g2") | .headers.k' <<<"$output")" = v ]
-  # the payload's numbers kept their spelling (the line was not printed again)
-  grep -q '"payload":{"amount":1.50}' <<<"$output"
+  # the payload's numbers kept their spelling (the line was not printed
+  # again; PostgreSQL's jsonb keeps 1.50, MongoDB's BSON double does not)
+  on_mongo || grep -q '"payload":{"amount":1.50}' <<<"$output"
   # without --trace: nothing added
   printf '{"id":"n1","name":"t.x","payload":{}}\n' | rb-publish -q
   rb-admin show n1 | jq -e '.headers == {} or .headers == null' >/dev/null
