@@ -418,6 +418,14 @@ cmd_stats(struct rb_store *s, int argc, char **argv)
 		if (opt.handler == NULL || strcmp(opt.handler,
 		    json_string_value(json_object_get(h, "handler"))) == 0)
 			json_array_append(rows, h);
+	/* a handler nobody subscribed and nothing was delivered to: most
+	 * likely misspelled, said as rb-claim says it (78) */
+	if (opt.handler != NULL && json_array_size(rows) == 0 &&
+	    rb_admin_handler_check(s, opt.handler, &err) < 0) {
+		json_decref(rows);
+		json_decref(st);
+		rb_cli_die(&err);
+	}
 	json_object_set(st, "handlers", rows);
 	if (opt.prometheus) {
 		prom_write(stdout, st, schema_name);

@@ -30,6 +30,7 @@
 
 #include "rb_admin.h"
 #include "rb_cli.h"
+#include "rb_env.h"
 #include "rb_exit.h"
 #include "rb_jsonl.h"
 #include "rb_log.h"
@@ -921,6 +922,9 @@ main(int argc, char **argv)
 	bool listening = false, checked = false;
 
 	rb_cli_init("rb-claim", &opt.common);
+	/* before anything reads or copies them: handlers, and a pipeline's
+	 * other programs, run as our uid (rb_env.h) */
+	rb_env_hide_secrets();
 	parse_args(argc, argv);
 	owner = opt.owner != NULL ? xstrdup(opt.owner) : rb_cli_owner();
 	signal(SIGINT, on_signal);

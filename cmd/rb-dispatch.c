@@ -30,6 +30,7 @@
 
 #include "rb_admin.h"
 #include "rb_cli.h"
+#include "rb_env.h"
 #include "rb_exit.h"
 #include "rb_log.h"
 #include "rb_store.h"
@@ -297,6 +298,9 @@ main(int argc, char **argv)
 
 	guard_std_fds();
 	rb_cli_init("rb-dispatch", &opt.common);
+	/* before anything reads or copies them: handlers, and a pipeline's
+	 * other programs, run as our uid (rb_env.h) */
+	rb_env_hide_secrets();
 	parse_args(argc, argv);
 	rb_log_set_prefix(opt.dispatch.handler);
 	/* pg_stat_activity tells the dispatchers apart (PGAPPNAME still wins) */

@@ -27,7 +27,7 @@ static const char usage_str[] =
 "usage: rb-setup [--db URL] [--schema NAME] [--subscribe HANDLER:PATTERN]...\n"
 "                [--unsubscribe HANDLER:PATTERN]... [--completion-history]\n"
 "                [--grant KIND=ROLE[:HANDLER,...]]... [--revoke KIND=ROLE[:HANDLER,...]]...\n"
-"                [--max-delay DUR] [--print-sql]\n"
+"                [--max-delay DUR] [--print-sql [--no-transaction]]\n"
 "       rb-setup --check [--db URL] [--schema NAME]\n"
 "\n"
 "Create or upgrade the relaybus schema (idempotent; a relaybus 0.1.0 schema is\n"
@@ -51,6 +51,8 @@ static const char usage_str[] =
 "      --max-delay DUR            the latest a publish may make an event due, from now\n"
 "                                 (delay_ms, available_at; default: kept, 30d when new)\n"
 "      --print-sql                print the set-up as one SQL script; do not connect\n"
+"      --no-transaction           --print-sql: without BEGIN and COMMIT, for a migration\n"
+"                                 tool that runs each file in a transaction of its own\n"
 "      --check                    print the installed and the expected schema version;\n"
 "                                 change nothing (exit 0 up to date, 79 upgrade due)\n"
 "  -v, --verbose                  more messages (-vv: debug)\n"
@@ -65,7 +67,7 @@ static const char usage_str[] =
 "upgrade is due.\n";
 
 enum { OPT_UNSUBSCRIBE = RB_OPT_FIRST_PROGRAM, OPT_HISTORY, OPT_PRINT_SQL, OPT_CHECK, OPT_GRANT, OPT_REVOKE,
-	OPT_MAX_DELAY };
+	OPT_MAX_DELAY, OPT_NO_TRANSACTION };
 
 static struct options {
 	struct rb_common	 common;
@@ -81,6 +83,7 @@ static struct options {
 	bool			 print_sql;
 	bool			 check;
 	long long		 max_delay_ms;	/* 0: not given */
+	bool			 no_transaction;
 } opt;
 
 static void
@@ -96,6 +99,7 @@ parse_args(int argc, char **argv)
 		{ "revoke", required_argument, NULL, OPT_REVOKE },
 		{ "check", no_argument, NULL, OPT_CHECK },
 		{ "max-delay", required_argument, NULL, OPT_MAX_DELAY },
+		{ "no-transaction", no_argument, NULL, OPT_NO_TRANSACTION },
 		{ NULL, 0, NULL, 0 }
 	};
 	int c;
@@ -129,6 +133,9 @@ parse_args(int argc, char **argv)
 		case OPT_CHECK:
 			opt.check = true;
 			break;
+		case OPT_NO_TRANSACTION:
+			opt.no_transaction = true;
+			break;
 		case OPT_MAX_DELAY:
 			opt.max_delay_ms = rb_cli_duration(usage_str, "--max-delay", optarg);
 			if (opt.max_delay_ms < 1000)
@@ -140,6 +147,8 @@ parse_args(int argc, char **argv)
 	}
 	if (optind < argc)
 		rb_cli_usage_error(usage_str, "unexpected argument '%s'", argv[optind]);
+	if (opt.no_transaction && !opt.print_sql)
+		rb_cli_usage_error(usage_str, "--no-transaction goes with --print-sql");
 	if (opt.check && (opt.print_sql || opt.history || opt.n_subscribe > 0 ||
 	    opt.n_unsubscribe > 0 || opt.max_delay_ms > 0))
 		rb_cli_usage_error(usage_str, "--check changes nothing: it takes no other set-up option");
@@ -217,6 +226,7 @@ main(int argc, char **argv)
 		.grant = opt.grant, .n_grant = opt.n_grant,
 		.revoke = opt.revoke, .n_revoke = opt.n_revoke,
 		.max_delay_ms = opt.max_delay_ms,
+		.no_transaction = opt.no_transaction,
 	};
 	if (opt.print_sql) {
 		/* the script of the backend --db picks, for the schema rb_store_open would use */

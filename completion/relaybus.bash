@@ -9,7 +9,7 @@
 # The options of each program (and of each rb-admin command); those that
 # take an argument end in "=" here (the "=" is not completed).
 _rb_common='--db= --host= --port= --username= --dbname= --schema= --verbose --quiet --log-format= --help --version'
-_rb_opts_rb_setup="--subscribe= --unsubscribe= --completion-history --grant= --revoke= --max-delay= --print-sql --check $_rb_common"
+_rb_opts_rb_setup="--subscribe= --unsubscribe= --completion-history --grant= --revoke= --max-delay= --print-sql --no-transaction --check $_rb_common"
 _rb_opts_rb_publish="--batch= --flush= --output --keep-going --rejects= --max-line= --reconnect= --trace $_rb_common"
 _rb_opts_rb_claim="--handler= --batch= --lease= --owner= --wait= --poll= --max-attempts= --follow --max-in-flight= --drain --chain= $_rb_common"
 _rb_opts_rb_complete="--max-attempts= --backoff= --sql= --window= --batch= --no-relinquish --output $_rb_common"

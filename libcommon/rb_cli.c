@@ -133,7 +133,7 @@ rb_cli_common(int c, const char *arg, struct rb_common *cm, const char *usage)
 	case RB_OPT_SCHEMA:
 		if (!rb_ident_valid(arg))
 			rb_cli_usage_error(usage, "--schema: '%s' is not a schema name "
-			    "(lowercase letters, digits, _; at most 50)", arg);
+			    "(lowercase letters, digits, _; at most 50; not pg_* or information_schema)", arg);
 		cm->schema = arg;
 		return true;
 	case RB_OPT_LOG_FORMAT:

@@ -12,11 +12,18 @@
  */
 #include "config.h"
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 
 #include "rb_env.h"
+#include "rb_exit.h"
+#include "rb_log.h"
+#include "rb_store.h"
 #include "rb_util.h"
 
 extern char **environ;
@@ -70,4 +77,58 @@ rb_handler_environ(void)
 			env[k++] = environ[i];
 	env[k] = NULL;
 	return env;
+}
+
+/*
+ * Move the value of var into private memory (setenv: a new string on the
+ * heap, which getenv, and libpq at a reconnect, read from now on) and
+ * overwrite the string the process started with, in place, with masked:
+ * /proc/PID/environ shows that first area, whatever environ says since.
+ * The rest of a masked value shorter than the original is NUL bytes; one
+ * longer is cut.
+ */
+static void
+hide_var(const char *var, char *(*mask)(const char *))
+{
+	size_t vn = strlen(var);
+	char *orig = NULL, *val, *m;
+	size_t n, k;
+
+	for (size_t i = 0; environ != NULL && environ[i] != NULL; i++)
+		if (strncmp(environ[i], var, vn) == 0 && environ[i][vn] == '=') {
+			orig = environ[i];
+			break;
+		}
+	if (orig == NULL || orig[vn + 1] == '\0')
+		return;
+	val = orig + vn + 1;
+	m = mask(val);
+	if (strcmp(m, val) != 0) {
+		if (setenv(var, val, 1) < 0)
+			rb_die_errno(RB_EXIT_OSERR, "cannot set %s", var);
+		n = strlen(val);
+		k = strlen(m) < n ? strlen(m) : n;
+		memcpy(val, m, k);
+		memset(val + k, '\0', n - k);
+	}
+	free(m);
+}
+
+static char *
+mask_all(const char *v)
+{
+	(void)v;
+	return xstrdup("xxxxx");
+}
+
+void
+rb_env_hide_secrets(void)
+{
+#ifdef __linux__
+	/* /proc/PID/environ, mem, maps, fd ...: root's alone (and no core) */
+	if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
+		rb_warn("cannot make the process non-dumpable: %s", strerror(errno));
+#endif
+	hide_var("RELAYBUS_URL", rb_store_redact);
+	hide_var("PGPASSWORD", mask_all);
 }

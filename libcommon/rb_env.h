@@ -15,5 +15,15 @@
  * is ours (do not free it); its strings are environ's.
  */
 char	**rb_handler_environ(void);
+/**
+ * For a long-lived process whose handlers or pipeline neighbours run as
+ * its uid: make it non-dumpable (on Linux: /proc/PID/environ, mem and the
+ * like become root's alone, and no core is written), and keep the values
+ * of RELAYBUS_URL and PGPASSWORD in private memory (getenv still gives
+ * them, for a reconnect), overwriting the copies the process started with,
+ * which /proc/PID/environ shows, with the password masked ("xxxxx").
+ * Call it before rb_handler_environ.
+ */
+void	rb_env_hide_secrets(void);
 
 #endif

@@ -91,6 +91,9 @@ struct rb_setup_opts {
 	/* the latest a publish may make an event due, from now (ms;
 	 * 0: keep the schema's setting, 30 days when new) */
 	int64_t		 max_delay_ms;
+	/* rb_store_setup_script: without BEGIN and COMMIT, for a migration
+	 * tool that runs each file in a transaction of its own */
+	bool		 no_transaction;
 };
 
 /** Validate "handler:pattern"; on success split it (pointers into a copy in *buf, caller frees *buf). */
@@ -100,7 +103,8 @@ int	rb_subscription_parse(const char *spec, char **buf, const char **handler,
  * Validate "KIND=ROLE[:HANDLER,...]" (KIND publisher, worker, handler or
  * admin; handlers for all but admin) and split it: pointers into
  * a copy in *buf (caller frees *buf); *handlers NULL when none are named
- * (every handler), else a "{h1,h2}" text[] literal.
+ * (every handler), else a "{h1,h2}" text[] literal (a handler named
+ * NULL, in any case, quoted: the name, not the SQL null).
  */
 int	rb_grant_parse(const char *spec, char **buf, const char **kind, const char **role,
 	    const char **handlers, struct rb_error *err);

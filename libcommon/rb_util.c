@@ -395,7 +395,9 @@ rb_ident_valid(const char *s)
 	for (n = 0; s[n] != '\0'; n++)
 		if (!(islower((unsigned char)s[n]) || isdigit((unsigned char)s[n]) || s[n] == '_'))
 			return false;
-	return n <= 50;
+	/* PostgreSQL's own: pg_* is reserved (pg_catalog, pg_temp, pg_toast),
+	 * information_schema is the standard's */
+	return n <= 50 && strncmp(s, "pg_", 3) != 0 && strcmp(s, "information_schema") != 0;
 }
 
 bool

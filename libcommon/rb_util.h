@@ -84,7 +84,10 @@ int	rb_lease_parse(const char *, struct rb_lease *);
 /** rb_lease_parse of the n bytes at s (no NUL needed). */
 int	rb_lease_parsen(const char *s, size_t n, struct rb_lease *);
 
-/** A SQL identifier we accept for a schema name: [a-z_][a-z0-9_]{0,49}. */
+/**
+ * A SQL identifier we accept for a schema name: [a-z_][a-z0-9_]{0,49},
+ * but not pg_* or information_schema (PostgreSQL's own).
+ */
 bool	rb_ident_valid(const char *);
 /** A handler name: 1..200 bytes of [A-Za-z0-9_.:-]. */
 bool	rb_handler_valid(const char *);

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "rb_admin.h"
 #include "rb_exit.h"
@@ -372,7 +373,7 @@ rb_grant_parse(const char *spec, char **buf, const char **kind, const char **rol
 	if (eq == NULL || eq == spec)
 		return rb_seterr(err, RB_EXIT_USAGE, "'%s' is not KIND=ROLE[:HANDLER,...]", spec);
 	/* the spec, cut at '=' and ':', then the handlers as a text[] literal */
-	copy = xmalloc(2 * len + 4);
+	copy = xmalloc(4 * len + 8);	/* the spec, then the literal: room for quotes */
 	memcpy(copy, spec, len + 1);
 	eq = copy + (eq - spec);
 	*eq = '\0';
@@ -410,8 +411,15 @@ rb_grant_parse(const char *spec, char **buf, const char **kind, const char **rol
 				    "at most 200)", spec, h);
 				goto fail;
 			}
-			/* (no quoting needed: a handler name has no ',', '"', '\\', brace or space) */
-			strcat(lit, h);
+			/* an array element needs quotes only when it is NULL in any
+			 * case (the SQL null unquoted): a handler name has no ',',
+			 * '"', '\\', brace or space */
+			if (strcasecmp(h, "null") == 0) {
+				strcat(lit, "\"");
+				strcat(lit, h);
+				strcat(lit, "\"");
+			} else
+				strcat(lit, h);
 			h[hn] = save;
 			if (save == '\0')
 				break;

@@ -1632,6 +1632,7 @@ LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_allowed text[];
     v_h       text;
+    v_kind    text;
 BEGIN
     IF pg_catalog.pg_has_role(session_user, current_user, 'USAGE') THEN
         RETURN;
@@ -1642,8 +1643,17 @@ BEGIN
     END IF;
     SELECT h INTO v_h FROM unnest(p_handlers) h WHERE NOT (h = ANY (v_allowed)) LIMIT 1;
     IF FOUND THEN
+        -- the hint names the first of p_kinds that the role holds for some
+        -- handler (a handler role: handler), else the first
+        v_kind := p_kinds[1];
+        FOR i IN 1 .. pg_catalog.array_length(p_kinds, 1) LOOP
+            IF pg_catalog.cardinality(@S@.relaybus_allowed(ARRAY[p_kinds[i]])) > 0 THEN
+                v_kind := p_kinds[i];
+                EXIT;
+            END IF;
+        END LOOP;
         RAISE EXCEPTION 'role "%" may not work handler "%" (rb-setup --grant %=%:%)',
-            session_user, v_h, p_kinds[1], session_user, v_h USING ERRCODE = '42501';
+            session_user, v_h, v_kind, session_user, v_h USING ERRCODE = '42501';
     END IF;
 END $$;
 

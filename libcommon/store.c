@@ -158,7 +158,8 @@ resolve(const char **url, const char **schema, struct rb_error *err)
 		*schema = RB_DEFAULT_SCHEMA;
 	if (!rb_ident_valid(*schema))
 		return rb_seterr(err, RB_EXIT_CONFIG,
-		    "invalid schema name '%s': use lowercase letters, digits and _ (at most 50)", *schema);
+		    "invalid schema name '%s': use lowercase letters, digits and _ "
+		    "(at most 50; not pg_* or information_schema)", *schema);
 	return 0;
 }
 

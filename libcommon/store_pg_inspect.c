@@ -31,6 +31,7 @@
 #include <libpq-fe.h>
 
 #include "rb_exit.h"
+#include "rb_log.h"
 #include "rb_records.h"
 #include "rb_inspect.h"
 #include "rb_store.h"
@@ -107,12 +108,15 @@ stopped(const struct rb_inspect_opts *o, struct rb_error *err)
 /* ---- pageinspect ----------------------------------------------------------- */
 
 /*
- * Make pageinspect usable on c: create it if missing (and the role may),
- * put its schema on the search path after `schema`, and check that the raw
- * page functions answer (they need a superuser).
+ * Make pageinspect usable on c: create it if missing (and the role may:
+ * *made says so, and the caller drops it again, so that the application's
+ * database keeps no extension it did not ask for: a later pg_restore as a
+ * role that may not create it fails on it), put its schema on the search
+ * path after `schema`, and check that the raw page functions answer (they
+ * need a superuser).
  */
 static int
-use_pageinspect(struct rb_store *s, PGconn *c, const char *schema, struct rb_error *err)
+use_pageinspect(struct rb_store *s, PGconn *c, const char *schema, bool *made, struct rb_error *err)
 {
 	static const char find[] =
 	    "SELECT extnamespace::regnamespace::text FROM pg_extension WHERE extname = 'pageinspect'";
@@ -128,8 +132,10 @@ use_pageinspect(struct rb_store *s, PGconn *c, const char *schema, struct rb_err
 			break;
 		PQclear(res);
 		res = PQexec(c, "CREATE EXTENSION IF NOT EXISTS pageinspect");
-		if (res != NULL && PQresultStatus(res) == PGRES_COMMAND_OK)
+		if (res != NULL && PQresultStatus(res) == PGRES_COMMAND_OK) {
+			*made = true;
 			continue;
+		}
 		if (strcmp(pg_sqlstate(res), "23505") == 0)	/* created by someone else meanwhile */
 			continue;
 		if (strcmp(pg_sqlstate(res), "42501") == 0) {
@@ -648,7 +654,7 @@ pg_inspect_lifecycle(struct rb_store *s, const struct rb_inspect_opts *o, json_t
 	PGconn *c = pg_be(s)->conn;
 	PGresult *res;
 	json_t *report = NULL;
-	bool created = false;
+	bool created = false, made = false;
 	int rc = -1;
 
 	/* (the demonstration's search_path, locks and second connection are
@@ -658,7 +664,7 @@ pg_inspect_lifecycle(struct rb_store *s, const struct rb_inspect_opts *o, json_t
 		    "session of its own; give rb-pageinspect a direct URL (without a pooler), or use watch");
 	/* no NOTICEs of CREATE ... IF NOT EXISTS and DROP ... CASCADE on stderr */
 	if (pg_cmd_on(s, c, "SET client_min_messages = warning", 0, NULL, "set-up", err) < 0 ||
-	    use_pageinspect(s, c, schema, err) < 0)
+	    use_pageinspect(s, c, schema, &made, err) < 0)
 		goto out;
 	{
 		const char *p[1] = { schema };
@@ -696,6 +702,14 @@ out:
 			*err = derr;
 			rc = -1;
 		}
+	}
+	if (made) {
+		struct rb_error derr = { 0 };
+
+		if (PQtransactionStatus(c) != PQTRANS_IDLE)
+			pg_rollback_quietly(s);
+		if (pg_cmd_on(s, c, "DROP EXTENSION IF EXISTS pageinspect", 0, NULL, "drop pageinspect", &derr) < 0)
+			rb_warn("the pageinspect extension this run created is still there: %s", derr.msg);
 	}
 	if (rc == 0)
 		*report_out = report;

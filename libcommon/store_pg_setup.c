@@ -11,6 +11,7 @@
 #include "config.h"
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,26 +67,43 @@ glob_to_like(const char *g)
 	return b.s;
 }
 
+/* What every set-up transaction runs first: relaybus's names only, and
+ * one set-up at a time */
 static void
-setup_script(struct rb_sbuf *b, const char *schema, const struct rb_setup_opts *o, bool with_subs)
+preamble(struct rb_sbuf *b)
 {
-	char *sql;
-
 	/* every name the script makes or binds resolves in pg_catalog or is
 	 * the schema's, qualified: an operator another role made in public
 	 * cannot become the view's && (relaybus(7), SECURITY) */
 	rb_sb_puts(b, "SET LOCAL search_path = pg_catalog, pg_temp;\n"
 	    "SELECT pg_advisory_xact_lock(" SETUP_LOCK_KEY ");\n");
+}
+
+/* The schema's tables, views and functions: what a re-run on a schema this
+ * script made already need not run again (pg_setup) */
+static void
+ddl_script(struct rb_sbuf *b, const char *schema, bool history)
+{
+	char *sql;
+
 	pg_setup_before(b, schema);
 	sql = pg_render(rb_schema_pg_sql, schema);
 	rb_sb_puts(b, sql);
 	free(sql);
 	pg_setup_after(b, schema);
-	if (o->completion_history) {
+	if (history) {
 		sql = pg_render(rb_schema_history_pg_sql, schema);
 		rb_sb_puts(b, sql);
 		free(sql);
 	}
+}
+
+/* The whole set-up as one script, for --print-sql */
+static void
+setup_script(struct rb_sbuf *b, const char *schema, const struct rb_setup_opts *o)
+{
+	preamble(b);
+	ddl_script(b, schema, o->completion_history);
 	if (o->max_delay_ms > 0) {
 		char v[64];
 		char *q = pg_render("INSERT INTO @S@.relaybus_settings (name, value) VALUES ('max_delay', ", schema);
@@ -96,8 +114,6 @@ setup_script(struct rb_sbuf *b, const char *schema, const struct rb_setup_opts *
 		sb_literal(b, v);
 		rb_sb_puts(b, ") ON CONFLICT (name) DO UPDATE SET value = excluded.value;\n");
 	}
-	if (!with_subs)
-		return;
 	for (size_t i = 0; i < o->n_subscribe; i++) {
 		char *buf, *like, *q;
 		const char *h, *p;
@@ -172,11 +188,16 @@ pg_setup_script(const char *schema, const struct rb_setup_opts *o, struct rb_err
 	if (check_subscriptions(o, err) < 0)
 		return NULL;
 	rb_sb_init(&b);
-	rb_sb_puts(&b, "-- relaybus schema set-up; apply in one transaction with the workers stopped\n"
-	    "BEGIN;\n"
-	    "SET LOCAL standard_conforming_strings = on;\n");
-	setup_script(&b, schema, o, true);
-	rb_sb_puts(&b, "COMMIT;\n");
+	if (o->no_transaction)
+		rb_sb_puts(&b, "-- relaybus schema set-up, for a migration tool: run it in one transaction\n");
+	else
+		rb_sb_puts(&b, "-- relaybus schema set-up; apply in one transaction\nBEGIN;\n");
+	/* (no NOTICE of CREATE ... IF NOT EXISTS on a second run) */
+	rb_sb_puts(&b, "SET LOCAL standard_conforming_strings = on;\n"
+	    "SET LOCAL client_min_messages = warning;\n");
+	setup_script(&b, schema, o);
+	if (!o->no_transaction)
+		rb_sb_puts(&b, "COMMIT;\n");
 	return b.s;
 }
 
@@ -212,21 +233,185 @@ warn_creators(struct rb_store *s)
 	PQclear(res);
 }
 
+/*
+ * A re-run (a deploy script's, a new subscription, a grant) on a schema
+ * that this very DDL made takes no lock that a claim, a completion or a
+ * publish waits for: the DDL is skipped when the schema's fingerprint is
+ * the script's hash (FNV-1a 64) and a digest of its catalog as the script
+ * left it (tables and their columns, defaults and options, indexes,
+ * constraints, the view's definition, each function's source and
+ * settings), so that a schema changed by hand since, or by another
+ * version, is set up again.  A real change locks what its ALTERs and the
+ * view's re-creation lock, first and in the order the delivery path takes
+ * them (grants, lanes, the view with the events, then deliveries), so that
+ * it cannot deadlock with a running dispatcher.
+ */
+#define CATALOG_DIGEST \
+    "(SELECT pg_catalog.md5(coalesce(pg_catalog.string_agg(s.x, E'\\n' ORDER BY s.x), '')) FROM (" \
+    "  SELECT c.relname || ' ' || c.relkind::pg_catalog.text || ' ' || coalesce(pg_catalog.array_to_string(c.reloptions, ','), '') " \
+    "    || ' ' || coalesce((SELECT pg_catalog.string_agg(a.attname || ' ' || pg_catalog.format_type(a.atttypid, a.atttypmod) " \
+    "         || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END " \
+    "         || coalesce(' default ' || pg_catalog.pg_get_expr(d.adbin, d.adrelid), ''), ', ' ORDER BY a.attnum) " \
+    "       FROM pg_catalog.pg_attribute a LEFT JOIN pg_catalog.pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum " \
+    "      WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '') " \
+    "    || CASE c.relkind WHEN 'v' THEN ' ' || pg_catalog.pg_get_viewdef(c.oid) " \
+    "                      WHEN 'i' THEN ' ' || pg_catalog.pg_get_indexdef(c.oid) ELSE '' END " \
+    "    FROM pg_catalog.pg_class c WHERE c.relnamespace = '@S@'::pg_catalog.regnamespace " \
+    "  UNION ALL " \
+    "  SELECT 'f ' || p.oid::pg_catalog.regprocedure::pg_catalog.text || ' ' || pg_catalog.md5(p.prosrc) || ' ' " \
+    "         || p.prosecdef::pg_catalog.text || ' ' || coalesce(pg_catalog.array_to_string(p.proconfig, ','), '') " \
+    "    FROM pg_catalog.pg_proc p WHERE p.pronamespace = '@S@'::pg_catalog.regnamespace " \
+    "  UNION ALL " \
+    "  SELECT 'k ' || co.conname || ' ' || pg_catalog.pg_get_constraintdef(co.oid) " \
+    "    FROM pg_catalog.pg_constraint co WHERE co.connamespace = '@S@'::pg_catalog.regnamespace) s(x))"
+static const char fp_same_sql[] =
+    "SELECT coalesce((SELECT s.value FROM @S@.relaybus_settings s WHERE s.name = 'script'), '') = "
+    "  $1 || ':' || " CATALOG_DIGEST;
+static const char fp_write_sql[] =
+    "INSERT INTO @S@.relaybus_settings (name, value) SELECT 'script', $1 || ':' || " CATALOG_DIGEST " "
+    "ON CONFLICT (name) DO UPDATE SET value = excluded.value";
+static const char lock_list_sql[] =
+    "SELECT pg_catalog.string_agg(pg_catalog.format('%I.%I', $1::pg_catalog.text, x.t), ', ' ORDER BY x.o) "
+    "FROM pg_catalog.unnest(ARRAY['relaybus_grants', 'relaybus_lanes', 'relaybus_worker_events', "
+    "  'relaybus_events', 'relaybus_deliveries']) WITH ORDINALITY AS x(t, o) "
+    "WHERE pg_catalog.to_regclass(pg_catalog.format('%I.%I', $1::pg_catalog.text, x.t)) IS NOT NULL";
+
+static void
+fingerprint(const char *text, char *buf, size_t size)
+{
+	uint64_t h = 14695981039346656037ULL;
+
+	for (const unsigned char *p = (const unsigned char *)text; *p != '\0'; p++) {
+		h ^= *p;
+		h *= 1099511628211ULL;
+	}
+	snprintf(buf, size, "%016llx", (unsigned long long)h);
+}
+
+/* 1: the schema is what ddl (fingerprint fp) makes; 0: not (or not set
+ * up); -1 + err */
+static int
+ddl_current(struct rb_store *s, const char *fp, struct rb_error *err)
+{
+	char name[80], *q;
+	const char *p1[1] = { name }, *p2[1] = { fp };
+	PGresult *res;
+	int same;
+
+	snprintf(name, sizeof name, "\"%s\".relaybus_settings", s->schema);
+	res = pg_run(s, "SELECT pg_catalog.to_regclass($1) IS NOT NULL", 1, p1, PGRES_TUPLES_OK, "set-up", false,
+	    err);
+	if (res == NULL)
+		return -1;
+	same = PQgetvalue(res, 0, 0)[0] == 't';
+	PQclear(res);
+	if (!same)
+		return 0;
+	q = pg_render(fp_same_sql, s->schema);
+	res = pg_run(s, q, 1, p2, PGRES_TUPLES_OK, "set-up", false, err);
+	free(q);
+	if (res == NULL)
+		return -1;
+	same = PQgetvalue(res, 0, 0)[0] == 't';
+	PQclear(res);
+	return same;
+}
+
+/* Lock the tables the DDL changes, in the delivery path's order: 0 or -1 */
+static int
+lock_tables(struct rb_store *s, struct rb_error *err)
+{
+	const char *p[1] = { s->schema };
+	PGresult *res = pg_run(s, lock_list_sql, 1, p, PGRES_TUPLES_OK, "set-up", false, err);
+	char *q;
+	int rc = 0;
+
+	if (res == NULL)
+		return -1;
+	if (!PQgetisnull(res, 0, 0)) {
+		q = xasprintf("LOCK TABLE %s IN ACCESS EXCLUSIVE MODE", PQgetvalue(res, 0, 0));
+		rc = pg_run_cmd(s, q, "set-up", err);
+		free(q);
+	}
+	PQclear(res);
+	return rc;
+}
+
+/* The DDL, unless the schema is what it makes already: 1 (it ran: fp
+ * holds its fingerprint, for write_fingerprint once the grants made the
+ * definer functions what they are), 0 (not needed) or -1 + err */
+static int
+run_ddl(struct rb_store *s, const struct rb_setup_opts *o, char *fp, size_t size, struct rb_error *err)
+{
+	struct rb_sbuf ddl;
+	int rc;
+
+	rb_sb_init(&ddl);
+	ddl_script(&ddl, s->schema, o->completion_history);
+	fingerprint(ddl.s, fp, size);
+	rc = ddl_current(s, fp, err);
+	if (rc == 1) {
+		rb_debug("schema %s is what this set-up makes already: its tables are not touched", s->schema);
+		rc = 0;
+	} else if (rc == 0)
+		rc = lock_tables(s, err) < 0 || pg_run_cmd(s, ddl.s, "set-up", err) < 0 ? -1 : 1;
+	free(ddl.s);
+	return rc;
+}
+
+/* The schema's fingerprint, last in the set-up's transaction: 0 or -1 */
+static int
+write_fingerprint(struct rb_store *s, const char *fp, struct rb_error *err)
+{
+	const char *p[1] = { fp };
+	char *q = pg_render(fp_write_sql, s->schema);
+	PGresult *res = pg_run(s, q, 1, p, PGRES_COMMAND_OK, "set-up", false, err);
+
+	free(q);
+	if (res == NULL)
+		return -1;
+	PQclear(res);
+	return 0;
+}
+
+/* rb-setup --max-delay: 0 or -1 */
+static int
+set_max_delay(struct rb_store *s, int64_t ms, struct rb_error *err)
+{
+	char v[64], *q;
+	const char *p[1] = { v };
+	PGresult *res;
+
+	if (ms <= 0)
+		return 0;
+	snprintf(v, sizeof v, "%lld milliseconds", (long long)ms);
+	q = pg_render("INSERT INTO @S@.relaybus_settings (name, value) VALUES ('max_delay', $1) "
+	    "ON CONFLICT (name) DO UPDATE SET value = excluded.value", s->schema);
+	res = pg_run(s, q, 1, p, PGRES_COMMAND_OK, "set-up", false, err);
+	free(q);
+	if (res == NULL)
+		return -1;
+	PQclear(res);
+	return 0;
+}
+
 int
 pg_setup(struct rb_store *s, const struct rb_setup_opts *o, struct rb_error *err)
 {
 	struct rb_sbuf b;
-	int rc = -1;
+	char fp[32];
+	int rc = -1, ddl = 0;
 
 	if (check_subscriptions(o, err) < 0)
 		return -1;
 	rb_sb_init(&b);
-	setup_script(&b, s->schema, o, false);
+	preamble(&b);
 	if (pg_run_cmd(s, "BEGIN", "set-up", err) < 0)
 		goto out;
 	/* quiet the NOTICEs of CREATE ... IF NOT EXISTS on a second run */
 	if (pg_run_cmd(s, "SET LOCAL client_min_messages = warning", "set-up", err) < 0 ||
-	    pg_run_cmd(s, b.s, "set-up", err) < 0)
+	    pg_run_cmd(s, b.s, "set-up", err) < 0 || (ddl = run_ddl(s, o, fp, sizeof fp, err)) < 0 ||
+	    set_max_delay(s, o->max_delay_ms, err) < 0)
 		goto fail;
 	for (size_t i = 0; i < o->n_subscribe; i++) {
 		char *buf, *like, *q1, *q2;
@@ -266,7 +451,7 @@ pg_setup(struct rb_store *s, const struct rb_setup_opts *o, struct rb_error *err
 			goto fail;
 	}
 	/* last: the privileges of every function made above */
-	if (pg_grants_setup(s, o, err) < 0)
+	if (pg_grants_setup(s, o, err) < 0 || (ddl == 1 && write_fingerprint(s, fp, err) < 0))
 		goto fail;
 	if (pg_run_cmd(s, "COMMIT", "set-up", err) < 0)
 		goto out;

@@ -443,3 +443,13 @@ mailer pending -" ]
   run rb-admin -V
   [[ "$output" == "rb-admin 0.1.0 (backends: postgresql"* ]]
 }
+
+@test "stats --handler of a handler nobody subscribed and nothing reached: 78 in one line naming the subscribed ones" {
+  fixture
+  run --separate-stderr rb-admin stats --handler mailr
+  [ "$status" -eq 78 ]
+  [ -z "$output" ]
+  [ "$stderr" = "rb-admin: handler 'mailr' has no subscription and no deliveries (subscribed: audit, mailer)" ]
+  run -0 rb-admin stats --handler mailer
+  [ "$(jq -r 'select(.handler == "mailer") | .handler' <<<"$output")" = mailer ]
+}

@@ -108,6 +108,19 @@ entries() { jq -r --arg n "relaybus_deliveries_$1" '.indexes[] | select(.name ==
   [ "$(q "SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'rb\_inspect\_%'")" = 0 ]
 }
 
+@test "lifecycle drops the pageinspect extension it created, and keeps one that was there" {
+  need_pg
+  local db=rb_ext_$$ url
+  psql "$_test_pg_url" -qX -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db" >/dev/null
+  url=$(sed -E "s#^(postgres(ql)?://[^/]*)/?[^?]*#\1/$db#" <<<"$_test_pg_url")
+  run -0 --separate-stderr rb-pageinspect lifecycle --db "$url"
+  [ "$(psql "$url" -XAtc "SELECT count(*) FROM pg_extension WHERE extname = 'pageinspect'")" = 0 ]
+  psql "$url" -qX -c "CREATE EXTENSION pageinspect"
+  run -0 --separate-stderr rb-pageinspect lifecycle --db "$url"
+  [ "$(psql "$url" -XAtc "SELECT count(*) FROM pg_extension WHERE extname = 'pageinspect'")" = 1 ]
+  psql "$_test_pg_url" -qX -c "DROP DATABASE $db" >/dev/null
+}
+
 @test "lifecycle without pageinspect and a role that may not create it: what to run, exit 69" {
   need_pg
   local db=rb_noext_$$ role=rb_noext_$$

@@ -251,6 +251,27 @@ mailer order.created" ]
   psql "$_test_pg_url" -qX -c "DROP SCHEMA ${RB_SCHEMA}_p CASCADE" >/dev/null
 }
 
+@test "--print-sql --no-transaction: for a migration tool's own transaction (psql -1), without NOTICEs, run twice" {
+  setup_schema --completion-history -s "x:y"
+  run -0 --separate-stderr rb-setup --print-sql --no-transaction --schema "${RB_SCHEMA}_m" --completion-history -s "x:y"
+  ! grep -qx 'BEGIN;' <<<"$output"
+  ! grep -qx 'COMMIT;' <<<"$output"
+  printf '%s\n' "$output" >"$BATS_TEST_TMPDIR/V1__relaybus.sql"
+  # as Flyway, sqitch or dbmate do: the file in one transaction of theirs
+  run -0 --separate-stderr psql "$_test_pg_url" -X -q -1 -v ON_ERROR_STOP=1 -f "$BATS_TEST_TMPDIR/V1__relaybus.sql"
+  [ -z "$stderr" ] || { echo "$stderr"; false; }
+  run -0 --separate-stderr psql "$_test_pg_url" -X -q -1 -v ON_ERROR_STOP=1 -f "$BATS_TEST_TMPDIR/V1__relaybus.sql"
+  [ -z "$stderr" ] || { echo "$stderr"; false; }
+  [ "$(catalog "${RB_SCHEMA}_m")" = "$(catalog)" ]
+  # the form with its own transaction is quiet too
+  run -0 --separate-stderr rb-setup --print-sql --schema "${RB_SCHEMA}_m" --completion-history -s "x:y"
+  run -0 --separate-stderr psql "$_test_pg_url" -X -q -v ON_ERROR_STOP=1 <<<"$output"
+  [ -z "$stderr" ] || { echo "$stderr"; false; }
+  psql "$_test_pg_url" -qX -c "DROP SCHEMA ${RB_SCHEMA}_m CASCADE" >/dev/null
+  run -64 --separate-stderr rb-setup --no-transaction
+  [[ $stderr == "rb-setup: --no-transaction goes with --print-sql"* ]]
+}
+
 @test "--print-sql needs no database" {
   run --separate-stderr env RELAYBUS_URL=postgresql://nobody@127.0.0.1:1/none rb-setup --print-sql
   [ "$status" -eq 0 ]

@@ -100,9 +100,23 @@ table_cell(const json_t *v, int max)
 		if (s == NULL)
 			rb_die(RB_EXIT_OSERR, "out of memory");
 	}
-	for (char *p = s; *p != '\0'; p++)
-		if ((unsigned char)*p < ' ')
-			*p = ' ';
+	/* no terminal controls: C0, DEL and C1 (U+0080-U+009F, 0xC2 0x80-0x9F
+	 * in UTF-8, as CSI U+009B) become one space each */
+	{
+		unsigned char *p = (unsigned char *)s, *q = p;
+
+		while (*p != '\0') {
+			if (*p < ' ' || *p == 0x7f) {
+				*q++ = ' ';
+				p++;
+			} else if (p[0] == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f) {
+				*q++ = ' ';
+				p += 2;
+			} else
+				*q++ = *p++;
+		}
+		*q = '\0';
+	}
 	if (max > 3) {
 		size_t cut;
 

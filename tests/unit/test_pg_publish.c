@@ -9,10 +9,12 @@
 #include "config.h"
 
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include <libpq-fe.h>
 
+#include "rb_exit.h"
 #include "rb_pg.h"
 #include "rb_store.h"
 #include "tap.h"
@@ -99,12 +101,19 @@ main(void)
 	json_decref(ack);
 	exec_ok(c, "COMMIT");
 	/* event_id is the id's other name: the same event, a duplicate */
-	json_t *alias = json_pack("{s:s, s:s, s:i}", "event_id", "o1", "name", "order.paid", "payload", 2);
+	json_t *alias = json_pack("{s:s, s:s, s:s, s:{s:i}}", "event_id", "o1", "name", "order.paid", "key", "o-1",
+	    "payload", "order", 1);
 	ok(rb_pg_publish(c, schema, alias, &ack, &err) == 0 && json_is_true(json_object_get(ack, "duplicate")),
 	    "event_id o1 is o1 again: a duplicate (%s)", err.msg);
 	ok(json_object_get(alias, "id") == NULL, "the caller's event is left as it was");
 	json_decref(ack);
 	json_decref(alias);
+	/* the same id with another payload is a conflict, not a duplicate */
+	json_t *other = json_pack("{s:s, s:s, s:s, s:i}", "id", "o1", "name", "order.paid", "key", "o-1", "payload", 2);
+	memset(&err, 0, sizeof err);
+	ok(rb_pg_publish(c, schema, other, &ack, &err) < 0 && err.exit_code == RB_EXIT_CONFLICT,
+	    "o1 with another payload: a conflict (%d: %s)", err.exit_code, err.msg);
+	json_decref(other);
 	is_int(count(c, "SELECT count(*) FROM t_unit_pg_publish.relaybus_events WHERE id = 'o1'"), 1, "committed: the event");
 	is_int(count(c, "SELECT count(*) FROM t_unit_pg_publish.relaybus_deliveries WHERE event_id = 'o1' AND handler = 'mailer'"),
 	    1, "committed: its delivery");
