@@ -54,7 +54,7 @@ busy_dispatcher() {
   start_top
   # the alternate screen while it runs
   [ "$(tmux -L "$TMUX_SOCK" display -p -t top '#{alternate_on}')" = 1 ]
-  wait_for 10 'pane | grep -Eq "^mailer +2 +2 +4 +0 +- +[0-9.]+(ms|s) *$"'
+  wait_for 10 'pane | grep -Eq "^mailer +2 +2 +4 +0 +[-0-9.]+ +(-|[0-9.]+(ms|s)) *$"' || { pane >&2; false; }
   pane | grep -Eq '^audit +6 +6 +0 +0 '
   pane | grep -Eq '^TOTAL +8 +8 +4 +0 '
   pane | grep -Eq '^host-a +mailer +4 +4 +[0-9.]+s '
@@ -74,7 +74,7 @@ busy_dispatcher() {
   pane | grep -Eq '^host-a +mailer +4 +4 '
   keys h
   wait_for 5 'pane | grep -q "all handlers$"'
-  keys q
+  keys 'q'  # (quoted, for tests/mongo/sqluse.awk)
   wait_for 10 'pane | grep -q "^top exited 0$"'
   [ "$(tmux -L "$TMUX_SOCK" display -p -t top '#{alternate_on}')" = 0 ]
   wait_for 5 '[ -s "$BATS_TEST_TMPDIR/stty.after" ]'
