@@ -2,7 +2,7 @@
 # rb-dispatch --metrics-file: each dispatcher's own node_exporter textfile,
 # written atomically every --stats-every and at exit, labelled with its
 # handler and owner: the counters agree with what the database says
-# happened, the in-flight and lanes-held gauges with the lanes table
+# happened, the in-flight and lanes-held gauges with rb-admin lanes
 # while handlers run, the handler-duration and commit-to-handler latency
 # histograms with handlers that sleep and events that waited; promtool
 # check metrics passes; sd_notify STATUS= carries the one-line summary.
@@ -52,7 +52,7 @@ publish() {  # n prefix name [keyed]
   [ "$(val "$m" relaybus_dispatch_failed_total)" = 2 ]
   [ "$(val "$m" relaybus_dispatch_dead_total)" = 2 ]
   [ "$(val "$m" relaybus_dispatch_lost_total)" = 0 ]
-  [ "$(q "SELECT count(*) FROM relaybus_deliveries WHERE status = 'dead'")" = 2 ]
+  [ "$(rb-admin stats | jq -s '.[-1].dead')" = 2 ]
   [ "$(val "$m" relaybus_dispatch_in_flight)" = 0 ]
   [ "$(val "$m" relaybus_dispatch_up)" = 1 ]
   # 8 attempts timed; the 6 that slept 0.3 s are above 0.25 s
@@ -74,7 +74,7 @@ publish() {  # n prefix name [keyed]
   [ "$(ls -A "$BATS_TEST_TMPDIR" | grep -c prom)" = 1 ]
 }
 
-@test "--metrics-file every --stats-every while running: in flight and lanes held as the lanes table says, the file replaced (new inode), then back to 0" {
+@test "--metrics-file every --stats-every while running: in flight and lanes held as rb-admin lanes says, the file replaced (new inode), then back to 0" {
   need_pg
   H=mr O=host-b
   rb-setup -s 'mr:r.*'
@@ -87,9 +87,9 @@ publish() {  # n prefix name [keyed]
   i1=$(stat -c %i "$m")
   publish 5 r- r.x keyed
   wait_for 20 '[ "$(val "$m" relaybus_dispatch_in_flight)" = 5 ]'
-  # the lanes those 5 keys hash to, as the database has them in flight
+  # the lanes those 5 keys hash to, as the store has them in flight (rb-admin lanes)
   local lanes
-  lanes=$(q "SELECT count(*) FROM relaybus_lanes WHERE handler = 'mr' AND cardinality(in_flight) > 0")
+  lanes=$(rb-admin lanes --handler mr | jq -s '[.[] | select(.in_flight > 0)] | length')
   wait_for 10 '[ "$(val "$m" relaybus_dispatch_lanes_held)" = "$lanes" ]'
   [ "$lanes" -ge 1 ]
   [ "$(stat -c %i "$m")" != "$i1" ]
@@ -139,7 +139,7 @@ publish() {  # n prefix name [keyed]
     --metrics-file "$BATS_TEST_TMPDIR/no/such/dir/rb.prom"
   [ "$status" -eq 0 ]
   [ "$(grep -c -- '--metrics-file .*: cannot write: No such file or directory' <<<"$stderr")" = 1 ]
-  [ "$(q "SELECT count(*) FROM relaybus_deliveries")" = 0 ]
+  [ "$(rb-admin stats | jq -s '.[-1].pending + .[-1].processing')" = 0 ]
   run --separate-stderr rb-dispatch -H mw --exec true --metrics-file ''
   [ "$status" -eq 64 ]
   [ "${stderr_lines[0]}" = "rb-dispatch: --metrics-file: give a file name" ]
