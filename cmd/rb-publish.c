@@ -22,7 +22,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <unistd.h>
 
 #include "rb_admin.h"
@@ -493,62 +492,6 @@ check_handlers(struct rb_store *store, const json_t *ev, long line)
 	}
 }
 
-/*
- * --trace: the line of an event whose headers have no "traceparent" (in
- * any case), with a new one (rb_trace.h), or NULL when it has one.  The
- * rest of the line is kept as written (numbers keep their spelling): a
- * "headers" member is added after the brace, or its value replaced.
- */
-static char *
-with_traceparent(const json_t *ev, const char *line, size_t len)
-{
-	const json_t *h = json_object_get(ev, "headers");
-	char tp[RB_TRACEPARENT_LEN + 1];
-	struct rb_json_member m[64];
-	struct rb_sbuf b;
-	json_t *nh;
-	const char *k, *brace;
-	json_t *v;
-	int n;
-
-	json_object_foreach((json_t *)h, k, v)
-		if (strcasecmp(k, "traceparent") == 0)
-			return NULL;
-	rb_traceparent_new(tp);
-	nh = json_is_object(h) ? json_deep_copy(h) : json_object();
-	json_object_set_new(nh, "traceparent", json_string(tp));
-	rb_sb_init(&b);
-	n = rb_json_scan(line, len, m, 64);
-	for (int i = 0; i < n && i < 64; i++)
-		if (m[i].klen == 7 && memcmp(m[i].key, "headers", 7) == 0 && !m[i].escaped) {
-			rb_sb_putn(&b, line, (size_t)(m[i].val - line));
-			rb_json_sb_dump(&b, nh);
-			rb_sb_putn(&b, m[i].val + m[i].vlen, len - (size_t)(m[i].val + m[i].vlen - line));
-			json_decref(nh);
-			return b.s;
-		}
-	if (n < 0 || n > 64 || json_object_get(ev, "headers") != NULL || (brace = memchr(line, '{', len)) == NULL) {
-		/* (a line rb_json_scan is in doubt about: printed again whole) */
-		json_t *e = json_deep_copy(ev);
-		char *t;
-
-		json_object_set_new(e, "headers", nh);
-		t = json_dumps(e, JSON_COMPACT | JSON_ENCODE_ANY);
-		json_decref(e);
-		free(b.s);
-		if (t == NULL)
-			rb_die(RB_EXIT_SOFTWARE, "--trace: cannot print the event again");
-		return t;
-	}
-	rb_sb_putn(&b, line, (size_t)(brace + 1 - line));
-	rb_sb_puts(&b, "\"headers\":");
-	rb_json_sb_dump(&b, nh);
-	rb_sb_puts(&b, ",");
-	rb_sb_putn(&b, brace + 1, len - (size_t)(brace + 1 - line));
-	json_decref(nh);
-	return b.s;
-}
-
 int
 main(int argc, char **argv)
 {
@@ -617,7 +560,7 @@ main(int argc, char **argv)
 				continue;
 			}
 			check_handlers(store, ev, rb_jsonl_lineno(in));
-			if (opt.trace && (traced = with_traceparent(ev, line, len)) != NULL) {
+			if (opt.trace && (traced = rb_trace_line_with_new(ev, line, len)) != NULL) {
 				line = traced;
 				len = strlen(traced);
 			}

@@ -12,7 +12,9 @@
 
 #include <jansson.h>
 
+#include "rb_exit.h"
 #include "rb_jsonl.h"
+#include "rb_log.h"
 #include "rb_trace.h"
 #include "rb_util.h"
 
@@ -127,4 +129,55 @@ rb_trace_of_line(const char *line, size_t len, char tp[RB_TRACEPARENT_LEN + 1],
 	if (!found)
 		ts[0] = '\0';
 	return found;
+}
+
+/* (a "headers" member is added after the brace, or its value replaced) */
+char *
+rb_trace_line_with_new(const json_t *ev, const char *line, size_t len)
+{
+	const json_t *h = json_object_get(ev, "headers");
+	char tp[RB_TRACEPARENT_LEN + 1];
+	struct rb_json_member m[64];
+	struct rb_sbuf b;
+	json_t *nh;
+	const char *k, *brace;
+	json_t *v;
+	int n;
+
+	json_object_foreach((json_t *)h, k, v)
+		if (strcasecmp(k, "traceparent") == 0)
+			return NULL;
+	rb_traceparent_new(tp);
+	nh = json_is_object(h) ? json_deep_copy(h) : json_object();
+	json_object_set_new(nh, "traceparent", json_string(tp));
+	rb_sb_init(&b);
+	n = rb_json_scan(line, len, m, 64);
+	for (int i = 0; i < n && i < 64; i++)
+		if (m[i].klen == 7 && memcmp(m[i].key, "headers", 7) == 0 && !m[i].escaped) {
+			rb_sb_putn(&b, line, (size_t)(m[i].val - line));
+			rb_json_sb_dump(&b, nh);
+			rb_sb_putn(&b, m[i].val + m[i].vlen, len - (size_t)(m[i].val + m[i].vlen - line));
+			json_decref(nh);
+			return b.s;
+		}
+	if (n < 0 || n > 64 || json_object_get(ev, "headers") != NULL || (brace = memchr(line, '{', len)) == NULL) {
+		/* (a line rb_json_scan is in doubt about: printed again whole) */
+		json_t *e = json_deep_copy(ev);
+		char *t;
+
+		json_object_set_new(e, "headers", nh);
+		t = json_dumps(e, JSON_COMPACT | JSON_ENCODE_ANY);
+		json_decref(e);
+		free(b.s);
+		if (t == NULL)
+			rb_die(RB_EXIT_SOFTWARE, "--trace: cannot print the event again");
+		return t;
+	}
+	rb_sb_putn(&b, line, (size_t)(brace + 1 - line));
+	rb_sb_puts(&b, "\"headers\":");
+	rb_json_sb_dump(&b, nh);
+	rb_sb_puts(&b, ",");
+	rb_sb_putn(&b, brace + 1, len - (size_t)(brace + 1 - line));
+	json_decref(nh);
+	return b.s;
 }

@@ -12,6 +12,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include <jansson.h>
+
 /* "00-" 32 hex "-" 16 hex "-" 2 hex, and the NUL */
 #define RB_TRACEPARENT_LEN	55
 /* the longest tracestate passed on (the spec's limit: 32 members of 256 bytes) */
@@ -29,5 +31,13 @@ void	rb_traceparent_new(char out[RB_TRACEPARENT_LEN + 1]);
  */
 bool	rb_trace_of_line(const char *line, size_t len, char tp[RB_TRACEPARENT_LEN + 1],
 	    char ts[RB_TRACESTATE_MAX + 1]);
+
+/**
+ * rb-publish --trace: the line (len bytes) of event ev (its parse) with a
+ * new traceparent in its headers, as a new string, or NULL when its
+ * headers have one (in any case).  The rest of the line is kept as
+ * written: numbers keep their spelling.
+ */
+char	*rb_trace_line_with_new(const json_t *ev, const char *line, size_t len);
 
 #endif
