@@ -37,6 +37,7 @@
 #include "rb_util.h"
 #include "admin/prom.h"
 #include "admin/table.h"
+#include "admin/top.h"
 
 static const char usage_str[] =
 "usage: rb-admin [--db URL] [--schema NAME] [--json | --table] COMMAND [options] [args]\n"
@@ -64,6 +65,9 @@ static const char usage_str[] =
 "        held lanes (or with ids in flight; --all: every lane): owner, epoch, lease\n"
 "  subscriptions [--handler NAME]\n"
 "        which handler receives which event names\n"
+"  top [--handler NAME] [--once] [--interval DUR]\n"
+"        a live view on the terminal: per handler pending, due, in flight, dead,\n"
+"        completions/s, oldest age; the lane holders (keys: q quit, h next handler)\n"
 "\n"
 "Options:\n"
 "  -u, --db URL                 postgresql:// URL or conninfo (default: $RELAYBUS_URL, PG*)\n"
@@ -93,6 +97,8 @@ static const char usage_str[] =
 "      --keys                   purge the counters of ordering keys that no pending,\n"
 "                               in-flight or dead delivery has (their sequences restart)\n"
 "      --batch N                rows per purge transaction (default 1000)\n"
+"      --once                   top: print one frame, plain, and exit\n"
+"      --interval DUR           top: refresh every DUR (default 1s)\n"
 "  -v, --verbose                more messages (-vv: debug)\n"
 "  -q, --quiet                  errors only\n"
 "      --log-format FORMAT      text (default) or json diagnostics on stderr\n"
@@ -110,14 +116,14 @@ static const char usage_str[] =
 enum {
 	OPT_JSON = RB_OPT_FIRST_PROGRAM, OPT_TABLE, OPT_STATUS, OPT_KEY, OPT_EVENT,
 	OPT_REASON, OPT_PROMETHEUS, OPT_DEAD_OLDER, OPT_COMPLETED_OLDER, OPT_HISTORY_OLDER,
-	OPT_BATCH, OPT_KEYS, OPT_OUTPUT
+	OPT_BATCH, OPT_KEYS, OPT_OUTPUT, OPT_ONCE, OPT_INTERVAL
 };
 
 /* which options a command takes */
 enum {
 	F_STATUS = 1 << 0, F_HANDLER = 1 << 1, F_KEY = 1 << 2, F_EVENT = 1 << 3, F_LIMIT = 1 << 4,
 	F_ALL = 1 << 5, F_REASON = 1 << 6, F_PROMETHEUS = 1 << 7, F_PURGE = 1 << 8,
-	F_OUTPUT = 1 << 9,
+	F_OUTPUT = 1 << 9, F_TOP = 1 << 10,
 };
 
 static struct options {
@@ -128,6 +134,8 @@ static struct options {
 	bool			 all, prometheus, keys;
 	int64_t			 dead_older, completed_older, history_older;	/* ms; -1 unset */
 	int			 batch;
+	bool			 once;		/* top --once */
+	int64_t			 interval;	/* top --interval, ms */
 	unsigned		 seen;		/* F_* given */
 	const char		*seen_name[16];
 } opt;
@@ -141,6 +149,7 @@ static int	cmd_cancel(struct rb_store *, int, char **);
 static int	cmd_purge(struct rb_store *, int, char **);
 static int	cmd_lanes(struct rb_store *, int, char **);
 static int	cmd_subscriptions(struct rb_store *, int, char **);
+static int	cmd_top(struct rb_store *, int, char **);
 
 #define F_SELECT (F_HANDLER | F_KEY | F_EVENT | F_LIMIT | F_ALL)
 
@@ -165,6 +174,7 @@ static const struct admin_cmd {
 	    F_PURGE, 0, 0, cmd_purge },
 	{ "lanes", "lanes [--handler NAME] [--all]", F_HANDLER | F_ALL, 0, 0, cmd_lanes },
 	{ "subscriptions", "subscriptions [--handler NAME]", F_HANDLER, 0, 0, cmd_subscriptions },
+	{ "top", "top [--handler NAME] [--once] [--interval DUR]", F_HANDLER | F_TOP, 0, 0, cmd_top },
 	{ NULL, NULL, 0, 0, 0, NULL }
 };
 
@@ -203,6 +213,8 @@ parse_opts(int argc, char **argv, const char *shortopts)
 		{ "batch", required_argument, NULL, OPT_BATCH },
 		{ "keys", no_argument, NULL, OPT_KEYS },
 		{ "output", required_argument, NULL, OPT_OUTPUT },
+		{ "once", no_argument, NULL, OPT_ONCE },
+		{ "interval", required_argument, NULL, OPT_INTERVAL },
 		{ NULL, 0, NULL, 0 }
 	};
 	const char *u = cmd_usage != NULL ? cmd_usage : usage_str;
@@ -279,6 +291,16 @@ parse_opts(int argc, char **argv, const char *shortopts)
 			opt.keys = true;
 			seen(F_PURGE, "--keys");
 			break;
+		case OPT_ONCE:
+			opt.once = true;
+			seen(F_TOP, "--once");
+			break;
+		case OPT_INTERVAL:
+			opt.interval = rb_cli_duration(u, "--interval", optarg);
+			if (opt.interval < 100)
+				rb_cli_usage_error(u, "--interval: at least 100ms");
+			seen(F_TOP, "--interval");
+			break;
 		default:
 			rb_cli_bad_option(u);
 		}
@@ -294,6 +316,7 @@ parse_args(int argc, char **argv)
 	opt.table = -1;
 	opt.dead_older = opt.completed_older = opt.history_older = -1;
 	opt.batch = 1000;
+	opt.interval = 1000;
 	/* options before the command; '+' stops at the command name */
 	i = parse_opts(argc, argv, "+" RB_COMMON_SHORTOPTS "H:n:a");
 	if (i >= argc)
@@ -857,6 +880,14 @@ cmd_subscriptions(struct rb_store *s, int argc, char **argv)
 	emit(rows, subs_cols);
 	json_decref(rows);
 	return table_finish(RB_EXIT_OK);
+}
+
+/* ---- top ----------------------------------------------------------------- */
+
+static int
+cmd_top(struct rb_store *s, int argc, char **argv)
+{
+	return admin_top(s, schema_name, opt.handler, opt.once, opt.interval);
 }
 
 int

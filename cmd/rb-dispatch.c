@@ -24,6 +24,7 @@
 #include "config.h"
 
 #include <fcntl.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -43,7 +44,8 @@ static const char usage_str[] =
 "                   [--lease DUR]\n"
 "                   [--timeout DUR] [--grace DUR] [--max-attempts N]\n"
 "                   [--backoff BASE[,MAX[,FACTOR]]]\n"
-"                   [--poll DUR] [--window DUR] [--stats-every DUR] [--owner NAME] [--drain]\n"
+"                   [--poll DUR] [--window DUR] [--stats-every DUR] [--metrics-file PATH]\n"
+"                   [--owner NAME] [--drain]\n"
 "                   [--settle]\n"
 "                   [--db URL] [--schema NAME]\n"
 "\n"
@@ -80,6 +82,9 @@ static const char usage_str[] =
 "      --poll DUR         look for due work every DUR when idle (default 1s)\n"
 "      --window DUR       complete the results finished within DUR together (default 2ms)\n"
 "      --stats-every DUR  a status line every DUR (default: off)\n"
+"      --metrics-file PATH  write this dispatcher's metrics to PATH for node_exporter's\n"
+"                         textfile collector, atomically, every --stats-every (15s\n"
+"                         without it) and at exit\n"
 "      --owner NAME       lease owner (default host:pid:random)\n"
 "      --drain            exit once nothing is due and nothing is in flight\n"
 "      --settle           --drain with the retries due at once (no backoff, no retry_ms):\n"
@@ -95,7 +100,7 @@ RB_COMMON_LOG_HELP
 
 enum { OPT_EXEC = RB_OPT_FIRST_PROGRAM, OPT_PIPE, OPT_SQL, OPT_PROCS, OPT_GRACE, OPT_BACKOFF,
 	OPT_POLL, OPT_WINDOW, OPT_STATS, OPT_OWNER, OPT_DRAIN, OPT_CHAIN, OPT_CONNS,
-	OPT_SETTLE, OPT_STRICT };
+	OPT_SETTLE, OPT_STRICT, OPT_METRICS };
 
 static struct options {
 	struct rb_common	common;
@@ -147,6 +152,7 @@ parse_args(int argc, char **argv)
 		{ "owner", required_argument, NULL, OPT_OWNER },
 		{ "drain", no_argument, NULL, OPT_DRAIN },
 		{ "settle", no_argument, NULL, OPT_SETTLE },
+		{ "metrics-file", required_argument, NULL, OPT_METRICS },
 		{ NULL, 0, NULL, 0 }
 	};
 	struct dispatch_opts *o = &opt.dispatch;
@@ -217,6 +223,11 @@ parse_args(int argc, char **argv)
 		case OPT_STATS:
 			o->stats_ms = rb_cli_duration(usage_str, "--stats-every", optarg);
 			break;
+		case OPT_METRICS:
+			if (*optarg == '\0')
+				rb_cli_usage_error(usage_str, "--metrics-file: give a file name");
+			o->metrics_file = optarg;
+			break;
 		case OPT_OWNER:
 			o->owner = rb_cli_owner_arg(usage_str, optarg, 180);
 			break;
@@ -249,6 +260,13 @@ parse_args(int argc, char **argv)
 			o->chain = o->kind->chain;
 		if (o->chain < 1)
 			o->chain = 1;
+	}
+	/* the metrics file, and systemctl status (STATUS=), are brought up
+	 * to date every --stats-every, without it every 15s, and with no
+	 * status line asked for */
+	if (o->stats_ms == 0 && (o->metrics_file != NULL || getenv("NOTIFY_SOCKET") != NULL)) {
+		o->stats_ms = 15000;
+		o->stats_quiet = true;
 	}
 	if (o->procs > o->concurrency)
 		o->procs = o->concurrency;

@@ -30,11 +30,13 @@
 #include "rb_jsonl.h"
 #include "rb_log.h"
 #include "rb_store.h"
+#include "rb_trace.h"
 #include "rb_util.h"
 
 static const char usage_str[] =
 "usage: rb-publish [--db URL] [--schema NAME] [--batch N] [--flush DUR] [--output]\n"
 "                  [--keep-going] [--rejects FILE] [--max-line BYTES] [--reconnect DUR]\n"
+"                  [--trace]\n"
 "\n"
 "Publish events read as JSON lines on stdin, in transactions of --batch lines.\n"
 "An event: {\"name\": ..., \"payload\": ..., \"id\", \"key\", \"headers\", \"delay_ms\" or\n"
@@ -57,6 +59,8 @@ static const char usage_str[] =
 "      --reconnect DUR   when the connection is lost, reconnect (with backoff) and send\n"
 "                        again what was not acknowledged; exit only when no server\n"
 "                        has answered for DUR (default 0: exit at once)\n"
+"      --trace           give an event without a W3C traceparent in its headers a new\n"
+"                        one (a new trace, sampled): its handlers join it\n"
 "  -v, --verbose         more messages (-vv: debug)\n"
 "  -q, --quiet           errors only (no summary)\n"
 "      --log-format FMT  text (default) or json diagnostics on stderr\n"
@@ -70,7 +74,7 @@ static const char usage_str[] =
 "76/79 schema newer than this relaybus / needs an upgrade (rb-setup),\n"
 "78 bad URL or schema not set up.\n";
 
-enum { OPT_FLUSH = RB_OPT_FIRST_PROGRAM, OPT_REJECTS, OPT_MAX_LINE, OPT_RECONNECT };
+enum { OPT_FLUSH = RB_OPT_FIRST_PROGRAM, OPT_REJECTS, OPT_MAX_LINE, OPT_RECONNECT, OPT_TRACE };
 
 static struct options {
 	struct rb_common common;
@@ -82,6 +86,7 @@ static struct options {
 	size_t		 max_line;
 	int64_t		 reconnect_ms;
 	const char	*reconnect_arg;
+	bool		 trace;		/* --trace */
 } opt = { .batch = 100, .flush_ms = 20 };
 
 static struct counters {
@@ -106,6 +111,7 @@ parse_args(int argc, char **argv)
 		{ "rejects", required_argument, NULL, OPT_REJECTS },
 		{ "max-line", required_argument, NULL, OPT_MAX_LINE },
 		{ "reconnect", required_argument, NULL, OPT_RECONNECT },
+		{ "trace", no_argument, NULL, OPT_TRACE },
 		{ NULL, 0, NULL, 0 }
 	};
 	int c;
@@ -117,6 +123,9 @@ parse_args(int argc, char **argv)
 		switch (c) {
 		case 'b':
 			opt.batch = rb_cli_int(usage_str, "--batch", optarg, 1, 100000);
+			break;
+		case OPT_TRACE:
+			opt.trace = true;
 			break;
 		case OPT_FLUSH:
 			opt.flush_ms = rb_cli_duration(usage_str, "--flush", optarg);
@@ -538,6 +547,7 @@ main(int argc, char **argv)
 			json_t *ev;
 			char why[256];
 			struct rb_error err = { 0 };
+			char *traced = NULL;
 
 			if (rb_jsonl_parse(line, len, &ev, why, sizeof why) < 0 ||
 			    (rb_event_validate(ev, &err) < 0 && snprintf(why, sizeof why, "%s", err.msg) >= 0)) {
@@ -551,6 +561,10 @@ main(int argc, char **argv)
 				continue;
 			}
 			check_handlers(store, ev, rb_jsonl_lineno(in));
+			if (opt.trace && (traced = rb_trace_line_with_new(ev, line, len)) != NULL) {
+				line = traced;
+				len = strlen(traced);
+			}
 			if (json_object_get(ev, "event_id") != NULL && json_object_get(ev, "id") == NULL) {
 				/* the alias: the store reads "id", so the line gets one in
 				 * front, the rest sent as written (numbers keep their spelling) */
@@ -565,6 +579,7 @@ main(int argc, char **argv)
 			} else
 				batch_add(&b, line, len, rb_jsonl_lineno(in));
 			json_decref(ev);
+			free(traced);
 		}
 		if (b.n == (size_t)opt.batch && (exit_code = flush_batch(store, &b)) != 0)
 			break;

@@ -10,15 +10,15 @@
 # take an argument end in "=" here (the "=" is not completed).
 _rb_common='--db= --host= --port= --username= --dbname= --password --schema= --verbose --quiet --log-format= --help --version'
 _rb_opts_rb_setup="--subscribe= --unsubscribe= --completion-history --grant= --revoke= --max-delay= --lock-timeout= --print-sql --no-transaction --check $_rb_common"
-_rb_opts_rb_publish="--batch= --flush= --output --keep-going --rejects= --max-line= --reconnect= $_rb_common"
+_rb_opts_rb_publish="--batch= --flush= --output --keep-going --rejects= --max-line= --reconnect= --trace $_rb_common"
 _rb_opts_rb_claim="--handler= --batch= --lease= --owner= --wait= --poll= --max-attempts= --follow --max-in-flight= --drain --chain= $_rb_common"
 _rb_opts_rb_complete="--max-attempts= --backoff= --sql= --window= --batch= --no-relinquish --output $_rb_common"
 _rb_opts_rb_dispatch="--handler= --exec= --pipe= --sql= --concurrency= --batch= --chain= --strict-order --procs=
   --connections= --lease= --timeout= --grace= --max-attempts= --backoff= --poll= --window=
-  --stats-every= --owner= --drain --settle $_rb_common"
+  --stats-every= --metrics-file= --owner= --drain --settle $_rb_common"
 _rb_opts_rb_pageinspect="--baseline --side-by-side --json --interval= --count= $_rb_common"
 _rb_opts_rb_admin="--json --table $_rb_common"
-_rb_admin_commands='stats list show requeue bury cancel purge lanes subscriptions'
+_rb_admin_commands='stats list show requeue bury cancel purge lanes subscriptions top'
 _rb_admin_select='--handler= --all --key= --event= --limit='
 _rb_opts_rb_admin_stats='--handler= --prometheus --output='
 _rb_opts_rb_admin_list='--status= --handler= --key= --event= --limit='
@@ -29,6 +29,7 @@ _rb_opts_rb_admin_cancel=$_rb_admin_select
 _rb_opts_rb_admin_purge='--dead-older-than= --completed-older-than= --history-older-than= --keys --batch='
 _rb_opts_rb_admin_lanes='--handler= --all'
 _rb_opts_rb_admin_subscriptions='--handler='
+_rb_opts_rb_admin_top='--handler= --once --interval='
 _rb_pageinspect_commands='lifecycle watch'
 
 # short options that take an argument, per program
@@ -78,7 +79,7 @@ _relaybus() {
       local pre=${cur%"${cur##*,}"}
       COMPREPLY=($(compgen -P "$pre" -W 'pending processing dead completed' -- "${cur##*,}"))
       return 0 ;;
-    --rejects) COMPREPLY=($(compgen -f -- "$cur")); return 0 ;;
+    --rejects | --metrics-file) COMPREPLY=($(compgen -f -- "$cur")); return 0 ;;
     --exec | --pipe) COMPREPLY=($(compgen -c -- "$cur")); return 0 ;;
   esac
   if [[ $prev == --output && " $(_rb_options "$prog" "$cmd") " == *" --output= "* ]]; then

@@ -457,3 +457,25 @@ rb_sb_puts(struct rb_sbuf *b, const char *s)
 {
 	rb_sb_putn(b, s, strlen(s));
 }
+
+int64_t
+rb_parse_iso_ms(const char *s)
+{
+	struct tm tm;
+	int ms = 0, n = 0;
+	char frac[8] = "";
+
+	if (s == NULL)
+		return -1;
+	memset(&tm, 0, sizeof tm);
+	if (sscanf(s, "%4d-%2d-%2dT%2d:%2d:%2d%n", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour,
+	    &tm.tm_min, &tm.tm_sec, &n) != 6)
+		return -1;
+	if (s[n] == '.' && sscanf(s + n + 1, "%7[0-9]", frac) == 1) {
+		for (int i = 0; i < 3; i++)
+			ms = ms * 10 + (frac[i] >= '0' && frac[i] <= '9' ? frac[i] - '0' : 0);
+	}
+	tm.tm_year -= 1900;
+	tm.tm_mon -= 1;
+	return (int64_t)timegm(&tm) * 1000 + ms;
+}

@@ -96,5 +96,7 @@ bool	rb_handler_valid(const char *);
 int64_t	rb_mono_ms(void);
 /** Wall-clock milliseconds since the epoch. */
 int64_t	rb_wall_ms(void);
+/** "2026-12-05T16:08:43.512Z" (the stores' created_at, lease_expires_at) as ms since the epoch; -1: not that. */
+int64_t	rb_parse_iso_ms(const char *s);
 
 #endif

@@ -63,7 +63,7 @@ complete_line() {
 
 @test "rb-admin: commands first, then that command's options; list --status values, comma-separated" {
   [ "$(complete_line rb-admin l | tr '\n' ' ')" = "list lanes " ]
-  [ "$(complete_line rb-admin --db x '' | wc -l)" -eq 9 ]
+  [ "$(complete_line rb-admin --db x '' | wc -l)" -eq 10 ]
   [ "$(complete_line rb-admin list --st)" = --status ]
   [ -z "$(complete_line rb-admin stats --st)" ]
   [ "$(complete_line rb-admin purge --d | sort | tr "\n" " ")" = "--db --dbname --dead-older-than " ]

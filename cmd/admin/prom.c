@@ -25,24 +25,14 @@
 
 #include "rb_exit.h"
 #include "rb_log.h"
+#include "rb_textfile.h"
 #include "rb_util.h"
 #include "prom.h"
 
 /* ---- the text format ----------------------------------------------------- */
 
-/* A label value: \ " and newline escaped. */
-static void
-label(FILE *f, const char *v)
-{
-	for (; *v != '\0'; v++) {
-		if (*v == '\\' || *v == '"')
-			fprintf(f, "\\%c", *v);
-		else if (*v == '\n')
-			fputs("\\n", f);
-		else
-			putc(*v, f);
-	}
-}
+/* A label value: \ " and newline escaped (libcommon, as rb-dispatch writes them). */
+#define label rb_prom_label
 
 static void
 family(FILE *f, const char *name, const char *type, const char *help)

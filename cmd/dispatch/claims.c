@@ -185,6 +185,7 @@ on_claimed(struct dispatcher *dp, const struct rb_store_event *ev)
 	int n = ev->claimed;
 
 	dp->claim_out = false;
+	metrics_claimed(dp);
 	rb_debug("claimed %d (asked %d%s)", n, dp->claim_asked,
 	    dp->claim_searched ? "" : ", held lanes only");
 	if (dp->claim_searched)

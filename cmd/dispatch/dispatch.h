@@ -112,6 +112,7 @@
 
 #include "rb_store.h"
 #include "handler.h"
+#include "metrics.h"
 
 /* What the engine is told: rb-dispatch's options, minus the common ones. */
 struct dispatch_opts {
@@ -134,6 +135,8 @@ struct dispatch_opts {
 	bool			 drain;
 	bool			 settle;	/* --settle: drain, retries due at once */
 	struct rb_complete_opts	 complete;	/* .sql: --sql */
+	const char		*metrics_file;	/* --metrics-file (metrics.h) */
+	bool			 stats_quiet;	/* stats_ms only for the file and STATUS=: no line */
 };
 
 /* The deliveries of one key behind the one that runs: v[at], v[at + 1], ... v[n - 1]. */
@@ -155,6 +158,7 @@ struct slot {
 	struct rb_dl *d;	/* the claimed delivery */
 	unsigned gen;		/* lease owner generation that claimed it */
 	int64_t	 deadline;	/* --timeout; 0: none (any more) */
+	int64_t	 started;	/* when its handler started (rb_mono_ms, metrics.h) */
 	struct chain *followers;	/* the rest of its key's chain, or NULL */
 	union {
 		struct exec_slot exec;
@@ -296,6 +300,7 @@ struct dispatcher {
 		long	by_handler;	/* of completed: by the handler (relaybus_complete) */
 		long	completed_at_last_stats;
 	} stats;
+	struct dispatch_metrics metrics;	/* metrics.c */
 };
 
 /* The earlier of two deadlines, 0 being none. */

@@ -9,6 +9,8 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -33,6 +35,25 @@ set_nonblock(int fd)
 pid_t
 spawn(const char *cmd, int in_fd, int out_fd)
 {
+	return spawn_env(cmd, in_fd, out_fd, NULL);
+}
+
+/* Whether an environment entry is one of those a delivery sets (trace context). */
+static bool
+per_delivery(const char *e)
+{
+	return strncmp(e, "TRACEPARENT=", 12) == 0 || strncmp(e, "TRACESTATE=", 11) == 0;
+}
+
+/*
+ * spawn, with extra (NULL-ended; NULL: the handlers' environment as it
+ * is) as the delivery's own: TRACEPARENT and TRACESTATE inherited by
+ * rb-dispatch are dropped, so that a handler never joins a trace its
+ * delivery does not carry.
+ */
+pid_t
+spawn_env(const char *cmd, int in_fd, int out_fd, char *const *extra)
+{
 	posix_spawn_file_actions_t fa;
 	posix_spawnattr_t at;
 	sigset_t none, def;
@@ -56,7 +77,26 @@ spawn(const char *cmd, int in_fd, int out_fd)
 	posix_spawnattr_setpgroup(&at, 0);
 	posix_spawnattr_setflags(&at, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF |
 	    POSIX_SPAWN_SETSIGMASK);
-	rc = posix_spawn(&pid, "/bin/sh", &fa, &at, argv, rb_handler_environ());
+	char **env = rb_handler_environ();
+
+	if (extra != NULL) {
+		size_t n = 0, k = 0, x = 0;
+		char **base = env;
+
+		while (base[n] != NULL)
+			n++;
+		while (extra[x] != NULL)
+			x++;
+		env = xcalloc(n + x + 1, sizeof *env);
+		for (size_t i = 0; i < n; i++)
+			if (!per_delivery(base[i]))
+				env[k++] = base[i];
+		for (size_t i = 0; i < x; i++)
+			env[k++] = extra[i];
+	}
+	rc = posix_spawn(&pid, "/bin/sh", &fa, &at, argv, env);
+	if (extra != NULL)
+		free(env);
 	posix_spawn_file_actions_destroy(&fa);
 	posix_spawnattr_destroy(&at);
 	if (rc != 0) {

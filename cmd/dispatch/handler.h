@@ -89,6 +89,8 @@ extern const struct handler_kind handler_exec, handler_pipe, handler_sql;
 /* handler.c: what the process kinds share */
 void	set_nonblock(int fd);
 pid_t	spawn(const char *cmd, int in_fd, int out_fd);
+/* spawn with the delivery's own environment entries (NULL-ended): TRACEPARENT, TRACESTATE */
+pid_t	spawn_env(const char *cmd, int in_fd, int out_fd, char *const *extra);
 char	*line_text(const struct rb_dl *d, size_t *len);
 
 #endif

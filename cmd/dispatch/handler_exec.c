@@ -22,6 +22,7 @@
 #include "rb_exit.h"
 #include "rb_log.h"
 #include "rb_store.h"
+#include "rb_trace.h"
 
 #include "dispatch.h"
 
@@ -56,9 +57,22 @@ exec_start(struct dispatcher *dp, struct rb_dl *d, unsigned gen, struct chain *f
 {
 	struct slot *s = slot_take(dp, d, gen, followers);
 	int p[2] = { -1, -1 };
+	/* the event's trace context, W3C traceparent and tracestate in its
+	 * headers, as the environment OpenTelemetry's SDKs read (rb_trace.h) */
+	char tp[RB_TRACEPARENT_LEN + 1], ts[RB_TRACESTATE_MAX + 1];
+	char tpe[RB_TRACEPARENT_LEN + 13], tse[RB_TRACESTATE_MAX + 12];
+	char *extra[3] = { NULL, NULL, NULL };
 
+	if (rb_trace_of_line(d->text, d->tlen, tp, ts)) {
+		snprintf(tpe, sizeof tpe, "TRACEPARENT=%s", tp);
+		extra[0] = tpe;
+		if (ts[0] != '\0') {
+			snprintf(tse, sizeof tse, "TRACESTATE=%s", ts);
+			extra[1] = tse;
+		}
+	}
 	s->h.exec.in_fd = -1;
-	if (pipe2(p, O_CLOEXEC) < 0 || (s->h.exec.pid = spawn(dp->opt.cmd, p[0], -1)) < 0) {
+	if (pipe2(p, O_CLOEXEC) < 0 || (s->h.exec.pid = spawn_env(dp->opt.cmd, p[0], -1, extra)) < 0) {
 		char msg[200];
 
 		snprintf(msg, sizeof msg, "cannot start the handler: %s", strerror(errno));

@@ -146,16 +146,21 @@ abort_all(struct dispatcher *dp)
 	}
 }
 
+/* Every --stats-every and at the end: the status line (unless only the
+ * metrics asked for the period), the metrics file and STATUS= (metrics.c). */
 static void
 stats_line(struct dispatcher *dp, int64_t now, int64_t *last)
 {
 	double secs = (double)(now - *last) / 1000.0;
+	double per_sec = secs > 0 ? (double)(dp->stats.completed - dp->stats.completed_at_last_stats) / secs : 0.0;
 
-	rb_notice("claimed %ld, completed %ld, failed %ld (buried %ld), released %ld, lost %ld, "
-	    "in flight %d, %.1f/s", dp->stats.claimed, dp->stats.completed,
-	    dp->stats.rescheduled + dp->stats.buried, dp->stats.buried,
-	    dp->stats.released, dp->stats.lost, dp->running + (int)dp->nqueue + dp->nwait + dp->owed,
-	    secs > 0 ? (double)(dp->stats.completed - dp->stats.completed_at_last_stats) / secs : 0.0);
+	metrics_tick(dp, per_sec);
+	if (!dp->opt.stats_quiet)
+		rb_notice("claimed %ld, completed %ld, failed %ld (buried %ld), released %ld, lost %ld, "
+		    "in flight %d, %.1f/s", dp->stats.claimed, dp->stats.completed,
+		    dp->stats.rescheduled + dp->stats.buried, dp->stats.buried,
+		    dp->stats.released, dp->stats.lost, dp->running + (int)dp->nqueue + dp->nwait + dp->owed,
+		    per_sec);
 	dp->stats.completed_at_last_stats = dp->stats.completed;
 	*last = now;
 }
@@ -282,6 +287,7 @@ run(struct dispatcher *dp)
 	if (rb_store_listen(dp->store, dp->opt.handler, &err) < 0)
 		db_error(dp, &err, "listen");
 	notify_ready();
+	notify_status(metrics_summary(dp, 0.0));
 	if (dp->opt.stats_ms > 0)
 		dp->next_stats = last_stats + dp->opt.stats_ms;
 	if (dp->opt.kind->begin != NULL)
@@ -401,6 +407,7 @@ dispatcher_new(const struct dispatch_opts *o)
 	dp->opt = *o;
 	dp->wake = true;
 	dp->reconnect_backoff = 100;
+	dp->metrics.started_ms = rb_wall_ms();
 	dp->owner_base = o->owner != NULL ? xstrdup(o->owner) : rb_cli_owner();
 	dp->slots = xcalloc((size_t)o->concurrency, sizeof *dp->slots);
 	dp->free_slot = xcalloc((size_t)o->concurrency, sizeof *dp->free_slot);

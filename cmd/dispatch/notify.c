@@ -4,6 +4,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include <systemd/sd-daemon.h>
 
@@ -32,6 +33,15 @@ void
 notify_stopping(void)
 {
 	say("STOPPING=1");
+}
+
+void
+notify_status(const char *line)
+{
+	char buf[320];
+
+	snprintf(buf, sizeof buf, "STATUS=%s", line);
+	say(buf);
 }
 
 int64_t

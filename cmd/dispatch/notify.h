@@ -13,11 +13,14 @@
 #ifdef HAVE_SYSTEMD
 void	notify_ready(void);
 void	notify_stopping(void);
+/* STATUS=line: what systemctl status shows */
+void	notify_status(const char *line);
 /* WATCHDOG=1 when due; returns the next time (rb_mono_ms) it is due, or 0 (none) */
 int64_t	notify_watchdog(int64_t now);
 #else
 static inline void notify_ready(void) {}
 static inline void notify_stopping(void) {}
+static inline void notify_status(const char *line) { (void)line; }
 static inline int64_t notify_watchdog(int64_t now) { (void)now; return 0; }
 #endif
 

@@ -56,7 +56,9 @@ slot_take(struct dispatcher *dp, struct rb_dl *d, unsigned gen, struct chain *fo
 	s->d = d;
 	s->followers = followers;
 	s->gen = gen;
-	s->deadline = dp->opt.timeout_ms > 0 ? rb_mono_ms() + dp->opt.timeout_ms : 0;
+	s->started = rb_mono_ms();
+	s->deadline = dp->opt.timeout_ms > 0 ? s->started + dp->opt.timeout_ms : 0;
+	metrics_started(dp, d);
 	dp->next_deadline = min_deadline(dp->next_deadline, s->deadline);
 	dp->running++;
 	return s;
@@ -82,6 +84,8 @@ finish_slot(struct dispatcher *dp, struct slot *s, struct verdict v)
 	bool go = followers != NULL && chain_early(dp) && d->attempt == 1 &&
 	    (v.v == RB_VERDICT_OK || v.v == RB_VERDICT_DONE) && dp->stop_level == 0;
 
+	if (v.v != RB_VERDICT_RELEASE)
+		metrics_finished(dp, s, rb_mono_ms());
 	queue_result(dp, d, v, gen, go ? NULL : followers);
 	dp->opt.kind->release(dp, s);
 	memset(s, 0, sizeof *s);

@@ -6,8 +6,10 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "rb_store.h"
+#include "rb_trace.h"
 #include "rb_util.h"
 #include "tap.h"
 
@@ -204,6 +206,51 @@ test_validate(void)
 	json_decref(e);
 }
 
+/* W3C traceparent (rb_trace.h) and the stores' timestamps (rb_parse_iso_ms) */
+static void
+test_trace(void)
+{
+	static const char *const good[] = {
+		"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+		"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00",
+		"01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-later",	/* a later version */
+	};
+	static const char *const bad[] = {
+		"", "00", "00-0AF7651916CD43DD8448EB211C80319C-B7AD6B7169203331-01",
+		"00-00000000000000000000000000000000-b7ad6b7169203331-01",
+		"00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01",
+		"ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+		"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-x",	/* 00 is exactly 55 */
+		"00_0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+		"00-0af7651916cd43dd8448eb211c80319c-b7ad6b716920333-01",
+		"00-0af7651916cd43dd8448eb211c80319g-b7ad6b7169203331-01",
+	};
+	char tp[RB_TRACEPARENT_LEN + 1], tp2[RB_TRACEPARENT_LEN + 1], ts[RB_TRACESTATE_MAX + 1];
+	const char *line;
+
+	for (size_t i = 0; i < sizeof good / sizeof good[0]; i++)
+		ok(rb_traceparent_valid(good[i]), "traceparent valid: %s", good[i]);
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+		ok(!rb_traceparent_valid(bad[i]), "traceparent invalid: '%s'", bad[i]);
+	rb_traceparent_new(tp);
+	rb_traceparent_new(tp2);
+	ok(strlen(tp) == RB_TRACEPARENT_LEN && rb_traceparent_valid(tp) && strncmp(tp, "00-", 3) == 0 &&
+	    strcmp(tp + 52, "-01") == 0, "a new traceparent: version 00, sampled: %s", tp);
+	ok(strncmp(tp + 3, tp2 + 3, 32) != 0, "two new traceparents: two traces");
+	line = "{\"event_id\":\"e\",\"headers\":{\"TraceParent\":\"01-0af7651916cd43dd8448eb211c80319c-"
+	    "b7ad6b7169203331-01-later\",\"tracestate\":\"a=b\"},\"payload\":{}}";
+	ok(rb_trace_of_line(line, strlen(line), tp, ts), "a line's traceparent, any case");
+	is_str(tp, "01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "its first 55 bytes");
+	is_str(ts, "a=b", "and its tracestate");
+	line = "{\"event_id\":\"e\",\"headers\":{\"tracestate\":\"a=b\"},\"payload\":{}}";
+	ok(!rb_trace_of_line(line, strlen(line), tp, ts) && ts[0] == '\0', "no traceparent: no tracestate either");
+	line = "{\"event_id\":\"e\",\"payload\":{}}";
+	ok(!rb_trace_of_line(line, strlen(line), tp, ts), "no headers");
+	ok(rb_parse_iso_ms("1970-01-01T00:00:01.500Z") == 1500, "ISO time with ms");
+	ok(rb_parse_iso_ms("2026-12-05T16:08:43Z") == INT64_C(1796486923000), "ISO time without ms");
+	ok(rb_parse_iso_ms("yesterday") == -1 && rb_parse_iso_ms(NULL) == -1, "not an ISO time");
+}
+
 int
 main(void)
 {
@@ -214,5 +261,6 @@ main(void)
 	test_lease();
 	test_names();
 	test_validate();
+	test_trace();
 	return done_testing();
 }
