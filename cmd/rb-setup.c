@@ -196,7 +196,7 @@ check(struct rb_store *store)
 	struct rb_schema_info info;
 	struct rb_error err = { 0 };
 	const char *schema = rb_store_schema(store);
-	char installed[16];
+	char installed[64];
 	int rc;
 
 	if (rb_store_schema_info(store, &info, &err) < 0) {
@@ -204,16 +204,19 @@ check(struct rb_store *store)
 		rb_cli_die(&err);
 	}
 	rc = rb_schema_problem(schema, &info, &err) < 0 ? err.exit_code : RB_EXIT_OK;
+	/* in words an operator cannot misread: the program's version
+	 * (PACKAGE_VERSION) is not the schema's (RB_SCHEMA_VERSION) */
 	if (info.state == RB_SCHEMA_ABSENT)
-		snprintf(installed, sizeof installed, "none");
+		snprintf(installed, sizeof installed, "not set up");
 	else if (info.state == RB_SCHEMA_010)
-		snprintf(installed, sizeof installed, "0.1.0");
+		snprintf(installed, sizeof installed, "the 0.1.0 row-lease schema");
 	else
-		snprintf(installed, sizeof installed, "%d", info.installed);
-	printf("schema %s: installed %s, expected %d: %s\n", schema, installed, info.expected,
+		snprintf(installed, sizeof installed, "schema version %d", info.installed);
+	printf("schema %s: %s; relaybus %s %s schema version %d: %s\n", schema, installed, PACKAGE_VERSION,
+	    info.state == RB_SCHEMA_NEWER ? "understands up to" : "expects", info.expected,
 	    info.state == RB_SCHEMA_CURRENT ? "up to date" :
-	    info.state == RB_SCHEMA_ABSENT ? "not set up, run rb-setup" :
-	    info.state == RB_SCHEMA_NEWER ? "newer than this relaybus" : "upgrade due, run rb-setup");
+	    info.state == RB_SCHEMA_ABSENT ? "run rb-setup" :
+	    info.state == RB_SCHEMA_NEWER ? "use a newer relaybus" : "upgrade due, run rb-setup");
 	rb_store_close(store);
 	free(opt.subscribe);
 	free(opt.unsubscribe);
@@ -276,7 +279,7 @@ main(int argc, char **argv)
 		rb_cli_die(&err);
 	}
 	if (info.state == RB_SCHEMA_010)
-		rb_info("schema %s upgraded from relaybus 0.1.0 to version %d", rb_store_schema(store),
+		rb_info("schema %s upgraded from the 0.1.0 row-lease schema to schema version %d", rb_store_schema(store),
 		    info.expected);
 	else if (info.state == RB_SCHEMA_OLDER)
 		rb_info("schema %s upgraded from version %d to %d", rb_store_schema(store),

@@ -395,8 +395,8 @@ rb_schema_problem(const char *schema, const struct rb_schema_info *i, struct rb_
 	case RB_SCHEMA_ABSENT:
 		return rb_seterr(err, RB_EXIT_CONFIG, "schema \"%s\" is not set up: run rb-setup", schema);
 	case RB_SCHEMA_010:
-		return rb_seterr(err, RB_EXIT_UPGRADE, "schema \"%s\" holds the tables of relaybus 0.1.0, "
-		    "this relaybus needs version %d: stop the 0.1.0 workers and run rb-setup", schema,
+		return rb_seterr(err, RB_EXIT_UPGRADE, "schema \"%s\" holds the 0.1.0 row-lease schema, "
+		    "this relaybus needs schema version %d: stop the 0.1.0 workers and run rb-setup", schema,
 		    i->expected);
 	case RB_SCHEMA_OLDER:
 		return rb_seterr(err, RB_EXIT_UPGRADE, "schema \"%s\" is at version %d, this relaybus "

@@ -245,8 +245,9 @@ warn_creators(struct rb_store *s)
 /*
  * A re-run (a deploy script's, a new subscription, a grant) on a schema
  * that this very DDL made takes no lock that a claim, a completion or a
- * publish waits for: the DDL is skipped when the schema's fingerprint is
- * the script's hash (FNV-1a 64) and a digest of its catalog as the script
+ * publish waits for: the DDL is skipped when the schema is at this
+ * version and its fingerprint is the script's hash (FNV-1a 64) and a
+ * digest of its catalog as the script
  * left it (tables and their columns, defaults and options, indexes,
  * constraints, the view's definition, each function's source and
  * settings), so that a schema changed by hand since, or by another
@@ -275,7 +276,8 @@ warn_creators(struct rb_store *s)
     "    FROM pg_catalog.pg_constraint co WHERE co.connamespace = '@S@'::pg_catalog.regnamespace) s(x))"
 static const char fp_same_sql[] =
     "SELECT coalesce((SELECT s.value FROM @S@.relaybus_settings s WHERE s.name = 'script'), '') = "
-    "  $1 || ':' || " CATALOG_DIGEST;
+    "  $1 || ':' || " CATALOG_DIGEST " "
+    "  AND (SELECT max(v.version) FROM @S@.relaybus_schema_version v) = $2::pg_catalog.int4";
 static const char fp_write_sql[] =
     "INSERT INTO @S@.relaybus_settings (name, value) SELECT 'script', $1 || ':' || " CATALOG_DIGEST " "
     "ON CONFLICT (name) DO UPDATE SET value = excluded.value";
@@ -302,8 +304,8 @@ fingerprint(const char *text, char *buf, size_t size)
 static int
 ddl_current(struct rb_store *s, const char *fp, struct rb_error *err)
 {
-	char name[80], *q;
-	const char *p1[1] = { name }, *p2[1] = { fp };
+	char name[80], version[16], *q;
+	const char *p1[1] = { name }, *p2[2] = { fp, version };
 	PGresult *res;
 	int same;
 
@@ -316,8 +318,9 @@ ddl_current(struct rb_store *s, const char *fp, struct rb_error *err)
 	PQclear(res);
 	if (!same)
 		return 0;
+	snprintf(version, sizeof version, "%d", RB_SCHEMA_VERSION);
 	q = pg_render(fp_same_sql, s->schema);
-	res = pg_run(s, q, 1, p2, PGRES_TUPLES_OK, "set-up", false, err);
+	res = pg_run(s, q, 2, p2, PGRES_TUPLES_OK, "set-up", false, err);
 	free(q);
 	if (res == NULL)
 		return -1;

@@ -441,7 +441,7 @@ mailer pending -" ]
     [[ "$output" == *"  $c "* ]] || [[ "$output" == *"  $c"$'\n'* ]]
   done
   run rb-admin -V
-  [[ "$output" == "rb-admin 0.1.0 (backends: postgresql"* ]]
+  [[ "$output" == "rb-admin 0.2.0 (backends: postgresql"* ]]
 }
 
 @test "stats --handler of a handler nobody subscribed and nothing reached: 78 in one line naming the subscribed ones" {

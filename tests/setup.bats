@@ -407,7 +407,7 @@ teardown() {
   [[ "${lines[0]}" == "usage: rb-setup "* ]]
   run rb-setup -V
   [ "$status" -eq 0 ]
-  [[ "$output" == "rb-setup 0.1.0 (backends: postgresql"* ]]
+  [[ "$output" == "rb-setup 0.2.0 (backends: postgresql"* ]]
   # libpq's version as its users write it (15.18, not 150018)
   [[ "$output" =~ \;\ libpq\ [0-9]+\.[0-9]+(\.[0-9]+)?,\ (libmongoc\ [0-9.]+,\ )?jansson\  ]]
 }

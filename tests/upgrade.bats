@@ -110,7 +110,7 @@ rows() {  # [schema]
 @test "every program refuses a 0.1.0 schema with one line naming rb-setup (exit 79)" {
   need_pg
   load_010
-  msg="schema \"$RB_SCHEMA\" holds the tables of relaybus 0.1.0, this relaybus needs version 1: stop the 0.1.0 workers and run rb-setup"
+  msg="schema \"$RB_SCHEMA\" holds the 0.1.0 row-lease schema, this relaybus needs schema version 1: stop the 0.1.0 workers and run rb-setup"
   for cmd in "rb-publish" "rb-claim -H mailer" "rb-complete" "rb-admin stats" \
              "rb-dispatch -H mailer --exec true --drain" "rb-pageinspect watch -c 1"; do
     run --separate-stderr $cmd </dev/null
@@ -120,7 +120,7 @@ rows() {  # [schema]
   done
   run --separate-stderr rb-setup --check
   [ "$status" -eq 79 ]
-  [ "$output" = "schema $RB_SCHEMA: installed 0.1.0, expected 1: upgrade due, run rb-setup" ]
+  [ "$output" = "schema $RB_SCHEMA: the 0.1.0 row-lease schema; relaybus 0.2.0 expects schema version 1: upgrade due, run rb-setup" ]
   [ -z "$stderr" ]
   # nothing was changed by any of them
   [ "$(q "SELECT count(*) FROM relaybus_deliveries WHERE lease_token IS NOT NULL")" = 2 ]
@@ -131,10 +131,10 @@ rows() {  # [schema]
   load_010
   run --separate-stderr rb-setup -v
   [ "$status" -eq 0 ]
-  [[ "$stderr" == *"schema $RB_SCHEMA upgraded from relaybus 0.1.0 to version 1"* ]]
+  [[ "$stderr" == *"schema $RB_SCHEMA upgraded from the 0.1.0 row-lease schema to schema version 1"* ]]
   run rb-setup --check
   [ "$status" -eq 0 ]
-  [ "$output" = "schema $RB_SCHEMA: installed 1, expected 1: up to date" ]
+  [ "$output" = "schema $RB_SCHEMA: schema version 1; relaybus 0.2.0 expects schema version 1: up to date" ]
   # every row is there, in the state 0.1.0 left it, processing as pending with its attempts
   [ "$(q "SELECT string_agg(event_id || ':' || handler || ':' || status || ':' || attempts || ':' || coalesce(last_error, '-'), ' ' ORDER BY event_id, handler)
           FROM relaybus_deliveries")" = "o1:audit:completed:1:- o1:mailer:completed:1:- o2:audit:pending:0:- o2:mailer:pending:1:- o3:audit:pending:0:- o3:mailer:pending:0:- o4:audit:completed:2:- o4:mailer:dead:10:boom o5:mailer:pending:0:- u6:mailer:pending:2:timeout u7:mailer:completed:1:- u8:mailer:dead:3:nope u9:audit:pending:0:- u9:mailer:pending:0:-" ]
@@ -209,7 +209,7 @@ relaybus_deliveries_settled_idx" ]
   before=$(rows "$OTHER")
   psql "$_test_pg_url" -X -q -v ON_ERROR_STOP=1 -c "SET client_min_messages = warning" -f "$BATS_TEST_TMPDIR/setup.sql" >/dev/null
   [ "$(rows "$OTHER")" = "$before" ]
-  [ "$(RELAYBUS_SCHEMA=$OTHER rb-setup --check)" = "schema $OTHER: installed 1, expected 1: up to date" ]
+  [ "$(RELAYBUS_SCHEMA=$OTHER rb-setup --check)" = "schema $OTHER: schema version 1; relaybus 0.2.0 expects schema version 1: up to date" ]
 }
 
 @test "after the upgrade a drain keeps each key's order and the attempts; dead stay dead; completed never run again" {
@@ -312,7 +312,7 @@ relaybus_deliveries_settled_idx" ]
   wait "$setup" || rc=$?
   [ "$rc" -eq 75 ]
   [ "$(wc -l <"$BATS_TEST_TMPDIR/err")" -eq 1 ]
-  grep -q "^rb-setup: set-up: " "$BATS_TEST_TMPDIR/err"
+  grep -q "^rb-setup: connection lost: " "$BATS_TEST_TMPDIR/err"
   echo "COMMIT;" >&7
   # all of it rolled back: still 0.1.0, row for row
   [ "$(shape)" = "$before_shape" ]
@@ -327,17 +327,17 @@ relaybus_deliveries_settled_idx" ]
   need_pg
   run --separate-stderr rb-setup --check
   [ "$status" -eq 78 ]
-  [ "$output" = "schema $RB_SCHEMA: installed none, expected 1: not set up, run rb-setup" ]
+  [ "$output" = "schema $RB_SCHEMA: not set up; relaybus 0.2.0 expects schema version 1: run rb-setup" ]
   [ -z "$stderr" ]
   [ "$(q "SELECT count(*) FROM pg_namespace WHERE nspname = '$RB_SCHEMA'")" = 0 ]
   rb-setup
   run -0 rb-setup --check
-  [ "$output" = "schema $RB_SCHEMA: installed 1, expected 1: up to date" ]
+  [ "$output" = "schema $RB_SCHEMA: schema version 1; relaybus 0.2.0 expects schema version 1: up to date" ]
   # an older version: what a set-up of an earlier relaybus left
   q "UPDATE relaybus_schema_version SET version = 0"
   run rb-setup --check
   [ "$status" -eq 79 ]
-  [ "$output" = "schema $RB_SCHEMA: installed 0, expected 1: upgrade due, run rb-setup" ]
+  [ "$output" = "schema $RB_SCHEMA: schema version 0; relaybus 0.2.0 expects schema version 1: upgrade due, run rb-setup" ]
   run --separate-stderr rb-setup -v
   [ "$status" -eq 0 ]
   [[ "$stderr" == *"upgraded from version 0 to 1"* ]]
@@ -346,7 +346,7 @@ relaybus_deliveries_settled_idx" ]
   q "INSERT INTO relaybus_schema_version (version) VALUES (7)"
   run rb-setup --check
   [ "$status" -eq 76 ]
-  [ "$output" = "schema $RB_SCHEMA: installed 7, expected 1: newer than this relaybus" ]
+  [ "$output" = "schema $RB_SCHEMA: schema version 7; relaybus 0.2.0 understands up to schema version 1: use a newer relaybus" ]
   run --separate-stderr rb-setup --check --subscribe a:b
   [ "$status" -eq 64 ]
 }

@@ -51,7 +51,7 @@ PY
 @test "every program refuses a 0.1.0 database with one line naming rb-setup (exit 79); nothing is changed" {
   load_010
   before=$(dump)
-  msg="schema \"$RB_SCHEMA\" holds the tables of relaybus 0.1.0, this relaybus needs version 1: stop the 0.1.0 workers and run rb-setup"
+  msg="schema \"$RB_SCHEMA\" holds the 0.1.0 row-lease schema, this relaybus needs schema version 1: stop the 0.1.0 workers and run rb-setup"
   for cmd in "rb-publish" "rb-claim -H mailer" "rb-complete" "rb-admin stats" "rb-dispatch -H mailer --exec true --drain"; do
     run --separate-stderr $cmd </dev/null
     [ "$status" -eq 79 ] || { echo "$cmd: exit $status: $stderr"; false; }
@@ -60,7 +60,7 @@ PY
   done
   run --separate-stderr rb-setup --check
   [ "$status" -eq 79 ]
-  [ "$output" = "schema $RB_SCHEMA: installed 0.1.0, expected 1: upgrade due, run rb-setup" ]
+  [ "$output" = "schema $RB_SCHEMA: the 0.1.0 row-lease schema; relaybus 0.2.0 expects schema version 1: upgrade due, run rb-setup" ]
   [ "$(dump)" = "$before" ]
 }
 
@@ -69,7 +69,7 @@ PY
   run --separate-stderr rb-setup -v
   [ "$status" -eq 0 ]
   [[ "$stderr" == *"schema $RB_SCHEMA upgraded from relaybus 0.1.0 to version 1"* ]]
-  [ "$(rb-setup --check)" = "schema $RB_SCHEMA: installed 1, expected 1: up to date" ]
+  [ "$(rb-setup --check)" = "schema $RB_SCHEMA: schema version 1; relaybus 0.2.0 expects schema version 1: up to date" ]
   [ "$(deliveries)" = "o1:audit:completed:1:null o1:mailer:completed:1:null o2:audit:pending:0:null o2:mailer:pending:1:null o3:audit:pending:0:null o3:mailer:pending:0:null o4:audit:completed:2:null o4:mailer:dead:10:boom o5:mailer:pending:0:null u6:mailer:pending:2:timeout u7:mailer:completed:1:null u8:mailer:dead:3:nope u9:audit:pending:0:null u9:mailer:pending:0:null " ]
   [ "$(rbq count deliveries '{"$or":[{"leaseOwner":{"$exists":true}},{"leaseToken":{"$exists":true}},{"leaseExpiresAt":{"$exists":true}},{"dueAt":{"$exists":true}}]}')" = 0 ]
   [ "$(rbq count deliveries '{"availableAt":{"$type":"date"},"claims":0,"laneId":{"$type":"int"}}')" = 14 ]
