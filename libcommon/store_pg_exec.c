@@ -231,7 +231,9 @@ pg_fail_on(struct rb_store *s, PGconn *c, const PGresult *res, const char *what,
 		/* the set-up's guard (store_pg_version.c): a newer relaybus set this schema up */
 		rb_seterr(err, RB_EXIT_PROTOCOL, "%s", msg);
 		return -1;
-	} else if (strcmp(state, "RBP01") == 0)
+	} else if (strcmp(state, "55P03") == 0)
+		code = RB_EXIT_TEMPFAIL;	/* lock_not_available: a lock_timeout ran out, try again */
+	else if (strcmp(state, "RBP01") == 0)
 		code = RB_EXIT_CONFLICT;	/* relaybus_conflict: an id published again with other data */
 	else if (strncmp(state, "08", 2) == 0 || strncmp(state, "40", 2) == 0 ||
 	    strncmp(state, "53", 2) == 0 || strncmp(state, "57", 2) == 0)

@@ -333,6 +333,10 @@ extern const char pg_tmpl_w_complete[], pg_tmpl_w_fail[], pg_tmpl_w_lock_lane[];
 /* store_pg_setup.c */
 char	*pg_setup_script(const char *schema, const struct rb_setup_opts *, struct rb_error *);
 int	pg_setup(struct rb_store *, const struct rb_setup_opts *, struct rb_error *);
+/* store_pg_setup_wait.c: the set-up's locks, each for at most --lock-timeout */
+#define SETUP_LOCK_KEY	"7166535398124000001"
+int	pg_setup_lock(struct rb_store *, const struct rb_setup_opts *, struct rb_error *);
+int	pg_setup_lock_tables(struct rb_store *, const struct rb_setup_opts *, struct rb_error *);
 /* store_pg_version.c */
 int	pg_schema_info(struct rb_store *, struct rb_schema_info *, struct rb_error *);
 /** The set-up before schema_pg.sql (after the advisory lock): the version

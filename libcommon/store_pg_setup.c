@@ -30,15 +30,6 @@
 extern const char rb_schema_pg_sql[];
 extern const char rb_schema_history_pg_sql[];
 
-/*
- * The set-up lock: a transaction-level advisory lock on a key fixed for
- * every schema of a database.  Any role that can connect may take an
- * advisory lock on any key, this one too: rb-setup waits for it at most
- * SETUP_LOCK_WAIT_MS (--lock-timeout), then exits 75 naming the session
- * that holds it (relaybus(7), OPERATIONS).
- */
-#define SETUP_LOCK_KEY	"7166535398124000001"
-#define SETUP_LOCK_WAIT_MS 10000
 
 /* A SQL string literal for --print-sql: an E'' literal, which reads the
  * same whatever standard_conforming_strings says (with a plain '' one, a
@@ -281,11 +272,6 @@ static const char fp_same_sql[] =
 static const char fp_write_sql[] =
     "INSERT INTO @S@.relaybus_settings (name, value) SELECT 'script', $1 || ':' || " CATALOG_DIGEST " "
     "ON CONFLICT (name) DO UPDATE SET value = excluded.value";
-static const char lock_list_sql[] =
-    "SELECT pg_catalog.string_agg(pg_catalog.format('%I.%I', $1::pg_catalog.text, x.t), ', ' ORDER BY x.o) "
-    "FROM pg_catalog.unnest(ARRAY['relaybus_grants', 'relaybus_lanes', 'relaybus_worker_events', "
-    "  'relaybus_events', 'relaybus_deliveries']) WITH ORDINALITY AS x(t, o) "
-    "WHERE pg_catalog.to_regclass(pg_catalog.format('%I.%I', $1::pg_catalog.text, x.t)) IS NOT NULL";
 
 static void
 fingerprint(const char *text, char *buf, size_t size)
@@ -329,26 +315,6 @@ ddl_current(struct rb_store *s, const char *fp, struct rb_error *err)
 	return same;
 }
 
-/* Lock the tables the DDL changes, in the delivery path's order: 0 or -1 */
-static int
-lock_tables(struct rb_store *s, struct rb_error *err)
-{
-	const char *p[1] = { s->schema };
-	PGresult *res = pg_run(s, lock_list_sql, 1, p, PGRES_TUPLES_OK, "set-up", false, err);
-	char *q;
-	int rc = 0;
-
-	if (res == NULL)
-		return -1;
-	if (!PQgetisnull(res, 0, 0)) {
-		q = xasprintf("LOCK TABLE %s IN ACCESS EXCLUSIVE MODE", PQgetvalue(res, 0, 0));
-		rc = pg_run_cmd(s, q, "set-up", err);
-		free(q);
-	}
-	PQclear(res);
-	return rc;
-}
-
 /* The DDL, unless the schema is what it makes already: 1 (it ran: fp
  * holds its fingerprint, for write_fingerprint once the grants made the
  * definer functions what they are), 0 (not needed) or -1 + err */
@@ -366,7 +332,7 @@ run_ddl(struct rb_store *s, const struct rb_setup_opts *o, char *fp, size_t size
 		rb_debug("schema %s is what this set-up makes already: its tables are not touched", s->schema);
 		rc = 0;
 	} else if (rc == 0)
-		rc = lock_tables(s, err) < 0 || pg_run_cmd(s, ddl.s, "set-up", err) < 0 ? -1 : 1;
+		rc = pg_setup_lock_tables(s, o, err) < 0 || pg_run_cmd(s, ddl.s, "set-up", err) < 0 ? -1 : 1;
 	free(ddl.s);
 	return rc;
 }
@@ -401,79 +367,6 @@ set_max_delay(struct rb_store *s, int64_t ms, struct rb_error *err)
 	return rc;
 }
 
-/* The session holding the set-up lock, for the message: "pid N (user U,
- * application_name 'A', in a transaction since T, STATE)", into buf; false
- * when no session holds it now. */
-static bool
-lock_holder(struct rb_store *s, char *buf, size_t size)
-{
-	struct rb_error err = { 0 };
-	PGresult *r = pg_run(s,
-	    "SELECT a.pid, coalesce(a.usename::text, '?'), coalesce(a.application_name, ''), "
-	    "coalesce(pg_catalog.to_char(a.xact_start, 'YYYY-MM-DD HH24:MI:SS TZ'), ''), "
-	    "coalesce(pg_catalog.to_char(a.backend_start, 'YYYY-MM-DD HH24:MI:SS TZ'), ''), "
-	    "coalesce(a.state, '') "
-	    "FROM pg_catalog.pg_locks l JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid "
-	    "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 "
-	    "AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database()) "
-	    "AND l.classid::bigint = (" SETUP_LOCK_KEY "::bigint >> 32) "
-	    "AND l.objid::bigint = (" SETUP_LOCK_KEY "::bigint & 4294967295) "
-	    "AND l.pid <> pg_catalog.pg_backend_pid() LIMIT 1", 0, NULL, PGRES_TUPLES_OK, "set-up lock",
-	    false, &err);
-	bool found = r != NULL && PQntuples(r) == 1;
-
-	if (found) {
-		const char *xact = PQgetvalue(r, 0, 3), *conn = PQgetvalue(r, 0, 4), *state = PQgetvalue(r, 0, 5);
-
-		snprintf(buf, size, "pid %s (user %s, application_name '%s'%s%s%s%s)", PQgetvalue(r, 0, 0),
-		    PQgetvalue(r, 0, 1), PQgetvalue(r, 0, 2),
-		    *xact != '\0' ? ", in a transaction since " : *conn != '\0' ? ", connected since " : "",
-		    *xact != '\0' ? xact : conn, *state != '\0' ? ", " : "", state);
-	}
-	PQclear(r);
-	return found;
-}
-
-/*
- * Take the set-up lock within o->lock_timeout_ms (0: SETUP_LOCK_WAIT_MS),
- * trying every 100 ms, or fail with 75 naming its holder (said with -v at
- * once).  For ever: the script's own pg_advisory_xact_lock waits.
- */
-static int
-setup_lock(struct rb_store *s, const struct rb_setup_opts *o, struct rb_error *err)
-{
-	int64_t wait = o->lock_timeout_ms == 0 ? SETUP_LOCK_WAIT_MS : o->lock_timeout_ms;
-	int64_t start = rb_mono_ms();
-	char who[600], dur[32];
-
-	for (int tries = 0;; tries++) {
-		PGresult *r = pg_run(s, "SELECT pg_catalog.pg_try_advisory_xact_lock(" SETUP_LOCK_KEY ")", 0, NULL,
-		    PGRES_TUPLES_OK, "set-up lock", false, err);
-		bool got;
-
-		if (r == NULL)
-			return -1;
-		got = strcmp(PQgetvalue(r, 0, 0), "t") == 0;
-		PQclear(r);
-		if (got)
-			return 0;
-		if (tries == 0 && lock_holder(s, who, sizeof who))
-			rb_info("waiting for the set-up lock, held by %s", who);
-		if (wait < 0)
-			return 0;	/* (the script's pg_advisory_xact_lock waits) */
-		if (rb_mono_ms() - start >= wait)
-			break;
-		nanosleep(&(struct timespec){ .tv_nsec = 100 * 1000000L }, NULL);
-	}
-	snprintf(dur, sizeof dur, wait % 1000 == 0 ? "%llds" : "%lldms",
-	    (long long)(wait % 1000 == 0 ? wait / 1000 : wait));
-	if (lock_holder(s, who, sizeof who))
-		return rb_seterr(err, RB_EXIT_TEMPFAIL, "the set-up lock (advisory key %s) is held by %s: "
-		    "not granted within %s (--lock-timeout)", SETUP_LOCK_KEY, who, dur);
-	return rb_seterr(err, RB_EXIT_TEMPFAIL, "the set-up lock (advisory key %s) was not granted within "
-	    "%s (--lock-timeout); its holder has let go since: run rb-setup again", SETUP_LOCK_KEY, dur);
-}
-
 int
 pg_setup(struct rb_store *s, const struct rb_setup_opts *o, struct rb_error *err)
 {
@@ -489,7 +382,7 @@ pg_setup(struct rb_store *s, const struct rb_setup_opts *o, struct rb_error *err
 		goto out;
 	/* quiet the NOTICEs of CREATE ... IF NOT EXISTS on a second run */
 	if (pg_run_cmd(s, "SET LOCAL client_min_messages = warning", "set-up", err) < 0 ||
-	    setup_lock(s, o, err) < 0 || pg_run_cmd(s, b.s, "set-up", err) < 0 ||
+	    pg_setup_lock(s, o, err) < 0 || pg_run_cmd(s, b.s, "set-up", err) < 0 ||
 	    (ddl = run_ddl(s, o, fp, sizeof fp, err)) < 0 || set_max_delay(s, o->max_delay_ms, err) < 0)
 		goto fail;
 	for (size_t i = 0; i < o->n_subscribe; i++) {

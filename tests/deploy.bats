@@ -59,3 +59,35 @@ in_xact() { q "SELECT count(*) FROM pg_stat_activity WHERE application_name = '$
   [ "$(grep -c 'deadlock detected' "$log" || true)" = "$before" ]
   ! grep -i 'deadlock' "$BATS_TEST_TMPDIR/disp.err"
 }
+
+@test "a real change beside a reader that never lets go: rb-setup waits --lock-timeout, holding nothing between its attempts, then 75 naming the reader; nothing changed" {
+  gen_events 20 dep.x | rb-publish -q
+  session dep_dumper
+  echo "BEGIN; SELECT count(*) FROM relaybus_deliveries;" >&7
+  wait_for 10 '[ "$(in_xact dep_dumper)" = 1 ]'
+  # a schema whose fingerprint is not this script's: the DDL must run
+  q "UPDATE relaybus_settings SET value = 'an older relaybus' WHERE name = 'script'"
+  local t0 t1 c0 c1
+  t0=$(date +%s%N)
+  run --separate-stderr timeout 60 rb-setup --lock-timeout 3s -s 'dep3:dep.*'
+  t1=$(date +%s%N)
+  echo "$stderr"
+  [ "$status" -eq 75 ]
+  [ "${#stderr_lines[@]}" -eq 1 ]
+  [[ $stderr == "rb-setup: the tables of schema $RB_SCHEMA are held by pid "*"application_name 'dep_dumper', in a transaction since "*": not granted within 3s (--lock-timeout); nothing was changed" ]]
+  # it gave up after its timeout, not at once and not much later (a loaded machine)
+  [ $(( (t1 - t0) / 1000000 )) -ge 3000 ] && [ $(( (t1 - t0) / 1000000 )) -lt 30000 ]
+  [ "$(q "SELECT count(*) FROM relaybus_subscriptions WHERE handler = 'dep3'")" = 0 ]
+  # meanwhile a claim waits no longer than one attempt: measured beside the set-up's waiting
+  (timeout 60 rb-setup --lock-timeout 6s -s 'dep3:dep.*' 2>/dev/null 3>&-) & PIDS="${PIDS:-} $!"
+  sleep 1
+  c0=$(date +%s%N)
+  run -0 timeout 60 rb-claim -H dep --batch 5
+  c1=$(date +%s%N)
+  [ "${#lines[@]}" = 5 ]
+  [ $(( (c1 - c0) / 1000000 )) -lt 3000 ]
+  # the reader gone, the change goes through
+  echo "COMMIT;" >&7
+  run -0 --separate-stderr timeout 60 rb-setup --lock-timeout 10s -s 'dep3:dep.*'
+  [ "$(q "SELECT count(*) FROM relaybus_subscriptions WHERE handler = 'dep3'")" = 1 ]
+}
