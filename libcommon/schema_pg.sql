@@ -1775,7 +1775,7 @@ BEGIN
               CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_lanes y
                                    WHERE y.handler = u.handler AND y.lane = u.lane OFFSET 0) x),
         by_id AS (DELETE FROM @S@.relaybus_deliveries d USING r, l
-                   WHERE d.id = ANY (p_ids) -- (a constant: see store_pg_complete.c)
+                   WHERE d.id BETWEEN (SELECT min(i) FROM unnest(p_ids) i) AND (SELECT max(i) FROM unnest(p_ids) i) -- (a bound: see store_pg_complete.c)
                      AND d.id = r.id AND d.event_id = r.event_id COLLATE "C" AND d.handler = r.handler COLLATE "C"
                      AND d.lane = r.lane AND d.claims = r.claims AND d.status = 'pending'
                      AND l.handler = r.handler AND l.lane = r.lane AND l.epoch = r.epoch
@@ -1799,7 +1799,7 @@ BEGIN
               CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_lanes y
                                    WHERE y.handler = u.handler AND y.lane = u.lane OFFSET 0) x),
         by_id AS (DELETE FROM @S@.relaybus_deliveries d USING r, l
-                   WHERE d.id = ANY (p_ids) -- (a constant: see store_pg_complete.c)
+                   WHERE d.id BETWEEN (SELECT min(i) FROM unnest(p_ids) i) AND (SELECT max(i) FROM unnest(p_ids) i) -- (a bound: see store_pg_complete.c)
                      AND d.id = r.id AND d.event_id = r.event_id COLLATE "C" AND d.handler = r.handler COLLATE "C"
                      AND d.lane = r.lane AND d.claims = r.claims AND d.status = 'pending'
                      AND l.handler = r.handler AND l.lane = r.lane AND l.epoch = r.epoch

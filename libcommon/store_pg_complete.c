@@ -42,11 +42,18 @@
 #define COMPLETE_RETURNING "  RETURNING r.ord, d.event_id, d.handler, d.attempts) "
 /* (l: each lane of the results read once, through its key, not once a
  * result: a group of 200 has some 20 lanes; 7% less time a result.
- * by_id names its ids as a constant too: with only the join's d.id = r.id
- * a generic plan on a table whose statistics say it is tiny may scan the
- * whole primary key for each result, which under a held snapshot walks
- * every entry deleted since: 2,300-3,300 buffers a completion, 3 of 4 runs
- * of bench/recovery --only hold, against 200) */
+ * by_id bounds its scan of the primary key by its ids' range too: with
+ * only the join's d.id = r.id a generic plan on a table whose statistics
+ * say it is tiny may scan the whole primary key for each result, which
+ * under a held snapshot walks every entry deleted since: 2,300-3,300
+ * buffers a completion, 3 of 4 runs of bench/recovery --only hold, against
+ * 200.  A range, not the ids themselves (d.id = ANY ($6), 0b91ab2): beside
+ * the join's d.id = r.id that array became a second key of each result's
+ * probe, and PostgreSQL before 17 sorts the array and steps through every
+ * element at each probe: the completion of a batch of 800 went quadratic,
+ * 4 -> 52-85 ms, and a drain of 200,000 unkeyed deliveries 3.8x slower
+ * (issue 43).  A range is two scalar keys, merged with the equality once
+ * per probe) */
 #define COMPLETE_CTE \
     "WITH r AS (SELECT * FROM unnest($1::text[], $2::text[], $3::smallint[], $4::bigint[], $5::integer[], " \
     "  $6::bigint[]) WITH ORDINALITY AS r(event_id, handler, lane, epoch, claims, id, ord)), " \
@@ -54,7 +61,7 @@
     "  CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_lanes y " \
     "    WHERE y.handler = u.handler AND y.lane = u.lane OFFSET 0) x), " \
     "by_id AS (DELETE FROM @S@.relaybus_deliveries d USING r, l " \
-    "  WHERE d.id = ANY ($6::bigint[]) " \
+    "  WHERE d.id BETWEEN (SELECT min(i) FROM unnest($6::bigint[]) i) AND (SELECT max(i) FROM unnest($6::bigint[]) i) " \
     "    AND d.id = r.id AND d.event_id = r.event_id COLLATE \"C\" AND d.handler = r.handler COLLATE \"C\" " \
     COMPLETE_FENCE "    AND l.in_flight @> ARRAY[d.id] " COMPLETE_RETURNING ", " \
     "by_key AS (DELETE FROM @S@.relaybus_deliveries d USING r, l " \

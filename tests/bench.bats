@@ -34,6 +34,9 @@ load test_helper
     [[ "$output" == *"| 1 inst, held snapshot: defaults"*"| VALID |"* ]]
     [[ "$output" == *"| config | deliveries/s (without -> with the snapshot) |"* ]]
     [[ "$output" == *"| 1 inst, defaults"*" -> **"*"x) | "*"| VALID |"* ]]
+    # a large unkeyed backlog at the defaults (issue 43), this build only without RB_DISPATCH_BASE
+    [[ "$output" == *"### pg: a large unkeyed backlog at the defaults (unkeyed)"* ]]
+    [[ "$output" == *"| 1 (no RB_DISPATCH_BASE: this build only) | "*"| VALID |"* ]]
   else
     [[ "$output" == *"skipped: cmd/rb-dispatch is not built"* ]]
   fi
@@ -49,6 +52,23 @@ load test_helper
       "$BATS_TEST_TMPDIR/out/dispatch.dat"
   fi
   jq -e '.cores > 0 and .synchronous_commit != null and .shared_buffers != null' "$BATS_TEST_TMPDIR/out/machine.json"
+  [ "$(q "SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'rbbench\_%'")" = 0 ]
+}
+
+@test "bench/run --tiny --only unkeyed with RB_DISPATCH_BASE: each build publishes and drains its own backlog, a row per process count with both builds" {
+  need_pg
+  command -v jq >/dev/null || skip "jq is not installed"
+  command -v cc >/dev/null && pkg-config --exists libpq || skip "cc or libpq-dev is missing"
+  [ -x "$RB_BINDIR/rb-dispatch" ] || skip "cmd/rb-dispatch is not built"
+  run --separate-stderr env RB_BINDIR="$RB_BINDIR" RB_DISPATCH_BASE="$RB_BINDIR/rb-dispatch" "$RB_SRCDIR/bench/run" --tiny \
+    --only unkeyed --db "$RELAYBUS_TEST_PG_URL" --out "$BATS_TEST_TMPDIR/out"
+  echo "$stderr" | tail -n 20 >&2
+  [ "$status" -eq 0 ]
+  [[ "$output" != *"### pg: publish only"* ]]
+  [[ "$output" == *"### pg: a large unkeyed backlog at the defaults (unkeyed)"* ]]
+  [[ "$output" == *"| 1 | "*" -> **"*"x) | "*"x | "*" -> "*"| VALID |"* ]]
+  [[ "$output" != *INVALID* ]]
+  [ "$(jq -s 'map(select(.scenario == "unkeyed" and .valid == "VALID")) | map(.build) | sort' "$BATS_TEST_TMPDIR/out/results.jsonl" | jq -c .)" = '["base","this"]' ]
   [ "$(q "SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'rbbench\_%'")" = 0 ]
 }
 
