@@ -19,6 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
+#include "rb_admin.h"
 #include "rb_cli.h"
 #include "rb_exit.h"
 #include "rb_log.h"
@@ -225,6 +228,29 @@ check(struct rb_store *store)
 	return rc;
 }
 
+/* The one line of an upgrade from the 0.1.0 row-lease schema, at the
+ * default verbosity: what it converted, and how long it took. */
+static void
+upgraded(struct rb_store *store, int version, int64_t ms)
+{
+	struct rb_error err = { 0 };
+	json_t *st = NULL, *total;
+	json_int_t n = -1;
+
+	if (rb_admin_stats(store, &st, &err) == 0 && (total = json_object_get(st, "total")) != NULL)
+		n = json_integer_value(json_object_get(total, "pending")) +
+		    json_integer_value(json_object_get(total, "processing")) +
+		    json_integer_value(json_object_get(total, "dead")) +
+		    json_integer_value(json_object_get(total, "completed"));
+	json_decref(st);
+	if (n >= 0)
+		rb_notice("schema %s upgraded from the 0.1.0 row-lease schema to schema version %d: %" JSON_INTEGER_FORMAT
+		    " deliveries converted in %.1f s", rb_store_schema(store), version, n, (double)ms / 1000);
+	else
+		rb_notice("schema %s upgraded from the 0.1.0 row-lease schema to schema version %d in %.1f s",
+		    rb_store_schema(store), version, (double)ms / 1000);
+}
+
 int
 main(int argc, char **argv)
 {
@@ -232,6 +258,7 @@ main(int argc, char **argv)
 	struct rb_schema_info info;
 	struct rb_error err = { 0 };
 	struct rb_store *store;
+	int64_t started;
 
 	rb_cli_init("rb-setup", &opt.common);
 	parse_args(argc, argv);
@@ -273,14 +300,20 @@ main(int argc, char **argv)
 	/* a newer relaybus's schema: refused before the transaction (the
 	 * script's own guard refuses it too, under the lock) */
 	if (rb_store_schema_info(store, &info, &err) < 0 ||
-	    (info.state == RB_SCHEMA_NEWER && rb_schema_problem(rb_store_schema(store), &info, &err) < 0) ||
-	    rb_store_setup(store, &so, &err) < 0) {
+	    (info.state == RB_SCHEMA_NEWER && rb_schema_problem(rb_store_schema(store), &info, &err) < 0)) {
 		rb_store_close(store);
 		rb_cli_die(&err);
 	}
 	if (info.state == RB_SCHEMA_010)
-		rb_info("schema %s upgraded from the 0.1.0 row-lease schema to schema version %d", rb_store_schema(store),
-		    info.expected);
+		rb_notice("upgrading schema %s from the 0.1.0 row-lease schema to schema version %d, in one "
+		    "transaction (its workers stopped)", rb_store_schema(store), info.expected);
+	started = rb_mono_ms();
+	if (rb_store_setup(store, &so, &err) < 0) {
+		rb_store_close(store);
+		rb_cli_die(&err);
+	}
+	if (info.state == RB_SCHEMA_010)
+		upgraded(store, info.expected, rb_mono_ms() - started);
 	else if (info.state == RB_SCHEMA_OLDER)
 		rb_info("schema %s upgraded from version %d to %d", rb_store_schema(store),
 		    info.installed, info.expected);
