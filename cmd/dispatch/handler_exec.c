@@ -4,7 +4,7 @@
  * line on its stdin (written as the pipe takes it).  Its exit status is
  * the verdict: 0 completes, 80 says it completed the delivery itself
  * (relaybus_complete), 75 retries later, anything else fails the
- * attempt.  A timeout or an abort kills the process group; the verdict
+ * attempt (126 and 127, the shell's "cannot run it", named so).  A timeout or an abort kills the process group; the verdict
  * then comes with its exit.
  */
 #include "config.h"
@@ -136,6 +136,10 @@ exec_child_exited(struct dispatcher *dp, struct slot *s, int status)
 	}
 	if (WIFEXITED(status) && WEXITSTATUS(status) == RB_EXIT_TEMPFAIL)
 		snprintf(msg, sizeof msg, "exit %d: retry later", RB_EXIT_TEMPFAIL);
+	else if (WIFEXITED(status) && (WEXITSTATUS(status) == 126 || WEXITSTATUS(status) == 127))
+		/* what /bin/sh says of a command it cannot run (POSIX, 2.8.2) */
+		snprintf(msg, sizeof msg, "cannot run the handler: exit %d (%s)", WEXITSTATUS(status),
+		    WEXITSTATUS(status) == 127 ? "command not found" : "not executable");
 	else if (WIFEXITED(status))
 		snprintf(msg, sizeof msg, "exit %d", WEXITSTATUS(status));
 	else
