@@ -29,6 +29,10 @@ publish() {  # n prefix handler
   sleep 1.1	# the retry's backoff (1s)
   run -0 --separate-stderr rb-dispatch -H ledger --exec ./notexec --max-attempts 4 --drain
   [[ "$stderr" == *"rb-dispatch: ledger: nosuch-1: attempt 2/4 failed: cannot run the handler: exit 126 (not executable)"* ]]
+  # a --pipe co-process the shell cannot run: said so at each restart
+  publish 1 pipe- ledger
+  run -124 --separate-stderr timeout 2 rb-dispatch -H ledger --pipe ./nosuch --drain
+  [[ "$stderr" == *"rb-dispatch: ledger: co-process 0: cannot run the handler: exit 127 (command not found); restarting in "* ]]
 }
 
 @test "the first line of the error only: a --pipe handler's multi-line error, and --sql's syntax error" {

@@ -136,10 +136,8 @@ exec_child_exited(struct dispatcher *dp, struct slot *s, int status)
 	}
 	if (WIFEXITED(status) && WEXITSTATUS(status) == RB_EXIT_TEMPFAIL)
 		snprintf(msg, sizeof msg, "exit %d: retry later", RB_EXIT_TEMPFAIL);
-	else if (WIFEXITED(status) && (WEXITSTATUS(status) == 126 || WEXITSTATUS(status) == 127))
-		/* what /bin/sh says of a command it cannot run (POSIX, 2.8.2) */
-		snprintf(msg, sizeof msg, "cannot run the handler: exit %d (%s)", WEXITSTATUS(status),
-		    WEXITSTATUS(status) == 127 ? "command not found" : "not executable");
+	else if (cannot_run(status) != NULL)
+		snprintf(msg, sizeof msg, "%s", cannot_run(status));
 	else if (WIFEXITED(status))
 		snprintf(msg, sizeof msg, "exit %d", WEXITSTATUS(status));
 	else
