@@ -396,18 +396,19 @@ run(struct dispatcher *dp)
 	failures_flush(dp);
 	if (dp->opt.drain) {
 		/* what a --drain run did, at the default verbosity (-q hides it) */
+		int64_t ms = rb_mono_ms() - started;
 		const struct rb_log_field f[] = {
 			{ .key = "handler", .str = dp->opt.handler },
 			{ .key = "completed", .num = dp->stats.completed },
 			{ .key = "rescheduled", .num = dp->stats.rescheduled },
 			{ .key = "dead", .num = dp->stats.buried },
-			{ .key = "duration_ms", .num = rb_mono_ms() - started },
+			{ .key = "duration_ms", .num = ms },
 		};
 
 		rb_log_fields(RB_LOG_NOTICE, f, sizeof f / sizeof f[0], drained ? "drained" : "drain stopped",
 		    "%s: %ld completed, %ld failed and rescheduled, %ld dead, in %.1f s",
 		    drained ? "drained" : "drain stopped", dp->stats.completed, dp->stats.rescheduled,
-		    dp->stats.buried, (double)(rb_mono_ms() - started) / 1000.0);
+		    dp->stats.buried, (double)ms / 1000.0);
 	}
 	rb_info("%ld claimed, %ld completed, %ld rescheduled, %ld buried, %ld released, %ld lost, "
 	    "%ld completed by the handler", dp->stats.claimed, dp->stats.completed, dp->stats.rescheduled,
