@@ -29,10 +29,12 @@ publish() {  # n prefix handler
   sleep 1.1	# the retry's backoff (1s)
   run -0 --separate-stderr rb-dispatch -H ledger --exec ./notexec --max-attempts 4 --drain
   [[ "$stderr" == *"rb-dispatch: ledger: nosuch-1: attempt 2/4 failed: cannot run the handler: exit 126 (not executable)"* ]]
-  # a --pipe co-process the shell cannot run: said so at each restart
-  publish 1 pipe- ledger
-  run -124 --separate-stderr timeout 2 rb-dispatch -H ledger --pipe ./nosuch --drain
-  [[ "$stderr" == *"rb-dispatch: ledger: co-process 0: cannot run the handler: exit 127 (command not found); restarting in "* ]]
+  # a --pipe co-process the shell cannot run: said so at each restart (the
+  # drain ends, 0, if its line failed the attempt, else the timeout, 124)
+  publish 1 pipe- pipeh
+  run --separate-stderr timeout 2 rb-dispatch -H pipeh --pipe ./nosuch --drain
+  [ "$status" -eq 0 ] || [ "$status" -eq 124 ]
+  [[ "$stderr" == *"rb-dispatch: pipeh: co-process 0: cannot run the handler: exit 127 (command not found); restarting in "* ]]
 }
 
 @test "the first line of the error only: a --pipe handler's multi-line error, and --sql's syntax error" {
@@ -88,4 +90,19 @@ publish() {  # n prefix handler
   [ "$(jq -r '.msg' <<<"$line")" = "attempt failed" ]
   summary=$(jq -c 'select(.msg == "drained")' <<<"$stderr")
   [ "$(jq -r '[.completed, .rescheduled, .dead, .level] | @tsv' <<<"$summary")" = "$(printf '0\t1\t0\tnotice')" ]
+}
+
+@test "the 10 s window closes while the dispatcher runs: the count of the others comes then, not only at exit" {
+  need_pg
+  local err=$BATS_TEST_TMPDIR/err p
+  publish 15 w- win
+  rb-dispatch -H win --exec 'exit 3' --backoff 1h 2>"$err" 3>&- & p=$!
+  PIDS=$p
+  wait_for 40 'grep -q "^rb-dispatch: win: \.\.\. and 5 more failed attempts in the last 10 s$" "$err"'
+  kill -0 "$p"	# still running: said when the window closed
+  [ "$(grep -c ': attempt 1/10 failed: exit 3$' "$err")" = 10 ]
+  kill -TERM "$p"
+  wait "$p"
+  # the count is not said again at exit
+  [ "$(grep -c 'more failed attempts' "$err")" = 1 ]
 }
