@@ -46,7 +46,7 @@ static const char usage_str[] =
 "                   [--backoff BASE[,MAX[,FACTOR]]]\n"
 "                   [--poll DUR] [--window DUR] [--stats-every DUR] [--metrics-file PATH]\n"
 "                   [--owner NAME] [--drain]\n"
-"                   [--settle]\n"
+"                   [--settle] [--fail-exit]\n"
 "                   [--db URL] [--schema NAME]\n"
 "\n"
 "Claim the due deliveries of handler H, run them, renew their leases and complete them.\n"
@@ -89,6 +89,8 @@ static const char usage_str[] =
 "      --drain            exit once nothing is due and nothing is in flight\n"
 "      --settle           --drain with the retries due at once (no backoff, no retry_ms):\n"
 "                         exit once every delivery it ran is completed or dead (tests)\n"
+"      --fail-exit        with --drain or --settle: exit 82 when an attempt failed\n"
+"                         during the run (rescheduled or dead), for cron and timers\n"
 RB_COMMON_CONN_HELP
 "      --schema NAME      relaybus schema (default: $RELAYBUS_SCHEMA or public)\n"
 RB_COMMON_LOG_HELP
@@ -96,11 +98,12 @@ RB_COMMON_LOG_HELP
 "Exit status: 0 stopped by a signal or drained, 64 usage, 69 database unavailable at\n"
 "start, 70 internal error, 71 cannot start the handler, 75 stopped with results not\n"
 "applied (database down), 76 schema newer than this relaybus, 77 permission denied,\n"
-"78 bad URL or schema not set up, 79 schema needs an upgrade (run rb-setup).\n";
+"78 bad URL or schema not set up, 79 schema needs an upgrade (run rb-setup),\n"
+"82 an attempt failed during a --drain run (--fail-exit).\n";
 
 enum { OPT_EXEC = RB_OPT_FIRST_PROGRAM, OPT_PIPE, OPT_SQL, OPT_PROCS, OPT_GRACE, OPT_BACKOFF,
 	OPT_POLL, OPT_WINDOW, OPT_STATS, OPT_OWNER, OPT_DRAIN, OPT_CHAIN, OPT_CONNS,
-	OPT_SETTLE, OPT_STRICT, OPT_METRICS };
+	OPT_SETTLE, OPT_STRICT, OPT_METRICS, OPT_FAIL_EXIT };
 
 static struct options {
 	struct rb_common	common;
@@ -153,6 +156,7 @@ parse_args(int argc, char **argv)
 		{ "drain", no_argument, NULL, OPT_DRAIN },
 		{ "settle", no_argument, NULL, OPT_SETTLE },
 		{ "metrics-file", required_argument, NULL, OPT_METRICS },
+		{ "fail-exit", no_argument, NULL, OPT_FAIL_EXIT },
 		{ NULL, 0, NULL, 0 }
 	};
 	struct dispatch_opts *o = &opt.dispatch;
@@ -237,6 +241,9 @@ parse_args(int argc, char **argv)
 		case OPT_SETTLE:
 			o->drain = o->settle = true;
 			break;
+		case OPT_FAIL_EXIT:
+			o->fail_exit = true;
+			break;
 		default:
 			rb_cli_bad_option(usage_str);
 		}
@@ -247,6 +254,8 @@ parse_args(int argc, char **argv)
 		rb_cli_usage_error(usage_str, "--handler is required");
 	if (o->kind == NULL)
 		rb_cli_usage_error(usage_str, "a handler is required: --exec, --pipe or --sql");
+	if (o->fail_exit && !o->drain)
+		rb_cli_usage_error(usage_str, "--fail-exit: only with --drain or --settle");
 	if (o->concurrency == 0)
 		o->concurrency = o->kind->concurrency;
 	if (o->batch == 0)

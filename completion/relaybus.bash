@@ -15,7 +15,7 @@ _rb_opts_rb_claim="--handler= --batch= --lease= --owner= --wait= --poll= --max-a
 _rb_opts_rb_complete="--max-attempts= --backoff= --sql= --window= --batch= --no-relinquish --output $_rb_common"
 _rb_opts_rb_dispatch="--handler= --exec= --pipe= --sql= --concurrency= --batch= --chain= --strict-order --procs=
   --connections= --lease= --timeout= --grace= --max-attempts= --backoff= --poll= --window=
-  --stats-every= --metrics-file= --owner= --drain --settle $_rb_common"
+  --stats-every= --metrics-file= --owner= --drain --settle --fail-exit $_rb_common"
 _rb_opts_rb_pageinspect="--baseline --side-by-side --json --interval= --count= $_rb_common"
 _rb_opts_rb_admin="--json --table $_rb_common"
 _rb_admin_commands='stats list show requeue bury cancel purge lanes subscriptions top'

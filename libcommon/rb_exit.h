@@ -25,6 +25,7 @@ enum rb_exit {
 	/* not in sysexits(3), relaybus's own: */
 	RB_EXIT_UPGRADE = 79,		/* the schema needs an upgrade: run rb-setup */
 	RB_EXIT_CONFLICT = 81,		/* rb-publish: an event id exists with another name, key or payload */
+	RB_EXIT_FAILED = 82,		/* rb-dispatch --drain --fail-exit: an attempt failed during the run */
 };
 
 #endif

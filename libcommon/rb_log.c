@@ -19,6 +19,7 @@ static const char *log_prefix;
 static int log_level = RB_LOG_WARN;
 static bool log_json;
 static bool log_journal;	/* stderr is the journal: <N> priority prefixes */
+static rb_log_journal_fn log_journal_fn;	/* rb_log_fields' lines to the journal */
 
 /*
  * Whether stderr is the stream systemd gave us: JOURNAL_STREAM holds the
@@ -112,6 +113,7 @@ rb_exit_name(int code)
 	case RB_EXIT_TEMPFAIL: return "tempfail";
 	case RB_EXIT_NOPERM: return "noperm";
 	case RB_EXIT_CONFIG: return "config";
+	case RB_EXIT_FAILED: return "failed";
 	default: return "error";
 	}
 }
@@ -209,21 +211,26 @@ log_escape(const char *in, char *out, size_t size)
 	out[o] = '\0';
 }
 
-void
-rb_logv(enum rb_log_level level, const char *code, const char *fmt, va_list ap)
+static bool
+log_shown(enum rb_log_level level)
 {
-	char raw[2048], msg[8192];
+	return (level == RB_LOG_NOTICE ? RB_LOG_WARN : (int)level) <= log_level;
+}
 
-	if ((level == RB_LOG_NOTICE ? RB_LOG_WARN : (int)level) > log_level)
-		return;
-	vsnprintf(raw, sizeof raw, fmt, ap);
-	log_escape(raw, msg, sizeof msg);
+/* One line on stderr: text, or (json) msg and the fields. */
+static void
+log_emit(enum rb_log_level level, const char *code, const char *raw_text, const char *raw_msg,
+    const struct rb_log_field *f, size_t n)
+{
+	char msg[8192];
+
 	if (log_json) {
 		char ts[64];
 		struct timespec now;
 		struct tm tm;
 		json_t *o;
 
+		log_escape(raw_msg, msg, sizeof msg);
 		clock_gettime(CLOCK_REALTIME, &now);
 		gmtime_r(&now.tv_sec, &tm);
 		snprintf(ts, sizeof ts, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ",
@@ -235,18 +242,77 @@ rb_logv(enum rb_log_level level, const char *code, const char *fmt, va_list ap)
 			json_object_set_new(o, "code", json_string(code));
 		if (o != NULL && log_prefix != NULL)
 			json_object_set_new(o, "handler", json_string(log_prefix));
+		for (size_t i = 0; o != NULL && i < n; i++) {
+			char v[4096];
+
+			if (f[i].str == NULL) {
+				json_object_set_new(o, f[i].key, json_integer(f[i].num));
+				continue;
+			}
+			log_escape(f[i].str, v, sizeof v);
+			json_object_set_new(o, f[i].key, json_string(v));
+		}
 		if (o != NULL) {
 			fputs(journal_prefix(level), stderr);
 			json_dumpf(o, stderr, JSON_COMPACT | JSON_SORT_KEYS);
 			fputc('\n', stderr);
 			json_decref(o);
 		}
-	} else if (log_prefix != NULL) {
-		fprintf(stderr, "%s%s: %s: %s\n", journal_prefix(level), log_prog, log_prefix, msg);
 	} else {
-		fprintf(stderr, "%s%s: %s\n", journal_prefix(level), log_prog, msg);
+		log_escape(raw_text, msg, sizeof msg);
+		if (log_prefix != NULL)
+			fprintf(stderr, "%s%s: %s: %s\n", journal_prefix(level), log_prog, log_prefix, msg);
+		else
+			fprintf(stderr, "%s%s: %s\n", journal_prefix(level), log_prog, msg);
 	}
 	fflush(stderr);
+}
+
+void
+rb_logv(enum rb_log_level level, const char *code, const char *fmt, va_list ap)
+{
+	char raw[2048];
+
+	if (!log_shown(level))
+		return;
+	vsnprintf(raw, sizeof raw, fmt, ap);
+	log_emit(level, code, raw, raw, NULL, 0);
+}
+
+void
+rb_log_fields(enum rb_log_level level, const struct rb_log_field *f, size_t n, const char *msg,
+    const char *fmt, ...)
+{
+	char raw[2048];
+	va_list ap;
+
+	if (!log_shown(level))
+		return;
+	va_start(ap, fmt);
+	vsnprintf(raw, sizeof raw, fmt, ap);
+	va_end(ap);
+	if (log_journal && log_journal_fn != NULL) {
+		char text[8192];
+		int prio = level == RB_LOG_ERROR ? 3 : level == RB_LOG_WARN ? 4 :
+		    level == RB_LOG_NOTICE ? 5 : level == RB_LOG_INFO ? 6 : 7;
+
+		log_escape(raw, text, sizeof text);
+		if (log_journal_fn(prio, text, f, n) == 0)
+			return;
+	}
+	log_emit(level, NULL, raw, msg, f, n);
+}
+
+void
+rb_log_set_journal(rb_log_journal_fn fn)
+{
+	log_journal_fn = fn;
+}
+
+bool
+rb_log_journal(void)
+{
+	return log_journal;
 }
 
 #define RB_LOG_FN(fn, level)						\

@@ -9,6 +9,7 @@
 
 #include <stdbool.h>
 #include <stdarg.h>
+#include <stddef.h>
 
 enum rb_log_level { RB_LOG_ERROR = 0, RB_LOG_WARN = 1, RB_LOG_INFO = 2, RB_LOG_DEBUG = 3,
 	RB_LOG_NOTICE = 100 /* printed at the WARN threshold */ };
@@ -40,6 +41,29 @@ void	rb_die(int code, const char *fmt, ...)
 /** Like rb_die, with ": strerror(errno)" appended. */
 void	rb_die_errno(int code, const char *fmt, ...)
 	    __attribute__((format(printf, 2, 3), noreturn));
+/*
+ * A line with structured fields (an event's story: handler, event_id,
+ * attempt, lane, error).  text: "prog: prefix: " and the formatted text;
+ * json: msg, with each field a member of its own; when stderr is the
+ * journal and a sink is set (rb_log_set_journal), the sink gets the
+ * formatted text and the fields, so that journalctl can select them
+ * (RELAYBUS_EVENT_ID=...).  A field is a string (str) or, str NULL, the
+ * number num.
+ */
+struct rb_log_field {
+	const char	*key;
+	const char	*str;
+	long long	 num;
+};
+void	rb_log_fields(enum rb_log_level, const struct rb_log_field *f, size_t n, const char *msg,
+	    const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/** Where rb_log_fields' lines go when stderr is the journal (priority: syslog's, 3..7):
+ * 0 when sent, -1 to print them on stderr instead. */
+typedef int (*rb_log_journal_fn)(int priority, const char *text, const struct rb_log_field *f,
+	    size_t n);
+void	rb_log_set_journal(rb_log_journal_fn);
+/** Whether stderr is the journal (JOURNAL_STREAM, as systemd sets it). */
+bool	rb_log_journal(void);
 /** The short name of an exit code ("usage", "dataerr", ...). */
 const char *rb_exit_name(int code);
 

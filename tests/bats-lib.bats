@@ -109,6 +109,28 @@ need_db() { [ -n "${RELAYBUS_TEST_DB:-}" ] || skip "no test database (set RELAYB
   assert_delivery_completed x-2 mailer
 }
 
+@test "rb_dispatch: RELAYBUS_URL reaches the --exec handler too, as the library says; its own transaction completes the delivery" {
+  need_db
+  rb_psql -c 'CREATE TABLE seen (event_id text PRIMARY KEY)'
+  rb_publish '{"id":"u-1","name":"order.paid","payload":{}}'
+  # a handler that writes with RELAYBUS_URL alone and completes in its own transaction
+  cat >"$BATS_TEST_TMPDIR/see" <<'EOF'
+#!/bin/sh
+line=$(cat)
+psql "$RELAYBUS_URL" -XAtq -v ON_ERROR_STOP=1 -v line="$line" <<'SQL' | grep -qx completed && exit 80
+BEGIN;
+INSERT INTO seen VALUES (:'line'::jsonb->>'event_id');
+SELECT relaybus_complete(:'line');
+COMMIT;
+SQL
+exit 1
+EOF
+  chmod +x "$BATS_TEST_TMPDIR/see"
+  rb_dispatch ledger --exec "$BATS_TEST_TMPDIR/see"
+  assert_delivery_completed u-1 ledger
+  [ "$(rb_psql -c "SELECT count(*) FROM seen WHERE event_id = 'u-1'")" = 1 ]
+}
+
 @test "scripts/pg-tmp started from a folder the postgres user cannot enter prints its URL and nothing else" {
   [ "$(id -u)" = 0 ] || skip "as root only (the server runs as postgres)"
   command -v pg_ctl >/dev/null || ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || skip "no PostgreSQL server"

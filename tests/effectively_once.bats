@@ -97,7 +97,7 @@ attempt_of() { q "SELECT string_agg(attempt::text, ',') FROM eo_rows WHERE handl
     run -0 --separate-stderr timeout 120 rb-dispatch -v -H x1 --exec "rb-test-eo-psql --exec" --settle --lease 5s
   exactly_once 8 x1
   # (killed by signal 9, or exit 137 from the shell around it)
-  [[ "$stderr" == *"e3: attempt 1 failed: "* ]]
+  [[ "$stderr" == *"e3: attempt 1/10 failed: "* ]]
   [[ "$stderr" == *"e3: completed by the handler (its delivery is gone, the lease held)"* ]]
   crashed_after x1 e3 && crashed_after x1 e6
   crashed_before x1 e2

@@ -203,3 +203,38 @@ EOT
   [ "$status" -eq 0 ] || { echo "$output"; false; }
   [[ "$output" == *"ok 1 loaded"* ]]
 }
+
+@test "after a default make install, bats_load_library relaybus finds the library with BATS_LIB_PATH unset, as the README says" {
+  need_install
+  # configured with the default prefix, as a user who runs ./configure && make install
+  grep -qx 'prefix = /usr/local' "$RB_BUILDDIR/Makefile" || skip "configured with another prefix"
+  # where bats looks when BATS_LIB_PATH is unset (bats sets its default)
+  cat >"$BATS_TEST_TMPDIR/where.bats" <<'EOT'
+TEST "where" { echo "# $BATS_LIB_PATH" >&3; }
+EOT
+  sed -i 's/^TEST /@test /' "$BATS_TEST_TMPDIR/where.bats"
+  local path libpath
+  path=$(tr ':' '\n' <<<"$PATH" | grep -v bats-core | paste -sd:)
+  libpath=$(env -i PATH="$path" HOME="$HOME" bats "$BATS_TEST_TMPDIR/where.bats" | sed -n 's/^# //p')
+  [ -n "$libpath" ]
+  [ -f "$DEST$libpath/relaybus/load.bash" ]
+  [ -x "$DEST$libpath/relaybus/pg-tmp" ]
+  # and run from there: the installed tree seen at / (its $libpath laid over
+  # the system's in a mount namespace of the test's own), nothing set
+  unshare -m true 2>/dev/null || skip "no mount namespace here (unshare -m)"
+  cat >"$BATS_TEST_TMPDIR/user.bats" <<'EOT'
+bats_load_library relaybus
+TEST "loaded" {
+  declare -F relaybus_setup_file rb_publish rb_dispatch assert_delivery_completed >/dev/null
+}
+EOT
+  sed -i 's/^TEST /@test /' "$BATS_TEST_TMPDIR/user.bats"
+  local parent=${libpath%/*}
+  [ -d "$parent" ] || skip "$parent does not exist here"
+  run env -i PATH="$path" HOME="$HOME" unshare -m sh -c '
+    mount -t overlay overlay -o "lowerdir=$1:$2" "$2" || exit 9
+    exec bats "$3"' _ "$DEST$parent" "$parent" "$BATS_TEST_TMPDIR/user.bats"
+  [ "$status" -ne 9 ] || skip "no overlay mount here"
+  [ "$status" -eq 0 ] || { echo "$output"; false; }
+  [[ "$output" == *"ok 1 loaded"* ]]
+}

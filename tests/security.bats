@@ -218,11 +218,13 @@ app_conns() { q "SELECT count(*) FROM pg_stat_activity WHERE application_name = 
   run -65 --separate-stderr rb-admin cancel $'inj\nrb-admin: everything is fine\e[2J'
   [ "$(printf '%s\n' "$stderr" | wc -l)" = 1 ] || { echo "$stderr"; false; }
   [[ "$stderr" == *"no delivery of event 'inj\\nrb-admin: everything is fine\\x1b[2J'"* ]] || { echo "$stderr"; false; }
-  # a co-process's error text, logged with -v
+  # a co-process's error text: its first line in the failed attempt's
+  # warning, all of it, escaped, in the burial's
   printf '{"id":"log-1","name":"t","payload":{},"handlers":["logh"]}\n' | rb-publish -q
   run -0 --separate-stderr rb-dispatch -H logh -v --max-attempts 1 --drain \
     --pipe "sed -u 's/}\$/,\"ok\":false,\"error\":\"boom\\\\nrb-dispatch: forged\\\\u001b[31m\\\\u0085\"}/'"
-  [[ "$stderr" == *'attempt 1 failed: boom\nrb-dispatch: forged\x1b[31m\u0085'* ]] || { echo "$stderr"; false; }
+  [[ "$stderr" == *'attempt 1/1 failed: boom'$'\n'* ]] || { echo "$stderr"; false; }
+  [[ "$stderr" == *'buried after 1 attempts: boom\nrb-dispatch: forged\x1b[31m\u0085'* ]] || { echo "$stderr"; false; }
   [[ $'\n'"$stderr" != *$'\n'"rb-dispatch: forged"* && "$stderr" != *$'\e'* ]] || { echo "$stderr"; false; }
 }
 

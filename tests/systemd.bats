@@ -179,3 +179,33 @@ stderr_id() { stat -L -c '%d:%i' /dev/stderr; }
   [ -z "$stderr" ]
   [[ "$output" == *relaybus_publish* ]]
 }
+
+@test "under systemd, a failed attempt is a journal entry of its own: journalctl RELAYBUS_EVENT_ID=... finds it" {
+  need_pg
+  need_libsystemd
+  unshare -m true 2>/dev/null || skip "no mount namespace here (unshare -m): journald's socket is a fixed path"
+  local out=$BATS_TEST_TMPDIR/journal.jsonl err=$BATS_TEST_TMPDIR/err
+  echo '{"id":"o-42","name":"t","payload":{},"handlers":["jh"]}' | rb-publish -q
+  # journald's socket, in a mount namespace of the test's own (a tmpfs on /run)
+  run unshare -m bash -c '
+    mount -t tmpfs none /run && mkdir -p /run/systemd/journal || exit 9
+    rb-test-journal-listen /run/systemd/journal/socket "$1" 3>&- & lpid=$!
+    for i in $(seq 100); do [ -e "$1" ] && break; sleep 0.05; done
+    (exec 2>"$2"; JOURNAL_STREAM=$(stat -L -c "%d:%i" /dev/stderr) \
+      exec rb-dispatch -H jh --exec "echo boom >&2; exit 3" --drain)
+    rc=$?
+    sleep 0.2
+    kill $lpid
+    exit $rc' _ "$out" "$err"
+  [ "$status" -eq 0 ]
+  # what journalctl RELAYBUS_EVENT_ID=o-42 would select
+  entry=$(jq -c 'select(.RELAYBUS_EVENT_ID == "o-42")' "$out")
+  [ "$(jq -r '[.PRIORITY, .RELAYBUS_HANDLER, .RELAYBUS_ATTEMPT, .RELAYBUS_MAX_ATTEMPTS, .RELAYBUS_ERROR, .SYSLOG_IDENTIFIER] | @tsv' <<<"$entry")" = \
+    "$(printf '4\tjh\t1\t10\texit 3\trb-dispatch')" ]
+  [ "$(jq -r .MESSAGE <<<"$entry")" = "o-42: attempt 1/10 failed: exit 3" ]
+  [[ "$(jq -r .RELAYBUS_LANE <<<"$entry")" =~ ^[0-9]+$ ]]
+  # the drain's summary too; the handler's own stderr stays on the stream
+  jq -e 'select(.MESSAGE | startswith("drained: 0 completed, 1 failed and rescheduled"))' "$out" >/dev/null
+  grep -qx boom "$err"
+  ! grep -q 'attempt 1/10 failed' "$err" || false
+}

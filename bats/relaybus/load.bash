@@ -203,13 +203,17 @@ rb_run_handler() {
 # --sql SQL, --max-attempts N, ...), at most $RELAYBUS_TEST_TIMEOUT seconds
 # (default 60).  --drain ends while a retry waits for its backoff; --settle
 # runs `rb-dispatch --settle` instead: retries due at once, until every
-# delivery it runs is completed or dead.
+# delivery it runs is completed or dead.  The handlers get RELAYBUS_URL,
+# the test database (RELAYBUS_PASS_ENV, rb-dispatch(1)).
 rb_dispatch() {
   local drain=--drain handler rc=0
   [ "${1:-}" = --settle ] && { drain=--settle; shift; }
   handler=${1:?rb_dispatch: HANDLER OPTION...}
   shift
-  timeout "${RELAYBUS_TEST_TIMEOUT:-60}" rb-dispatch -q --handler "$handler" $drain "$@" || rc=$?
+  # the test database's URL reaches the handlers too (rb-dispatch withholds
+  # RELAYBUS_URL from them unless RELAYBUS_PASS_ENV names it)
+  RELAYBUS_PASS_ENV=RELAYBUS_URL${RELAYBUS_PASS_ENV:+,$RELAYBUS_PASS_ENV} \
+    timeout "${RELAYBUS_TEST_TIMEOUT:-60}" rb-dispatch -q --handler "$handler" $drain "$@" || rc=$?
   if [ $rc -eq 124 ]; then
     _rb_fail "rb-dispatch did not drain within ${RELAYBUS_TEST_TIMEOUT:-60} s" handler "$handler" || return $rc
   elif [ $rc -ne 0 ]; then

@@ -9,6 +9,7 @@
  *   claims.c        claimed -> delivered -> started, and the chains of a key
  *   results.c       slots done -> queued -> completed, and the outcomes
  *   leases.c        owner generations, renewal, hand-back, reconnects
+ *   failures.c      the warnings of failed attempts, rate-limited
  *   handler*.c      the handler kinds (handler.h)
  *
  * All its state is one struct dispatcher; only the signal flags are
@@ -134,6 +135,7 @@ struct dispatch_opts {
 	const char		*owner;		/* NULL: host:pid:random */
 	bool			 drain;
 	bool			 settle;	/* --settle: drain, retries due at once */
+	bool			 fail_exit;	/* --fail-exit: exit 82 when an attempt failed */
 	struct rb_complete_opts	 complete;	/* .sql: --sql */
 	const char		*metrics_file;	/* --metrics-file (metrics.h) */
 	bool			 stats_quiet;	/* stats_ms only for the file and STATUS=: no line */
@@ -299,7 +301,13 @@ struct dispatcher {
 		long	claimed, completed, rescheduled, buried, released, lost;
 		long	by_handler;	/* of completed: by the handler (relaybus_complete) */
 		long	completed_at_last_stats;
+		long	failed_attempts;	/* failed attempts said (failures.c) */
 	} stats;
+	struct {			/* failures.c: the warnings' window */
+		int64_t	since;		/* when it opened (rb_mono_ms); 0: none open */
+		int	shown;		/* warnings said in it */
+		long	more;		/* ... and not said */
+	} warns;
 	struct dispatch_metrics metrics;	/* metrics.c */
 };
 
@@ -353,6 +361,15 @@ void	on_completed(struct dispatcher *, const struct rb_store_event *);
 /* The completion out will not come back (failed, or forgotten): its
  * results stay queued. */
 void	completion_forget(struct dispatcher *);
+
+/* failures.c: a failed attempt's warning (rate-limited); the window's
+ * close (tick, from the loop; flush, at exit); when the loop must wake
+ * for it (0: no need) */
+void	failure_warn(struct dispatcher *, const char *event_id, int lane, int attempt,
+	    const char *error);
+void	failures_tick(struct dispatcher *, int64_t now);
+void	failures_flush(struct dispatcher *);
+int64_t	failures_due(const struct dispatcher *);
 
 /* leases.c */
 void	new_owner(struct dispatcher *);

@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "rb_env.h"
@@ -115,4 +116,16 @@ line_text(const struct rb_dl *d, size_t *len)
 	memcpy(s, d->text, d->tlen + 1);
 	*len = d->tlen;
 	return s;
+}
+
+const char *
+cannot_run(int status)
+{
+	if (!WIFEXITED(status))
+		return NULL;
+	if (WEXITSTATUS(status) == 127)
+		return "cannot run the handler: exit 127 (command not found)";
+	if (WEXITSTATUS(status) == 126)
+		return "cannot run the handler: exit 126 (not executable)";
+	return NULL;
 }

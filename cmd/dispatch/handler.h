@@ -92,5 +92,8 @@ pid_t	spawn(const char *cmd, int in_fd, int out_fd);
 /* spawn with the delivery's own environment entries (NULL-ended): TRACEPARENT, TRACESTATE */
 pid_t	spawn_env(const char *cmd, int in_fd, int out_fd, char *const *extra);
 char	*line_text(const struct rb_dl *d, size_t *len);
+/* "cannot run the handler: exit 127 (command not found)" for the shell's
+ * exit statuses 126 and 127 (POSIX 2.8.2), else NULL */
+const char *cannot_run(int status);
 
 #endif

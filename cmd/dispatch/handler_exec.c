@@ -4,7 +4,7 @@
  * line on its stdin (written as the pipe takes it).  Its exit status is
  * the verdict: 0 completes, 80 says it completed the delivery itself
  * (relaybus_complete), 75 retries later, anything else fails the
- * attempt.  A timeout or an abort kills the process group; the verdict
+ * attempt (126 and 127, the shell's "cannot run it", named so).  A timeout or an abort kills the process group; the verdict
  * then comes with its exit.
  */
 #include "config.h"
@@ -136,6 +136,8 @@ exec_child_exited(struct dispatcher *dp, struct slot *s, int status)
 	}
 	if (WIFEXITED(status) && WEXITSTATUS(status) == RB_EXIT_TEMPFAIL)
 		snprintf(msg, sizeof msg, "exit %d: retry later", RB_EXIT_TEMPFAIL);
+	else if (cannot_run(status) != NULL)
+		snprintf(msg, sizeof msg, "%s", cannot_run(status));
 	else if (WIFEXITED(status))
 		snprintf(msg, sizeof msg, "exit %d", WEXITSTATUS(status));
 	else

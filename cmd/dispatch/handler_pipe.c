@@ -378,7 +378,9 @@ proc_exited(struct dispatcher *dp, int i, int status)
 	c->rd = NULL;
 	c->pid = 0;
 	c->wlen = c->woff = 0;
-	if (WIFEXITED(status))
+	if (cannot_run(status) != NULL)
+		snprintf(msg, sizeof msg, "%s", cannot_run(status));
+	else if (WIFEXITED(status))
 		snprintf(msg, sizeof msg, "handler process exited with status %d", WEXITSTATUS(status));
 	else
 		snprintf(msg, sizeof msg, "handler process killed by signal %d", WTERMSIG(status));

@@ -244,6 +244,7 @@ wait_and_serve(struct dispatcher *dp, int64_t now, struct pollfd *pfd, int *ref)
 		until = min_deadline(until, dp->next_stats);
 	until = min_deadline(until, dp->next_deadline);
 	until = min_deadline(until, notify_watchdog(now));
+	until = min_deadline(until, failures_due(dp));
 	n += dp->opt.kind->pollfds != NULL ? dp->opt.kind->pollfds(dp, pfd + n, ref + n, &until) : 0;
 	timeout = until <= now ? 0 : (int)(until - now);
 	if (got_child || got_stop > dp->stop_level)
@@ -280,12 +281,14 @@ run(struct dispatcher *dp)
 	size_t npfd = (size_t)dp->opt.concurrency + 2 * (size_t)dp->opt.procs + 1 + STORE_FDS;
 	struct pollfd *pfd = xcalloc(npfd, sizeof *pfd);
 	int *ref = xcalloc(npfd, sizeof *ref);
-	int64_t last_stats = rb_mono_ms();
+	int64_t last_stats = rb_mono_ms(), started = last_stats;
 	int exit_code = RB_EXIT_OK;
+	bool drained = false;
 	struct rb_error err = { 0 };
 
 	if (rb_store_listen(dp->store, dp->opt.handler, &err) < 0)
 		db_error(dp, &err, "listen");
+	notify_journal();
 	notify_ready();
 	notify_status(metrics_summary(dp, 0.0));
 	if (dp->opt.stats_ms > 0)
@@ -319,6 +322,7 @@ run(struct dispatcher *dp)
 			abort_all(dp);
 		}
 		check_timeouts(dp, now);
+		failures_tick(dp, now);
 		if (dp->stop_level == 0 && dp->opt.kind->tick != NULL)
 			dp->opt.kind->tick(dp, now);
 		if (dp->db_down && now >= dp->reconnect_at)
@@ -359,6 +363,7 @@ run(struct dispatcher *dp)
 
 				if (left == 0) {
 					rb_info("drained: nothing due, nothing in flight");
+					drained = true;
 					break;
 				}
 				if (left > 0) {
@@ -388,6 +393,23 @@ run(struct dispatcher *dp)
 		hand_back_lanes(dp);
 	if (dp->opt.stats_ms > 0)
 		stats_line(dp, rb_mono_ms(), &last_stats);
+	failures_flush(dp);
+	if (dp->opt.drain) {
+		/* what a --drain run did, at the default verbosity (-q hides it) */
+		int64_t ms = rb_mono_ms() - started;
+		const struct rb_log_field f[] = {
+			{ .key = "handler", .str = dp->opt.handler },
+			{ .key = "completed", .num = dp->stats.completed },
+			{ .key = "rescheduled", .num = dp->stats.rescheduled },
+			{ .key = "dead", .num = dp->stats.buried },
+			{ .key = "duration_ms", .num = ms },
+		};
+
+		rb_log_fields(RB_LOG_NOTICE, f, sizeof f / sizeof f[0], drained ? "drained" : "drain stopped",
+		    "%s: %ld completed, %ld failed and rescheduled, %ld dead, in %.1f s",
+		    drained ? "drained" : "drain stopped", dp->stats.completed, dp->stats.rescheduled,
+		    dp->stats.buried, (double)ms / 1000.0);
+	}
 	rb_info("%ld claimed, %ld completed, %ld rescheduled, %ld buried, %ld released, %ld lost, "
 	    "%ld completed by the handler", dp->stats.claimed, dp->stats.completed, dp->stats.rescheduled,
 	    dp->stats.buried, dp->stats.released, dp->stats.lost, dp->stats.by_handler);
@@ -395,6 +417,9 @@ run(struct dispatcher *dp)
 	free(ref);
 	if (dp->fatal_code != 0)
 		return dp->fatal_code;
+	if (exit_code == RB_EXIT_OK && dp->opt.fail_exit && dp->opt.drain &&
+	    (dp->stats.rescheduled > 0 || dp->stats.buried > 0 || dp->stats.failed_attempts > 0))
+		exit_code = RB_EXIT_FAILED;
 	return exit_code;
 }
 

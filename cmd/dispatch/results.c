@@ -71,8 +71,7 @@ finish_slot(struct dispatcher *dp, struct slot *s, struct verdict v)
 	struct rb_dl *d = s->d;
 
 	if (v.failed)
-		rb_info("%s: attempt %d failed: %s", d->event_id, d->attempt,
-		    v.error != NULL ? v.error : "handler failed");
+		failure_warn(dp, d->event_id, d->lease.lane, d->attempt, v.error);
 	struct chain *followers = s->followers;
 	unsigned gen = s->gen;
 	/* the rest of its chain goes on once it succeeded, when this was its
@@ -185,7 +184,11 @@ apply_results(struct dispatcher *dp, size_t n, struct rb_result *v)
 				rb_info("%s: lease lost, not applied (it runs again elsewhere)", ev);
 			break;
 		}
-		if (r->sql_error != NULL)
+		if (r->sql_error != NULL && (r->outcome == RB_OUTCOME_RESCHEDULED ||
+		    r->outcome == RB_OUTCOME_BURIED))
+			/* --sql: the statement failed, and so did the attempt */
+			failure_warn(dp, ev, r->lease.lane, r->attempts > 0 ? r->attempts : 1, r->sql_error);
+		else if (r->sql_error != NULL)
 			rb_info("%s: %s", ev, r->sql_error);
 		rb_debug("%s: %s%s", ev, rb_outcome_name(r->outcome), r->by_handler ? " (by the handler)" : "");
 	}

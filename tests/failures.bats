@@ -1,0 +1,108 @@
+#!/usr/bin/env bats
+# rb-dispatch: a failing handler is loud at the default verbosity (issue
+# 39 item 2): one warning per failed attempt naming the handler, the
+# event, the attempt out of --max-attempts and the first line of the
+# error, rate-limited; --drain's summary line; --fail-exit; the same
+# fields as fields of their own in --log-format json.  Real processes
+# against a real store.
+
+load test_helper
+
+setup() { fresh_schema; }
+teardown() { kill_pids_drop_schema; }
+
+publish() {  # n prefix handler
+  awk -v n="$1" -v p="$2" -v h="$3" 'BEGIN {
+    for (i = 1; i <= n; i++)
+      printf "{\"id\":\"%s%d\",\"name\":\"t\",\"payload\":{\"i\":%d},\"handlers\":[\"%s\"]}\n", p, i, i, h
+  }' | rb-publish -q
+}
+
+@test "a handler that cannot start: one warning per attempt naming handler, event, attempt of the maximum and exit 127 (command not found)" {
+  need_pg
+  publish 1 nosuch- ledger
+  cd "$BATS_TEST_TMPDIR"
+  run -0 --separate-stderr rb-dispatch -H ledger --exec ./nosuch --max-attempts 4 --drain
+  [[ "$stderr" == *"rb-dispatch: ledger: nosuch-1: attempt 1/4 failed: cannot run the handler: exit 127 (command not found)"* ]]
+  printf '#!/bin/sh\nexit 0\n' >notexec
+  chmod -x notexec
+  sleep 1.1	# the retry's backoff (1s)
+  run -0 --separate-stderr rb-dispatch -H ledger --exec ./notexec --max-attempts 4 --drain
+  [[ "$stderr" == *"rb-dispatch: ledger: nosuch-1: attempt 2/4 failed: cannot run the handler: exit 126 (not executable)"* ]]
+  # a --pipe co-process the shell cannot run: said so at each restart (the
+  # drain ends, 0, if its line failed the attempt, else the timeout, 124)
+  publish 1 pipe- pipeh
+  run --separate-stderr timeout 2 rb-dispatch -H pipeh --pipe ./nosuch --drain
+  [ "$status" -eq 0 ] || [ "$status" -eq 124 ]
+  [[ "$stderr" == *"rb-dispatch: pipeh: co-process 0: cannot run the handler: exit 127 (command not found); restarting in "* ]]
+}
+
+@test "the first line of the error only: a --pipe handler's multi-line error, and --sql's syntax error" {
+  need_pg
+  publish 1 ml- multi
+  run -0 --separate-stderr rb-dispatch -H multi --drain \
+    --pipe "jq -c --unbuffered '. + {ok: false, error: \"first line\\nsecond line\"}'"
+  [[ "$stderr" == *"multi: ml-1: attempt 1/10 failed: first line"* ]]
+  [[ "$stderr" != *"second line"* ]]
+  pg_only "--sql"
+  publish 1 sq- stats
+  run -0 --separate-stderr rb-dispatch -H stats --sql 'INSRT 1' --drain
+  [[ "$stderr" == *"stats: sq-1: attempt 1/10 failed: --sql failed: syntax error at or near \"INSRT\""* ]]
+  [ "$(grep -c 'attempt 1/10 failed' <<<"$stderr")" = 1 ]
+}
+
+@test "30 failures in a drain: 10 warnings, then one line for the other 20, and the summary line" {
+  need_pg
+  publish 30 f- flood
+  run -0 --separate-stderr rb-dispatch -H flood --exec 'exit 3' --drain
+  [ "$(grep -c ': attempt 1/10 failed: exit 3$' <<<"$stderr")" = 10 ]
+  [ "$(grep -c '^rb-dispatch: flood: \.\.\. and 20 more failed attempts in the last 10 s$' <<<"$stderr")" = 1 ]
+  [[ "${stderr_lines[-1]}" == "rb-dispatch: flood: drained: 0 completed, 30 failed and rescheduled, 0 dead, in "*" s" ]]
+  # -q: errors only, no warnings nor summary
+  run -0 --separate-stderr rb-dispatch -q -H flood --exec 'exit 3' --settle --max-attempts 2
+  [ -z "$stderr" ]
+}
+
+@test "--drain's summary counts completed, rescheduled and dead; --fail-exit exits 82 when an attempt failed, 0 when none did" {
+  need_pg
+  publish 3 ok- sum
+  run -0 --separate-stderr rb-dispatch -H sum --exec true --drain --fail-exit
+  [[ "${stderr_lines[-1]}" == "rb-dispatch: sum: drained: 3 completed, 0 failed and rescheduled, 0 dead, in "*" s" ]]
+  publish 2 bad- sum
+  run -82 --separate-stderr rb-dispatch -H sum --exec 'exit 3' --settle --max-attempts 2 --fail-exit
+  [[ "${stderr_lines[-1]}" == "rb-dispatch: sum: drained: 0 completed, 2 failed and rescheduled, 2 dead, in "*" s" ]]
+  # without --fail-exit, a drain with failures exits 0 as before
+  publish 1 bad2- sum
+  run -0 --separate-stderr rb-dispatch -H sum --exec 'exit 3' --settle --max-attempts 1
+  [[ "$stderr" == *"drained: 0 completed, 0 failed and rescheduled, 1 dead, in "* ]]
+  run -64 --separate-stderr rb-dispatch -H sum --exec true --fail-exit
+  [ "${stderr_lines[0]}" = "rb-dispatch: --fail-exit: only with --drain or --settle" ]
+}
+
+@test "--log-format json: handler, event_id, attempt, max_attempts, lane and error are fields, not in msg" {
+  need_pg
+  publish 1 j- jh
+  run -0 --separate-stderr rb-dispatch --log-format json -H jh --exec 'exit 3' --drain
+  line=$(grep '"attempt failed"' <<<"$stderr")
+  [ "$(jq -r '[.handler, .event_id, .attempt, .max_attempts, .error, .level] | @tsv' <<<"$line")" = \
+    "$(printf 'jh\tj-1\t1\t10\texit 3\twarning')" ]
+  [ "$(jq -r '.lane | type' <<<"$line")" = number ]
+  [ "$(jq -r '.msg' <<<"$line")" = "attempt failed" ]
+  summary=$(jq -c 'select(.msg == "drained")' <<<"$stderr")
+  [ "$(jq -r '[.completed, .rescheduled, .dead, .level] | @tsv' <<<"$summary")" = "$(printf '0\t1\t0\tnotice')" ]
+}
+
+@test "the 10 s window closes while the dispatcher runs: the count of the others comes then, not only at exit" {
+  need_pg
+  local err=$BATS_TEST_TMPDIR/err p
+  publish 15 w- win
+  rb-dispatch -H win --exec 'exit 3' --backoff 1h 2>"$err" 3>&- & p=$!
+  PIDS=$p
+  wait_for 40 'grep -q "^rb-dispatch: win: \.\.\. and 5 more failed attempts in the last 10 s$" "$err"'
+  kill -0 "$p"	# still running: said when the window closed
+  [ "$(grep -c ': attempt 1/10 failed: exit 3$' "$err")" = 10 ]
+  kill -TERM "$p"
+  wait "$p"
+  # the count is not said again at exit
+  [ "$(grep -c 'more failed attempts' "$err")" = 1 ]
+}
