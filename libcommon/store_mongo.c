@@ -728,6 +728,7 @@ const struct rb_store_ops rb_store_mongo_ops = {
 	.admin_show = mg_admin_show,
 	.admin_apply = mg_admin_apply,
 	.admin_purge = mg_admin_purge,
+	.admin_purge_keys = mg_admin_purge_keys,
 	.admin_lanes = mg_admin_lanes,
 	.admin_subscriptions = mg_admin_subscriptions,
 };

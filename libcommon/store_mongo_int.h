@@ -120,6 +120,8 @@ int	mg_admin_show(struct rb_store *, const char *, json_t **, struct rb_error *)
 int	mg_admin_apply(struct rb_store *, enum rb_admin_action, const json_t *, const char *, json_t **,
 	    struct rb_error *);
 int	mg_admin_purge(struct rb_store *, enum rb_admin_purge, int64_t, int, struct rb_error *);
+/* store_mongo_keys.c: key counters no delivery needs (rb_admin_purge_keys) */
+int	mg_admin_purge_keys(struct rb_store *, char **after, int batch, struct rb_error *);
 int	mg_admin_lanes(struct rb_store *, const char *, bool, json_t **, struct rb_error *);
 int	mg_admin_subscriptions(struct rb_store *, const char *, json_t **, struct rb_error *);
 

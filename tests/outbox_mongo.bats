@@ -65,3 +65,74 @@ EOF
   [ "$(jq -c '[.duplicate, .deliveries]' <<<"$output")" = '[true,0]' ]
   [ "$(rbq find keys '{"_id":"k"}' seq)" = 2 ]
 }
+
+# an event line for C: id key i [extra fields]
+kev() { printf '{"id":"%s","name":"invoice.x","key":"%s","payload":{"i":%d}%s}\n' "$1" "$2" "$3" "${4:-}"; }
+counters() { rbq find keys '{}' _id seq | tr ' \n' '= ' | sed 's/ $//'; }
+fields() { jq -r "[$1] | map(tostring) | join(\" \")"; }
+
+@test "purge --keys removes the counters no delivery needs and keeps pending, in-flight and dead ones (the PostgreSQL rule)" {
+  # K1: all done; K2: pending, not due yet; K3: in flight; K4: dead
+  kev a1 K1 1 | rb-publish -q
+  rb-dispatch -q -H C --exec true --drain
+  kev c1 K3 1 | rb-publish -q
+  run -0 rb-claim -H C --lease 5m
+  [ "$(jq -r .event_id <<<"$output")" = c1 ]
+  kev b1 K2 1 ',"delay_ms":3600000' | rb-publish -q
+  kev d1 K4 1 | rb-publish -q
+  rb-claim -H C --owner other | jq -c '. + {dead: true, error: "no"}' | rb-complete -q >/dev/null
+  [ "$(rbq find deliveries '{"eventId":"d1"}' status)" = dead ]
+  [ "$(counters)" = "K1=1 K2=1 K3=1 K4=1" ]
+  run -0 --separate-stderr rb-admin purge --keys
+  echo "$output $stderr"
+  [ "$(fields '.keys,.dead,.events,.interrupted' <<<"$output")" = "1 0 0 false" ]
+  [ "$(counters)" = "K2=1 K3=1 K4=1" ]
+  run -0 --separate-stderr rb-admin purge --keys
+  [ "$(fields '.keys' <<<"$output")" = 0 ]
+  # K1's sequence starts again; in batches of 1, every counter is looked at once
+  printf '%s\n' "$(kev a2 K1 2)" "$(kev a3 K1 3)" | rb-publish -q
+  [ "$(rbq find deliveries '{"key":"K1"}' eventId seq | tr '\n' ,)" = "a2 1,a3 2," ]
+  rb-dispatch -q -H C --exec true --drain
+  run -0 --separate-stderr rb-admin purge --keys --batch 1
+  [ "$(fields '.keys,.batches' <<<"$output")" = "1 1" ]
+  [ "$(counters)" = "K2=1 K3=1 K4=1" ]
+}
+
+@test "a publish in progress keeps its key: the purge waits for its transaction, sees its delivery, and the sequence goes on" {
+  kev w1 W 1 | rb-publish -q
+  rb-dispatch -q -H C --exec true --drain
+  [ "$(counters)" = "W=1" ]
+  # an application's transaction of key W held open: its counter taken, its delivery written
+  mkfifo "$BATS_TEST_TMPDIR/go"
+  /usr/bin/python3 - "$(mongo_file_url)" "$RB_SCHEMA" "$BATS_TEST_TMPDIR/go" >"$BATS_TEST_TMPDIR/held" 2>&1 <<'PY' &
+import sys, datetime, pymongo
+url, schema, go = sys.argv[1:4]
+c = pymongo.MongoClient(url)
+db = c.get_default_database("relaybus")
+with c.start_session() as s:
+    s.start_transaction()
+    k = db[schema + ".keys"].find_one_and_update({"_id": "W"}, {"$inc": {"seq": 1}}, upsert=True,
+        return_document=pymongo.ReturnDocument.AFTER, session=s)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    db[schema + ".deliveries"].insert_one({"_id": 999999, "eventId": "w2", "handler": "C", "laneId": 214,
+        "key": "W", "seq": k["seq"], "status": "pending", "availableAt": now, "attempts": 0, "claims": 0,
+        "lastError": None, "createdAt": now, "updatedAt": now, "lane": "ready"}, session=s)
+    print("held", flush=True)
+    open(go).read()
+    s.commit_transaction()
+    print("committed", flush=True)
+PY
+  held=$!
+  wait_for 10 grep -q held "$BATS_TEST_TMPDIR/held"
+  rb-admin purge --keys >"$BATS_TEST_TMPDIR/purge" 2>"$BATS_TEST_TMPDIR/purge.err" &
+  purge=$!
+  sleep 1
+  # the purge has not finished while the publish is open
+  kill -0 $purge
+  echo go >"$BATS_TEST_TMPDIR/go"
+  wait $held
+  wait $purge
+  cat "$BATS_TEST_TMPDIR/purge"
+  [ "$(fields '.keys' <"$BATS_TEST_TMPDIR/purge")" = 0 ]
+  [ "$(counters)" = "W=2" ]
+}
