@@ -122,6 +122,10 @@ int	mg_admin_apply(struct rb_store *, enum rb_admin_action, const json_t *, cons
 int	mg_admin_purge(struct rb_store *, enum rb_admin_purge, int64_t, int, struct rb_error *);
 /* store_mongo_keys.c: key counters no delivery needs (rb_admin_purge_keys) */
 int	mg_admin_purge_keys(struct rb_store *, char **after, int batch, struct rb_error *);
+/* requeue dead keyed delivery d (update u where q), to the back of its key
+ * when a later one of its key is in flight; *modified 0 or 1 */
+int	mg_requeue_keyed(struct rb_store *, const bson_t *d, const bson_t *q, const bson_t *u, int64_t *modified,
+	    struct rb_error *);
 int	mg_admin_lanes(struct rb_store *, const char *, bool, json_t **, struct rb_error *);
 int	mg_admin_subscriptions(struct rb_store *, const char *, json_t **, struct rb_error *);
 

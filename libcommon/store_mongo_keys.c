@@ -202,3 +202,150 @@ mg_admin_purge_keys(struct rb_store *s, char **after, int batch, struct rb_error
 	*after = k.last;
 	return k.n;
 }
+
+/*
+ * Requeue of a dead keyed delivery (rb-admin requeue), the rule of
+ * PostgreSQL's requeue_reorder_sql: when a later delivery of its handler
+ * and key is in flight (it started, or may have, once this one was
+ * buried), this one could no longer run first; it goes to the back of its
+ * key, with a new sequence from the key's counter, in the transaction
+ * that makes it pending.  Else it keeps its place (its old sequence: it is
+ * the key's head again).  The claim's key rule (store_mongo_lanes.c) holds
+ * it anyway while anything of its key runs, so a claim that records a
+ * later one concurrently cannot put the two side by side either.
+ */
+struct requeue {
+	struct rb_store	*s;
+	const bson_t	*d, *q, *u;
+	int64_t		 n;	/* out: modified */
+	int64_t		 seq;	/* out: the new sequence, 0 when kept */
+};
+
+/* a later delivery of d's handler and key on its lane's inFlight list: 1, 0, -1 */
+static int
+later_in_flight(struct requeue *r, mongoc_client_session_t *cs, bson_error_t *e)
+{
+	mongoc_collection_t *lc = mg_coll(r->s, "lanes"), *dc = mg_coll(r->s, "deliveries");
+	const char *h = mg_get_str(r->d, "handler"), *key = mg_get_str(r->d, "key");
+	char lid[MG_LANE_ID_LEN];
+	bson_t *lq, opts, q = BSON_INITIALIZER, in, gt;
+	mongoc_cursor_t *cur;
+	const bson_t *ld, *dd;
+	bson_iter_t it;
+	int rc = 0;
+
+	mg_lane_id(lid, h, (int)mg_get_int(r->d, "laneId", 0));
+	lq = BCON_NEW("_id", BCON_UTF8(lid));
+	mg_sopts(cs, &opts);
+	cur = mongoc_collection_find_with_opts(lc, lq, &opts, NULL);
+	BSON_APPEND_DOCUMENT_BEGIN(&q, "_id", &in);
+	if (mongoc_cursor_next(cur, &ld) && bson_iter_init_find(&it, ld, "inFlight") &&
+	    BSON_ITER_HOLDS_ARRAY(&it)) {
+		uint32_t len;
+		const uint8_t *data;
+		bson_t ids;
+
+		bson_iter_array(&it, &len, &data);
+		if (bson_init_static(&ids, data, len))
+			bson_append_array(&in, "$in", -1, &ids);
+	} else {
+		bson_t empty = BSON_INITIALIZER;
+
+		bson_append_array(&in, "$in", -1, &empty);
+	}
+	bson_append_document_end(&q, &in);
+	if (mongoc_cursor_error(cur, e))
+		rc = -1;
+	mongoc_cursor_destroy(cur);
+	BSON_APPEND_UTF8(&q, "handler", h);
+	BSON_APPEND_UTF8(&q, "key", key);
+	BSON_APPEND_UTF8(&q, "status", "pending");
+	BSON_APPEND_DOCUMENT_BEGIN(&q, "seq", &gt);
+	BSON_APPEND_INT64(&gt, "$gt", mg_get_int(r->d, "seq", 0));
+	bson_append_document_end(&q, &gt);
+	BSON_APPEND_INT64(&opts, "limit", 1);
+	if (rc == 0) {
+		cur = mongoc_collection_find_with_opts(dc, &q, &opts, NULL);
+		rc = mongoc_cursor_next(cur, &dd) ? 1 : 0;
+		if (mongoc_cursor_error(cur, e))
+			rc = -1;
+		mongoc_cursor_destroy(cur);
+	}
+	bson_destroy(&q);
+	bson_destroy(&opts);
+	bson_destroy(lq);
+	mongoc_collection_destroy(lc);
+	mongoc_collection_destroy(dc);
+	return rc;
+}
+
+static bool
+requeue_txn(mongoc_client_session_t *cs, void *ctx, bson_error_t *e)
+{
+	struct requeue *r = ctx;
+	mongoc_collection_t *dc = mg_coll(r->s, "deliveries"), *kc = mg_coll(r->s, "keys");
+	bson_t opts, reply;
+	int later;
+	bool ok;
+
+	r->n = 0;
+	r->seq = 0;
+	mg_sopts(cs, &opts);
+	ok = (later = later_in_flight(r, cs, e)) >= 0;
+	if (ok)
+		ok = mongoc_collection_update_one(dc, r->q, r->u, &opts, &reply, e);
+	if (ok) {
+		r->n = mg_get_int(&reply, "modifiedCount", 0);
+		bson_destroy(&reply);
+	}
+	if (ok && r->n == 1 && later == 1) {
+		/* to the back of its key */
+		bson_t *kq = BCON_NEW("_id", BCON_UTF8(mg_get_str(r->d, "key")));
+		bson_t *ku = BCON_NEW("$inc", "{", "seq", BCON_INT64(1), "}");
+		mongoc_find_and_modify_opts_t *fm = mongoc_find_and_modify_opts_new();
+		bson_t extra;
+
+		mongoc_find_and_modify_opts_set_update(fm, ku);
+		mongoc_find_and_modify_opts_set_flags(fm, MONGOC_FIND_AND_MODIFY_UPSERT |
+		    MONGOC_FIND_AND_MODIFY_RETURN_NEW);
+		mg_sopts(cs, &extra);
+		mongoc_find_and_modify_opts_append(fm, &extra);
+		ok = mongoc_collection_find_and_modify_with_opts(kc, kq, fm, &reply, e);
+		if (ok) {
+			bson_iter_t it, v;
+
+			if (bson_iter_init_find(&it, &reply, "value") && BSON_ITER_HOLDS_DOCUMENT(&it) &&
+			    bson_iter_recurse(&it, &v) && bson_iter_find(&v, "seq"))
+				r->seq = bson_iter_as_int64(&v);
+		}
+		bson_destroy(&reply);
+		bson_destroy(&extra);
+		mongoc_find_and_modify_opts_destroy(fm);
+		bson_destroy(kq);
+		bson_destroy(ku);
+		if (ok && r->seq > 0) {
+			bson_t *dq = BCON_NEW("_id", BCON_INT64(mg_get_int(r->d, "_id", 0)));
+			bson_t *du = BCON_NEW("$set", "{", "seq", BCON_INT64(r->seq), "}");
+
+			ok = mongoc_collection_update_one(dc, dq, du, &opts, NULL, e);
+			bson_destroy(dq);
+			bson_destroy(du);
+		}
+	}
+	bson_destroy(&opts);
+	mongoc_collection_destroy(dc);
+	mongoc_collection_destroy(kc);
+	return ok;
+}
+
+int
+mg_requeue_keyed(struct rb_store *s, const bson_t *d, const bson_t *q, const bson_t *u, int64_t *modified,
+    struct rb_error *err)
+{
+	struct requeue r = { .s = s, .d = d, .q = q, .u = u };
+
+	if (mg_txn(s, requeue_txn, &r, "requeue", err) < 0)
+		return -1;
+	*modified = r.n;
+	return 0;
+}
