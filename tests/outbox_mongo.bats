@@ -20,7 +20,7 @@ setup() {
   on_mongo || skip "the MongoDB store's documents (RELAYBUS_TEST_STORE=mongo)"
   need_pg
   mongo_fresh_store
-  rbq reset business >/dev/null 2>&1 || true
+  rbq reset orders
 }
 
 @test "an id published again with another name, key or payload is a conflict (exit 81), as on PostgreSQL" {
@@ -135,4 +135,47 @@ PY
   cat "$BATS_TEST_TMPDIR/purge"
   [ "$(fields '.keys' <"$BATS_TEST_TMPDIR/purge")" = 0 ]
   [ "$(counters)" = "W=2" ]
+}
+
+@test "the documents contract: rb-publish's documents are the test vectors' (tests/fixtures/mongo-documents.json)" {
+  run -0 /usr/bin/python3 "$RB_SRCDIR/tests/mongo/vectors.py" "$RB_SRCDIR/tests/fixtures/mongo-documents.json" \
+    "$(mongo_file_url)" "$RB_SCHEMA" rb-publish
+  echo "$output"
+  [ "$(grep -c '^ok ' <<<"$output")" = 3 ]
+}
+
+@test "the documents contract: examples/relaybus_mongo.py (an application's publisher) produces the same documents" {
+  run -0 /usr/bin/python3 "$RB_SRCDIR/tests/mongo/vectors.py" "$RB_SRCDIR/tests/fixtures/mongo-documents.json" \
+    "$(mongo_file_url)" "$RB_SCHEMA" python
+  echo "$output"
+  [ "$(grep -c '^ok ' <<<"$output")" = 3 ]
+}
+
+@test "examples/mongo_outbox.py: the order and its event in one transaction; an abort leaves nothing, a commit runs once, in key order with rb-publish's" {
+  app() { /usr/bin/python3 "$RB_SRCDIR/examples/mongo_outbox.py" "$(mongo_file_url)" "$RB_SCHEMA" --orders "$RB_SCHEMA.orders" "$@"; }
+  echo '{"id":"o1","name":"order.paid","key":"cust-7","payload":{"n":1}}' | rb-publish -q
+  run -0 --separate-stderr app o2 --key cust-7
+  [ "$(jq -c '[.event_id, .deliveries, .duplicate, .handlers]' <<<"$output")" = '["o2/paid",2,false,["A","B"]]' ]
+  [ "$(rbq find orders '{}' _id paid)" = "o2 true" ]
+  [ "$(rbq find keys '{"_id":"cust-7"}' seq)" = 2 ]
+  # aborted: no order, no event, no delivery, the key's counter did not move
+  run -0 --separate-stderr app o4 --key cust-7 --abort
+  [ -z "$output" ]
+  [ "$(rbq count orders '{"_id":"o4"}')" = 0 ]
+  [ "$(rbq count events '{"_id":"o4/paid"}')" = 0 ]
+  [ "$(rbq count deliveries '{"eventId":"o4/paid"}')" = 0 ]
+  [ "$(rbq find keys '{"_id":"cust-7"}' seq)" = 2 ]
+  echo '{"id":"o5","name":"order.paid","key":"cust-7","payload":{"n":5}}' | rb-publish -q
+  # the same event again from the application: a duplicate, nothing new
+  run -0 --separate-stderr app o2 --key cust-7
+  [ "$(jq -c '[.deliveries, .duplicate]' <<<"$output")" = '[0,true]' ]
+  # another payload under the same id: a conflict (81), and the order write rolled back with it
+  echo '{"id":"o6/paid","name":"order.paid","key":"cust-7","payload":{"other":1}}' | rb-publish -q
+  run -81 --separate-stderr app o6 --key cust-7
+  [[ $stderr == *'event id "o6/paid" exists with another name, key or payload'* ]]
+  [ "$(rbq count orders '{"_id":"o6"}')" = 0 ]
+  # every delivery once, the key in its publish order: rb-publish's and the application's
+  rb-dispatch -q -H A --exec "jq -r '.event_id' >>$BATS_TEST_TMPDIR/ran" --drain
+  [ "$(tr '\n' , <"$BATS_TEST_TMPDIR/ran")" = "o1,o2/paid,o5,o6/paid," ]
+  [ "$(rb-admin --json stats | jq -r 'select(.handler == "A") | "\(.pending) \(.dead)"')" = "0 0" ]
 }
