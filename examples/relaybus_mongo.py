@@ -20,6 +20,7 @@ txn).
 """
 import datetime
 import re
+import uuid
 
 from bson.int64 import Int64
 from pymongo import ReturnDocument
@@ -66,9 +67,7 @@ def publish(db, schema, session, event, check_version=True):
     coll = lambda name: db[schema + "." + name]
     if check_version and coll("schema_version").find_one({"_id": SCHEMA_VERSION}, session=session) is None:
         raise NotSetUp("schema %s is not set up at version %d: run rb-setup" % (schema, SCHEMA_VERSION))
-    eid, name, key = event.get("id"), event["name"], event.get("key")
-    if eid is None:
-        raise ValueError("give the event an id: a retried transaction must publish the same event")
+    eid, name, key = event.get("id") or event.get("event_id") or str(uuid.uuid4()), event["name"], event.get("key")
     payload = event["payload"]
     headers = event.get("headers") or {}
     now = _now()

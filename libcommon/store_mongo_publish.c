@@ -22,6 +22,7 @@
 #include "rb_store.h"
 #include "rb_util.h"
 #include "store_int.h"
+#include "rb_mongo.h"
 #include "store_mongo_int.h"
 
 /* the domain of the error that ends a publish's transaction on a conflict */
@@ -480,9 +481,10 @@ reserve_ids(struct rb_store *s, int64_t n, int64_t *first, struct rb_error *err)
 	return ok ? 0 : mg_err(s, &e, "publish", err);
 }
 
-int
-mg_publish(struct rb_store *s, const char *events_json, size_t n, struct rb_publish_acks *acks,
-    struct rb_error *err)
+/* publish in a transaction of its own (cs NULL), or in the caller's (cs) */
+static int
+publish_in(struct rb_store *s, mongoc_client_session_t *cs, const char *events_json, size_t n,
+    struct rb_publish_acks *acks, struct rb_error *err)
 {
 	json_error_t je;
 	json_t *events = json_loads(events_json, 0, &je);
@@ -542,7 +544,19 @@ mg_publish(struct rb_store *s, const char *events_json, size_t n, struct rb_publ
 	}
 	if (maxd > 0 && reserve_ids(s, maxd, &c.next_id, err) < 0)
 		goto out;
-	if (mg_txn(s, pub_txn, &c, "publish", err) < 0) {
+	if (cs != NULL) {
+		/* no retry: the caller's transaction, which the caller retries */
+		bson_error_t e;
+
+		if (!pub_txn(cs, &c, &e)) {
+			if (c.conflict == NULL)
+				mg_err(s, &e, "publish", err);
+			else
+				rb_seterr(err, RB_EXIT_CONFLICT, "publish: event id \"%s\" exists with another name, key or "
+				    "payload (conflict): not published", c.conflict);
+			goto out;
+		}
+	} else if (mg_txn(s, pub_txn, &c, "publish", err) < 0) {
 		if (c.conflict != NULL)
 			rb_seterr(err, RB_EXIT_CONFLICT, "publish: event id \"%s\" exists with another name, key or "
 			    "payload (conflict): not published", c.conflict);
@@ -582,5 +596,51 @@ out:
 	free(c.ev);
 	json_decref(c.subs);
 	json_decref(events);
+	return rc;
+}
+
+int
+mg_publish(struct rb_store *s, const char *events_json, size_t n, struct rb_publish_acks *acks,
+    struct rb_error *err)
+{
+	return publish_in(s, NULL, events_json, n, acks, err);
+}
+
+/* rb_mongo.h: the store of the application's database, for this call only */
+int
+rb_mongo_publish(mongoc_client_session_t *cs, mongoc_database_t *db, const char *schema, const json_t *event,
+    json_t **ack, struct rb_error *err)
+{
+	struct mg_be be = { .db = db };
+	struct rb_store st = { .be = &be, .url_redacted = (char *)"(the application's client)" };
+	struct rb_publish_acks acks = { 0 };
+	json_t *arr;
+	char *text;
+	int rc;
+
+	*ack = NULL;
+	if (schema == NULL)
+		schema = RB_DEFAULT_SCHEMA;
+	if (!rb_ident_valid(schema))
+		return rb_seterr(err, RB_EXIT_USAGE, "invalid schema name");
+	if (cs == NULL || db == NULL || !mongoc_client_session_in_transaction(cs))
+		return rb_seterr(err, RB_EXIT_USAGE, "rb_mongo_publish: the session must be in a transaction "
+		    "(mongoc_client_session_start_transaction)");
+	if (rb_event_validate(event, err) < 0)
+		return -1;
+	st.schema = (char *)schema;
+	arr = json_pack("[o]", json_deep_copy(event));
+	rb_event_id_alias(json_array_get(arr, 0));
+	text = json_dumps(arr, JSON_COMPACT);
+	rc = publish_in(&st, cs, text, 1, &acks, err);
+	if (rc == 0) {
+		json_t *a = rb_publish_acks_json(&acks);
+
+		*ack = json_incref(json_array_get(a, 0));
+		json_decref(a);
+		rb_publish_acks_clear(&acks);
+	}
+	free(text);
+	json_decref(arr);
 	return rc;
 }
