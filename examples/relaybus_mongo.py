@@ -112,3 +112,48 @@ def publish(db, schema, session, event, check_version=True):
             "claims": Int64(0), "lastError": None, "createdAt": now, "updatedAt": now, "lane": "ready",
         } for i, h in enumerate(new)], session=session)
     return {"event_id": eid, "deliveries": len(new), "duplicate": duplicate, "handlers": list(new)}
+
+
+class LeaseLost(Exception):
+    """the delivery's lease does not hold: taken over, or completed already (abort)"""
+
+
+def complete(db, schema, session, delivery):
+    """Complete a delivery (the line the handler was given) in session's transaction.
+
+    The same transaction as rb-complete's and rb_mongo_complete's
+    (relaybus(7) MONGODB DOCUMENTS, "Completing in the handler's
+    transaction"): the lease checked against the lane and the delivery,
+    the delivery deleted, the next parked ones of its key made ready when it
+    is a parking's marker, a history document when the schema keeps them.
+    Raises LeaseLost (abort; answer "ok": false).  After the commit, answer
+    {"ok": true, "completed": true}."""
+    coll = lambda name: db[schema + "." + name]
+    lane, epoch, claims = (int(x) for x in delivery["lease"].split(":"))
+    handler, eid = delivery["handler"], delivery["event_id"]
+    ld = coll("lanes").find_one({"_id": "%s/%d" % (handler, lane)}, session=session)
+    d = coll("deliveries").find_one({"eventId": eid, "handler": handler}, session=session)
+    want = delivery.get("delivery_id")
+    if (ld is None or d is None or ld.get("epoch") != epoch or d.get("claims") != claims
+            or d.get("laneId") != lane or d.get("status") != "pending" or d["_id"] not in (ld.get("inFlight") or [])
+            or (want is not None and int(want) != d["_id"])):
+        raise LeaseLost("the lease %s of %s of %s does not hold" % (delivery["lease"], eid, handler))
+    # the document a takeover's charge updates: of the two, one commits
+    if coll("deliveries").delete_one({"_id": d["_id"]}, session=session).deleted_count != 1:
+        raise LeaseLost("the delivery of %s of %s is gone" % (eid, handler))
+    k = d.get("parkNext") or 0
+    if k > 0 and d.get("key") is not None:
+        parked = list(coll("deliveries").find(
+            {"handler": handler, "laneId": lane, "status": "pending", "lane": "parked", "key": d["key"]},
+            {"_id": 1}, session=session).sort("seq", 1).limit(k + 1))
+        for i, p in enumerate(parked[:k]):
+            if i + 1 == k and len(parked) > k:
+                u = {"$set": {"lane": "ready", "parkNext": Int64(k)}}
+            else:
+                u = {"$set": {"lane": "ready"}, "$unset": {"parkNext": ""}}
+            coll("deliveries").update_one({"_id": p["_id"]}, u, session=session)
+    sv = coll("schema_version").find_one({"_id": SCHEMA_VERSION}, session=session)
+    if sv is not None and sv.get("completionHistory"):
+        coll("completed_deliveries").insert_one({
+            "eventId": eid, "handler": handler, "deliveryId": Int64(d["_id"]),
+            "attempts": int(d.get("attempts") or 0) + 1, "completedAt": _now()}, session=session)

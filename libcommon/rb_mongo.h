@@ -42,4 +42,25 @@
 int	rb_mongo_publish(mongoc_client_session_t *cs, mongoc_database_t *db, const char *schema,
 	    const json_t *event, json_t **ack, struct rb_error *err);
 
+/** rb_mongo_complete's error when the delivery's lease does not hold. */
+#define RB_EXIT_LOST	RB_EXIT_TEMPFAIL
+
+/**
+ * Complete a delivery in the transaction that cs is in: the handler's own
+ * writes and the completion commit together or not at all (effectively
+ * once; relaybus(7) MONGODB DOCUMENTS, "Completing in the handler's
+ * transaction").  delivery is the line the handler was given (rb-dispatch,
+ * rb-claim: event_id, handler, lease, delivery_id).  It checks the lease
+ * (the lane's epoch, the delivery's claim count, the lane's inFlight list)
+ * and deletes the delivery, as rb-complete does; a takeover that charges
+ * the delivery writes the same document, so of the two exactly one
+ * commits.  Then commit, and answer {"ok": true, "completed": true}.
+ * Returns 0, or -1 + err: 75 (RB_EXIT_LOST) the lease does not hold, or a
+ * write conflict: abort, and do not answer ok (the delivery runs again
+ * elsewhere, or already ran); 78 the schema is not set up; 69 MongoDB
+ * unreachable; 65 not a delivery line.  After an error, abort.
+ */
+int	rb_mongo_complete(mongoc_client_session_t *cs, mongoc_database_t *db, const char *schema,
+	    const json_t *delivery, struct rb_error *err);
+
 #endif

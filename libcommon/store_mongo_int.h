@@ -88,6 +88,9 @@ int	mg_publish(struct rb_store *, const char *, size_t, struct rb_publish_acks *
 int	mg_claim(struct rb_store *, const struct rb_claim_opts *, struct rb_dl ***, struct rb_error *);
 int	mg_complete(struct rb_store *, const struct rb_complete_opts *, struct rb_result *, size_t,
 	    struct rb_error *);
+/* the success path of one result in the caller's transaction cs (rb_mongo_complete):
+ * 1 completed, 0 its lease does not hold (nothing written), -1 error e */
+int	mg_complete_in(struct rb_store *, mongoc_client_session_t *cs, const struct rb_result *, bson_error_t *e);
 int	mg_extend(struct rb_store *, const char *, const char *, int64_t, struct rb_error *);
 int	mg_relinquish(struct rb_store *, const char *, const char *, struct rb_error *);
 int	mg_relinquish_owner(struct rb_store *, const char *, const char *, struct rb_error *);

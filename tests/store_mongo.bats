@@ -183,9 +183,10 @@ e3 pending 0 null" ]
   rb-claim -H h1 --owner w1 >"$BATS_TEST_TMPDIR/c"
   lease=$(field lease <"$BATS_TEST_TMPDIR/c")
   rbq update lanes '{"handler":"h1"}' '{"$set":{"leaseExpiresAt":{"$now":-1000}}}' >/dev/null
-  # a completion (as store_mongo_complete.c does it) that read the lane and
-  # deleted the delivery in an open transaction, while rb-claim takes over
-  run -0 /usr/bin/python3 "$RB_SRCDIR/tests/mongo/race.py" "$(mongo_file_url)" "$RB_SCHEMA" h1 "$lease" before \
+  # the C completion (rb_mongo_complete: rb-complete's transaction in a
+  # session of tests/unit/mongo_race) has read the lane and deleted the
+  # delivery in its open transaction while rb-claim takes over
+  run -0 --separate-stderr "$RB_BUILDDIR/tests/unit/mongo_race" "$(mongo_file_url)" "$RB_SCHEMA" "$(cat "$BATS_TEST_TMPDIR/c")" before \
     rb-claim -H h1 --owner w2
   [ "$output" = "completion committed; takeover charged nothing" ]
   [ "$(rbq count deliveries)" = 0 ]
@@ -195,7 +196,7 @@ e3 pending 0 null" ]
   rb-claim -H h1 --owner w1 >"$BATS_TEST_TMPDIR/c"
   lease=$(field lease <"$BATS_TEST_TMPDIR/c")
   rbq update lanes '{"handler":"h1"}' '{"$set":{"leaseExpiresAt":{"$now":-1000}}}' >/dev/null
-  run -0 /usr/bin/python3 "$RB_SRCDIR/tests/mongo/race.py" "$(mongo_file_url)" "$RB_SCHEMA" h1 "$lease" after \
+  run -0 --separate-stderr "$RB_BUILDDIR/tests/unit/mongo_race" "$(mongo_file_url)" "$RB_SCHEMA" "$(cat "$BATS_TEST_TMPDIR/c")" after \
     rb-claim -H h1 --owner w2
   [ "$output" = "completion conflicted; takeover charged 1" ]
   [ "$(rbq find deliveries '{}' attempts)" = 1 ]
