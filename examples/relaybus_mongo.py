@@ -56,6 +56,21 @@ def _glob(pattern: str, name: str) -> bool:
     return re.fullmatch(rx, name, re.DOTALL) is not None
 
 
+def _same(a, b):
+    """JSON values equal as jsonb (and rb-publish) compares them: objects
+    whatever their key order, numbers by value (1 == 1.0), booleans only
+    with booleans"""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return type(a) == type(b) and a == b
+
+
 def _now():
     return datetime.datetime.now(datetime.timezone.utc)
 
@@ -89,7 +104,7 @@ def publish(db, schema, session, event, check_version=True):
                                   session=session)
         duplicate = False
     else:
-        if stored.get("name") != name or stored.get("key") != key or stored.get("payload") != payload:
+        if stored.get("name") != name or stored.get("key") != key or not _same(stored.get("payload"), payload):
             raise Conflict('event id "%s" exists with another name, key or payload' % eid)
         duplicate = True
         had = set(stored.get("handlers") or [])

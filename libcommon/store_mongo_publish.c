@@ -181,10 +181,42 @@ get_json(const bson_t *d, const char *k)
 	return v;
 }
 
+/* JSON values equal as jsonb compares them: objects whatever their key
+ * order, numbers by value (1 and 1.0 are equal), the rest exactly */
+static bool
+json_same(const json_t *a, const json_t *b)
+{
+	const char *k;
+	json_t *v;
+
+	if (json_is_number(a) && json_is_number(b))
+		return json_is_integer(a) && json_is_integer(b) ?
+		    json_integer_value(a) == json_integer_value(b) : json_number_value(a) == json_number_value(b);
+	if (json_typeof(a) != json_typeof(b))
+		return false;
+	if (json_is_object(a)) {
+		if (json_object_size(a) != json_object_size(b))
+			return false;
+		json_object_foreach((json_t *)a, k, v)
+			if (json_object_get(b, k) == NULL || !json_same(v, json_object_get(b, k)))
+				return false;
+		return true;
+	}
+	if (json_is_array(a)) {
+		if (json_array_size(a) != json_array_size(b))
+			return false;
+		for (size_t i = 0; i < json_array_size(a); i++)
+			if (!json_same(json_array_get(a, i), json_array_get(b, i)))
+				return false;
+		return true;
+	}
+	return json_equal(a, b);
+}
+
 /* The rule of relaybus_publish (relaybus(7), MONGODB DOCUMENTS): an id
  * given again is a duplicate when its name, key and payload are the
- * stored ones (objects compared whatever their key order; headers are
- * not compared), else a conflict. */
+ * stored ones (as jsonb compares them: json_same; headers are not
+ * compared), else a conflict. */
 static bool
 same_event(const bson_t *d, const struct pub_ev *ev)
 {
@@ -194,7 +226,7 @@ same_event(const bson_t *d, const struct pub_ev *ev)
 
 	same = name != NULL && strcmp(name, ev->name) == 0 &&
 	    ((key == NULL && ev->key == NULL) || (key != NULL && ev->key != NULL && strcmp(key, ev->key) == 0)) &&
-	    json_equal(p, given != NULL ? given : json_null());
+	    json_same(p, given != NULL ? given : json_null());
 	json_decref(p);
 	return same;
 }
