@@ -249,6 +249,9 @@ chain_takeover() {  # handler [rb-dispatch args]
 }
 
 chain_publish() {  # handler
+  # (the ids are published again for each handler: a redelivery reaches a
+  # handler subscribed to its name, publisher.bats)
+  rb-setup -q -s "$1:t"
   for i in 1 2 3; do printf '{"id":"c%d","name":"t","key":"C","payload":{"i":%d},"handlers":["%s"]}\n' "$i" "$i" "$1"; done |
     rb-publish -q
   printf '{"id":"u","name":"t","payload":{"i":0},"handlers":["%s"]}\n' "$1" | rb-publish -q
