@@ -32,6 +32,9 @@ teardown() {
 
 # N events for HANDLER, ids e1..eN, the odd ones keyed (3 keys: chains)
 publish() {  # n handler
+  # (the ids are published again for another handler: a redelivery reaches
+  # a handler subscribed to its name)
+  rb-setup -q -s "$2:t"
   awk -v n="$1" -v h="$2" 'BEGIN {
     for (i = 1; i <= n; i++)
       if (i % 2) printf "{\"id\":\"e%d\",\"name\":\"t\",\"key\":\"k%d\",\"payload\":{\"i\":%d},\"handlers\":[\"%s\"]}\n", i, i % 3, i, h
