@@ -605,8 +605,8 @@ mg_setup(struct rb_store *s, const struct rb_setup_opts *o, struct rb_error *err
 {
 	struct rb_schema_info info;
 
-	/* (rb-publish is this store's only publisher, in its own transaction:
-	 * relaybus(7), MONGODB) */
+	/* (an application writes the documents itself, relaybus(7) MONGODB
+	 * DOCUMENTS: no server-side check could bound its delays) */
 	if (o->max_delay_ms > 0)
 		return rb_seterr(err, RB_EXIT_UNAVAILABLE, "--max-delay: not supported by the mongodb backend");
 	for (size_t i = 0; i < sizeof collections / sizeof collections[0]; i++)
@@ -728,6 +728,7 @@ const struct rb_store_ops rb_store_mongo_ops = {
 	.admin_show = mg_admin_show,
 	.admin_apply = mg_admin_apply,
 	.admin_purge = mg_admin_purge,
+	.admin_purge_keys = mg_admin_purge_keys,
 	.admin_lanes = mg_admin_lanes,
 	.admin_subscriptions = mg_admin_subscriptions,
 };

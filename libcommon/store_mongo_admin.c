@@ -603,6 +603,15 @@ mg_admin_apply(struct rb_store *s, enum rb_admin_action action, const json_t *ta
 						BSON_APPEND_INT64(&reply, "modifiedCount", b.n);
 						if (!ok)
 							rc = -1;
+					} else if (mg_get_str(d, "key") != NULL) {
+						/* keyed: to the back of its key if a later one runs */
+						int64_t m = 0;
+
+						ok = mg_requeue_keyed(s, d, fq, u, &m, err) == 0;
+						bson_init(&reply);
+						BSON_APPEND_INT64(&reply, "modifiedCount", m);
+						if (!ok)
+							rc = -1;
 					} else
 						ok = mongoc_collection_update_one(c, fq, u, NULL, &reply, &e);
 					bson_destroy(u);

@@ -33,6 +33,7 @@ struct res {
 	enum rb_verdict	 verdict;
 	/* found in the transaction */
 	bool		 exists, fenced;
+	bool		 held;		/* the lane is at the lease's epoch (with the id in flight) */
 	const bson_t	*doc;		/* its delivery document (cctx's dels) */
 	int64_t		 did;
 	int		 attempts;
@@ -139,12 +140,15 @@ fence(struct cctx *c, mongoc_client_session_t *cs, bson_error_t *e)
 		char id[MG_LANE_ID_LEN];
 		const char *st;
 
-		r->exists = r->fenced = false;
+		r->exists = r->fenced = r->held = false;
 		r->doc = NULL;
 		mg_lane_id(id, r->handler, r->l.lane);
 		for (size_t k = 0; k < nl && ld == NULL; k++)
 			if (mg_get_str(lanes[k], "_id") != NULL && strcmp(mg_get_str(lanes[k], "_id"), id) == 0)
 				ld = lanes[k];
+		/* (a completion leaves its id on the lane's inFlight list) */
+		r->held = ld != NULL && mg_get_int(ld, "epoch", -1) == r->l.epoch &&
+		    (r->id == 0 || in_array(ld, "inFlight", r->id));
 		for (size_t k = 0; k < nd && dd == NULL; k++) {
 			const char *ev = mg_get_str(dels[k], "eventId"), *h = mg_get_str(dels[k], "handler");
 
@@ -317,6 +321,59 @@ fail_txn(mongoc_client_session_t *cs, void *ctx, bson_error_t *e)
 	return ok;
 }
 
+static bool
+read_txn(mongoc_client_session_t *cs, void *ctx, bson_error_t *e)
+{
+	return fence(ctx, cs, e);
+}
+
+static const char mg_done_not_committed[] =
+    "\"completed\": true, but the delivery is still pending under this lease (the handler's "
+    "transaction did not commit, or did not call rb_mongo_complete)";
+
+/*
+ * A result the handler says it completed: gone, completed (by the
+ * handler), nothing written; still pending under the lease: the handler's
+ * transaction did not commit, so it takes the failure path (error set,
+ * verdict kept: mg_complete reschedules it) and runs again; there under
+ * another lease: lost.
+ */
+static int
+done_check(struct rb_store *s, struct rb_result *r, struct rb_error *err)
+{
+	struct res x = { .r = r, .event_id = r->event_id, .handler = r->handler, .l = r->lease,
+	    .id = r->delivery_id > 0 ? r->delivery_id : 0, .verdict = r->verdict };
+	struct cctx c = { .s = s, .v = &x, .n = 1 };
+	int rc = mg_txn(s, read_txn, &c, "complete", err);
+
+	cctx_free_dels(&c);
+	if (rc < 0)
+		return -1;
+	r->by_handler = false;
+	r->missing = false;
+	r->error = NULL;
+	if (!x.exists) {
+		r->outcome = RB_OUTCOME_COMPLETED;
+		r->by_handler = true;
+	} else if (x.fenced)
+		r->error = mg_done_not_committed;
+	else
+		r->outcome = RB_OUTCOME_LOST;
+	return 0;
+}
+
+int
+mg_complete_in(struct rb_store *s, mongoc_client_session_t *cs, const struct rb_result *r, bson_error_t *e)
+{
+	struct res x = { .r = r, .event_id = r->event_id, .handler = r->handler, .l = r->lease,
+	    .id = r->delivery_id > 0 ? r->delivery_id : 0, .verdict = RB_VERDICT_OK };
+	struct cctx c = { .s = s, .v = &x, .n = 1, .ok_path = true, .history = mg_history(s) };
+	bool ok = ok_txn(cs, &c, e);
+
+	cctx_free_dels(&c);
+	return !ok ? -1 : x.fenced ? 1 : 0;
+}
+
 int
 mg_complete(struct rb_store *s, const struct rb_complete_opts *o, struct rb_result *results, size_t n,
     struct rb_error *err)
@@ -333,21 +390,17 @@ mg_complete(struct rb_store *s, const struct rb_complete_opts *o, struct rb_resu
 	}
 	if (mg_ready(s, "complete", err) < 0)
 		goto out;
-	for (size_t i = 0; i < n; i++) {
-		/* "completed": true: no MongoDB handler can complete its delivery in
-		 * its own transaction (relaybus_complete is PostgreSQL's), and the
-		 * delivery is not completed unchecked: it fails, runs again, and
-		 * is buried at --max-attempts, with this reason */
-		if (results[i].verdict == RB_VERDICT_DONE) {
-			results[i].error = "\"completed\": true is PostgreSQL-only (relaybus_complete): "
-			    "the mongodb backend cannot check it, counted as a failure";
-			rb_warn("%s of %s: %s", results[i].event_id, results[i].handler, results[i].error);
-		}
-	}
+	/* "completed": true: the handler completed it in its own transaction
+	 * (rb_mongo_complete, relaybus(7) MONGODB DOCUMENTS): checked */
+	for (size_t i = 0; i < n; i++)
+		if (results[i].verdict == RB_VERDICT_DONE && done_check(s, &results[i], err) < 0)
+			goto out;
 	for (size_t i = 0; i < n; i++) {
 		const struct rb_result *r = &results[i];
 		struct res *x = &v[i];
 
+		if (r->verdict == RB_VERDICT_DONE && r->error == NULL)
+			continue;	/* (done_check's outcome; x->r stays NULL) */
 		x->r = r;
 		x->event_id = r->event_id;
 		x->handler = r->handler;
@@ -389,11 +442,21 @@ mg_complete(struct rb_store *s, const struct rb_complete_opts *o, struct rb_resu
 		struct rb_result *r = &results[i];
 		bool done = x->verdict == RB_VERDICT_OK;
 
+		if (x->r == NULL)
+			continue;	/* (done_check's outcome) */
 		r->outcome = done ? (x->fenced ? RB_OUTCOME_COMPLETED : RB_OUTCOME_LOST) : x->outcome;
 		if (!done && x->fenced)
 			r->attempts = x->new_attempts;
 		r->missing = !x->fenced && !x->exists;
 		r->by_handler = false;
+		if (!done && !x->exists && x->held) {
+			/* a failure whose delivery is gone under its still-held
+			 * lease: the handler completed it (rb_mongo_complete) and
+			 * then crashed, or answered late (as on PostgreSQL) */
+			r->outcome = RB_OUTCOME_COMPLETED;
+			r->by_handler = true;
+			r->missing = false;
+		}
 	}
 	rc = 0;
 out:

@@ -88,6 +88,9 @@ int	mg_publish(struct rb_store *, const char *, size_t, struct rb_publish_acks *
 int	mg_claim(struct rb_store *, const struct rb_claim_opts *, struct rb_dl ***, struct rb_error *);
 int	mg_complete(struct rb_store *, const struct rb_complete_opts *, struct rb_result *, size_t,
 	    struct rb_error *);
+/* the success path of one result in the caller's transaction cs (rb_mongo_complete):
+ * 1 completed, 0 its lease does not hold (nothing written), -1 error e */
+int	mg_complete_in(struct rb_store *, mongoc_client_session_t *cs, const struct rb_result *, bson_error_t *e);
 int	mg_extend(struct rb_store *, const char *, const char *, int64_t, struct rb_error *);
 int	mg_relinquish(struct rb_store *, const char *, const char *, struct rb_error *);
 int	mg_relinquish_owner(struct rb_store *, const char *, const char *, struct rb_error *);
@@ -120,6 +123,12 @@ int	mg_admin_show(struct rb_store *, const char *, json_t **, struct rb_error *)
 int	mg_admin_apply(struct rb_store *, enum rb_admin_action, const json_t *, const char *, json_t **,
 	    struct rb_error *);
 int	mg_admin_purge(struct rb_store *, enum rb_admin_purge, int64_t, int, struct rb_error *);
+/* store_mongo_keys.c: key counters no delivery needs (rb_admin_purge_keys) */
+int	mg_admin_purge_keys(struct rb_store *, char **after, int batch, struct rb_error *);
+/* requeue dead keyed delivery d (update u where q), to the back of its key
+ * when a later one of its key is in flight; *modified 0 or 1 */
+int	mg_requeue_keyed(struct rb_store *, const bson_t *d, const bson_t *q, const bson_t *u, int64_t *modified,
+	    struct rb_error *);
 int	mg_admin_lanes(struct rb_store *, const char *, bool, json_t **, struct rb_error *);
 int	mg_admin_subscriptions(struct rb_store *, const char *, json_t **, struct rb_error *);
 

@@ -207,6 +207,19 @@ is_live(const struct claim *c, const struct lane *l, int64_t id)
 	return ids_has(&l->live, id);
 }
 
+/* one of the key's ky[i..j) is running or picked: none of the key can start */
+static bool
+key_busy(const struct claim *c, const struct lane *l, bson_t **ky, size_t i, size_t j)
+{
+	for (size_t k = i; k < j; k++) {
+		int64_t id = mg_get_int(ky[k], "_id", 0);
+
+		if (is_live(c, l, id) || ids_has(&l->picks, id))
+			return true;
+	}
+	return false;
+}
+
 /* The keys of ky (sorted by lane, key, seq) to park: a key with at least
  * MG_PARK_MIN ready ones after its first marker, or, without one, after the
  * first keep (the head and its chain, MG_PARK_KEEP at least). */
@@ -298,8 +311,9 @@ pick_lanes(struct claim *c, const int *lanes, size_t nl, size_t want, struct rb_
 			}
 			while (j < nky && mg_get_int(ky[j], "laneId", -1) == ln && str_eq(mg_get_str(ky[j], "key"), key))
 				j++;
-			/* ky[i] is the head: due and not running */
-			if (!is_live(c, l, mg_get_int(ky[i], "_id", 0)) && !ids_has(&l->picks, mg_get_int(ky[i], "_id", 0)))
+			/* ky[i] is the head: due, and nothing of its key running (a
+			 * requeued head has a lower seq than one that may run) */
+			if (!key_busy(c, l, ky, i, j))
 				for (size_t k = i; k < j && taken < chain && got < room &&
 				    c->np < (size_t)c->o->batch; k++) {
 					if (mg_get_int(ky[k], "availableAt", 0) > c->now)

@@ -22,7 +22,11 @@
 #include "rb_store.h"
 #include "rb_util.h"
 #include "store_int.h"
+#include "rb_mongo.h"
 #include "store_mongo_int.h"
+
+/* the domain of the error that ends a publish's transaction on a conflict */
+#define MG_CONFLICT_DOMAIN	10040
 
 /* ---- publish ------------------------------------------------------------------- */
 
@@ -43,6 +47,7 @@ struct pub_ctx {
 	size_t		 n;
 	json_t		*subs;		/* [[handler, pattern], ...] */
 	int64_t		 next_id;
+	const char	*conflict;	/* the id that exists with other data */
 };
 
 static bool
@@ -133,36 +138,111 @@ read_subs(struct rb_store *s, mongoc_client_session_t *cs, bson_error_t *e)
 	return r;
 }
 
-/* the event of id in the transaction: its handlers (new), or NULL if none; -1 error */
+/* the event of id in the transaction (*ev a copy, or NULL if none): 1, 0 none, -1 error */
 static int
-find_event(mongoc_collection_t *c, mongoc_client_session_t *cs, const char *id, json_t **handlers,
+find_event(mongoc_collection_t *c, mongoc_client_session_t *cs, const char *id, bson_t **ev,
     bson_error_t *e)
 {
 	bson_t *q = BCON_NEW("_id", BCON_UTF8(id));
-	bson_t *fopts = BCON_NEW("projection", "{", "handlers", BCON_INT32(1), "}");
+	bson_t *fopts = BCON_NEW("projection", "{", "name", BCON_INT32(1), "key", BCON_INT32(1),
+	    "payload", BCON_INT32(1), "handlers", BCON_INT32(1), "}");
 	mongoc_cursor_t *cur;
 	const bson_t *d;
 	int rc = 0;
 
 	mongoc_client_session_append(cs, fopts, e);
 	cur = mongoc_collection_find_with_opts(c, q, fopts, NULL);
-	*handlers = NULL;
+	*ev = NULL;
 	if (mongoc_cursor_next(cur, &d)) {
-		bson_iter_t it;
-
-		*handlers = bson_iter_init_find(&it, d, "handlers") ? mg_iter_json(&it) : json_array();
-		if (!json_is_array(*handlers)) {
-			json_decref(*handlers);
-			*handlers = json_array();
-		}
+		*ev = bson_copy(d);
 		rc = 1;
 	}
-	if (mongoc_cursor_error(cur, e))
+	if (mongoc_cursor_error(cur, e)) {
 		rc = -1;
+		if (*ev != NULL)
+			bson_destroy(*ev);
+		*ev = NULL;
+	}
 	mongoc_cursor_destroy(cur);
 	bson_destroy(q);
 	bson_destroy(fopts);
 	return rc;
+}
+
+/* a field of d as JSON (new; null when absent) */
+static json_t *
+get_json(const bson_t *d, const char *k)
+{
+	bson_iter_t it;
+	json_t *v;
+
+	if (!bson_iter_init_find(&it, d, k) || (v = mg_iter_json(&it)) == NULL)
+		return json_null();
+	return v;
+}
+
+/* JSON values equal as jsonb compares them: objects whatever their key
+ * order, numbers by value (1 and 1.0 are equal), the rest exactly */
+static bool
+json_same(const json_t *a, const json_t *b)
+{
+	const char *k;
+	json_t *v;
+
+	if (json_is_number(a) && json_is_number(b))
+		return json_is_integer(a) && json_is_integer(b) ?
+		    json_integer_value(a) == json_integer_value(b) : json_number_value(a) == json_number_value(b);
+	if (json_typeof(a) != json_typeof(b))
+		return false;
+	if (json_is_object(a)) {
+		if (json_object_size(a) != json_object_size(b))
+			return false;
+		json_object_foreach((json_t *)a, k, v)
+			if (json_object_get(b, k) == NULL || !json_same(v, json_object_get(b, k)))
+				return false;
+		return true;
+	}
+	if (json_is_array(a)) {
+		if (json_array_size(a) != json_array_size(b))
+			return false;
+		for (size_t i = 0; i < json_array_size(a); i++)
+			if (!json_same(json_array_get(a, i), json_array_get(b, i)))
+				return false;
+		return true;
+	}
+	return json_equal(a, b);
+}
+
+/* The rule of relaybus_publish (relaybus(7), MONGODB DOCUMENTS): an id
+ * given again is a duplicate when its name, key and payload are the
+ * stored ones (as jsonb compares them: json_same; headers are not
+ * compared), else a conflict. */
+static bool
+same_event(const bson_t *d, const struct pub_ev *ev)
+{
+	const char *name = mg_get_str(d, "name"), *key = mg_get_str(d, "key");
+	json_t *p = get_json(d, "payload"), *given = json_object_get(ev->e, "payload");
+	bool same;
+
+	same = name != NULL && strcmp(name, ev->name) == 0 &&
+	    ((key == NULL && ev->key == NULL) || (key != NULL && ev->key != NULL && strcmp(key, ev->key) == 0)) &&
+	    json_same(p, given != NULL ? given : json_null());
+	json_decref(p);
+	return same;
+}
+
+/* handler h is subscribed to event name */
+static bool
+subscribed(const struct pub_ctx *c, const char *h, const char *name)
+{
+	for (size_t i = 0; i < json_array_size(c->subs); i++) {
+		json_t *sp = json_array_get(c->subs, i);
+
+		if (strcmp(json_string_value(json_array_get(sp, 0)), h) == 0 &&
+		    glob_match(json_string_value(json_array_get(sp, 1)), name))
+			return true;
+	}
+	return false;
 }
 
 static bool
@@ -178,14 +258,15 @@ static bool
 pub_one(struct pub_ctx *c, mongoc_client_session_t *cs, struct pub_ev *ev, mongoc_collection_t *evc,
     mongoc_collection_t *dc, mongoc_collection_t *kc, bson_error_t *e)
 {
-	json_t *hs = route(c, ev), *existing;
+	json_t *hs = route(c, ev), *existing = NULL;
+	bson_t *stored;
 	int64_t seq = 0, now = mg_now();
 	bson_t opts;
 	int f;
 	bool ok = true;
 
 	mg_sopts(cs, &opts);
-	f = find_event(evc, cs, ev->idp, &existing, e);
+	f = find_event(evc, cs, ev->idp, &stored, e);
 	if (f < 0)
 		ok = false;
 	else if (f == 0) {
@@ -211,12 +292,28 @@ pub_one(struct pub_ctx *c, mongoc_client_session_t *cs, struct pub_ev *ev, mongo
 		bson_destroy(&d);
 		ev->newh = json_incref(hs);
 		ev->dup = false;
+	} else if (!same_event(stored, ev)) {
+		/* refused, the whole transaction (mg_publish reports it, exit 81) */
+		c->conflict = ev->idp;
+		bson_set_error(e, MG_CONFLICT_DOMAIN, 1, "event id \"%s\" exists with another name, key or payload",
+		    ev->idp);
+		ok = false;
 	} else {
+		existing = get_json(stored, "handlers");
+		if (!json_is_array(existing)) {
+			json_decref(existing);
+			existing = json_array();
+		}
 		ev->dup = true;
 		ev->newh = json_array();
-		for (size_t i = 0; i < json_array_size(hs); i++)
-			if (!has_str(existing, json_string_value(json_array_get(hs, i))))
+		/* only the handlers subscribed to its name that it never had: a
+		 * publisher cannot route an existing event elsewhere */
+		for (size_t i = 0; i < json_array_size(hs); i++) {
+			const char *h = json_string_value(json_array_get(hs, i));
+
+			if (!has_str(existing, h) && subscribed(c, h, ev->name))
 				json_array_append(ev->newh, json_array_get(hs, i));
+		}
 		if (json_array_size(ev->newh) > 0) {
 			bson_t *q = BCON_NEW("_id", BCON_UTF8(ev->idp));
 			bson_t u = BSON_INITIALIZER, push, each;
@@ -232,6 +329,8 @@ pub_one(struct pub_ctx *c, mongoc_client_session_t *cs, struct pub_ev *ev, mongo
 		}
 		json_decref(existing);
 	}
+	if (stored != NULL)
+		bson_destroy(stored);
 	if (ok && json_array_size(ev->newh) > 0 && ev->key != NULL) {
 		bson_t *q = BCON_NEW("_id", BCON_UTF8(ev->key));
 		bson_t *u = BCON_NEW("$inc", "{", "seq", BCON_INT64(1), "}");
@@ -297,6 +396,7 @@ pub_txn(mongoc_client_session_t *cs, void *ctx, bson_error_t *e)
 	int64_t first = c->next_id;
 	bool ok = true;
 
+	c->conflict = NULL;
 	json_decref(c->subs);
 	if ((c->subs = read_subs(c->s, cs, e)) == NULL)
 		ok = false;
@@ -413,9 +513,10 @@ reserve_ids(struct rb_store *s, int64_t n, int64_t *first, struct rb_error *err)
 	return ok ? 0 : mg_err(s, &e, "publish", err);
 }
 
-int
-mg_publish(struct rb_store *s, const char *events_json, size_t n, struct rb_publish_acks *acks,
-    struct rb_error *err)
+/* publish in a transaction of its own (cs NULL), or in the caller's (cs) */
+static int
+publish_in(struct rb_store *s, mongoc_client_session_t *cs, const char *events_json, size_t n,
+    struct rb_publish_acks *acks, struct rb_error *err)
 {
 	json_error_t je;
 	json_t *events = json_loads(events_json, 0, &je);
@@ -475,8 +576,24 @@ mg_publish(struct rb_store *s, const char *events_json, size_t n, struct rb_publ
 	}
 	if (maxd > 0 && reserve_ids(s, maxd, &c.next_id, err) < 0)
 		goto out;
-	if (mg_txn(s, pub_txn, &c, "publish", err) < 0)
+	if (cs != NULL) {
+		/* no retry: the caller's transaction, which the caller retries */
+		bson_error_t e;
+
+		if (!pub_txn(cs, &c, &e)) {
+			if (c.conflict == NULL)
+				mg_err(s, &e, "publish", err);
+			else
+				rb_seterr(err, RB_EXIT_CONFLICT, "publish: event id \"%s\" exists with another name, key or "
+				    "payload (conflict): not published", c.conflict);
+			goto out;
+		}
+	} else if (mg_txn(s, pub_txn, &c, "publish", err) < 0) {
+		if (c.conflict != NULL)
+			rb_seterr(err, RB_EXIT_CONFLICT, "publish: event id \"%s\" exists with another name, key or "
+			    "payload (conflict): not published", c.conflict);
 		goto out;
+	}
 	ma = xcalloc(1, sizeof *ma);
 	ma->keep = events;
 	events = NULL;
@@ -511,5 +628,51 @@ out:
 	free(c.ev);
 	json_decref(c.subs);
 	json_decref(events);
+	return rc;
+}
+
+int
+mg_publish(struct rb_store *s, const char *events_json, size_t n, struct rb_publish_acks *acks,
+    struct rb_error *err)
+{
+	return publish_in(s, NULL, events_json, n, acks, err);
+}
+
+/* rb_mongo.h: the store of the application's database, for this call only */
+int
+rb_mongo_publish(mongoc_client_session_t *cs, mongoc_database_t *db, const char *schema, const json_t *event,
+    json_t **ack, struct rb_error *err)
+{
+	struct mg_be be = { .db = db };
+	struct rb_store st = { .be = &be, .url_redacted = (char *)"(the application's client)" };
+	struct rb_publish_acks acks = { 0 };
+	json_t *arr;
+	char *text;
+	int rc;
+
+	*ack = NULL;
+	if (schema == NULL)
+		schema = RB_DEFAULT_SCHEMA;
+	if (!rb_ident_valid(schema))
+		return rb_seterr(err, RB_EXIT_USAGE, "invalid schema name");
+	if (cs == NULL || db == NULL || !mongoc_client_session_in_transaction(cs))
+		return rb_seterr(err, RB_EXIT_USAGE, "rb_mongo_publish: the session must be in a transaction "
+		    "(mongoc_client_session_start_transaction)");
+	if (rb_event_validate(event, err) < 0)
+		return -1;
+	st.schema = (char *)schema;
+	arr = json_pack("[o]", json_deep_copy(event));
+	rb_event_id_alias(json_array_get(arr, 0));
+	text = json_dumps(arr, JSON_COMPACT);
+	rc = publish_in(&st, cs, text, 1, &acks, err);
+	if (rc == 0) {
+		json_t *a = rb_publish_acks_json(&acks);
+
+		*ack = json_incref(json_array_get(a, 0));
+		json_decref(a);
+		rb_publish_acks_clear(&acks);
+	}
+	free(text);
+	json_decref(arr);
 	return rc;
 }

@@ -95,6 +95,106 @@ EOF
   [ "$(rb-admin show capi-1 | jq -r '.deliveries[0].handler')" = capi ]
 }
 
+@test "relaybus-mongo.pc, <rb_mongo.h> and librelaybus-mongo.a: a program publishes in its own MongoDB transaction, commit or abort" {
+  need_install
+  local pcd
+  pcd=$(pc_dir)
+  [ -n "$(find "$DEST" -name relaybus-mongo.pc)" ] || skip "built without the MongoDB backend"
+  sed "s|^prefix=|prefix=$DEST|" "$(find "$DEST" -name relaybus-mongo.pc)" >"$pcd/relaybus-mongo.pc"
+  run env PKG_CONFIG_PATH="$pcd" pkg-config --libs relaybus-mongo
+  [[ "$output" == *"-lrelaybus-mongo"*"-lrelaybus"*"-lmongoc-1.0"* ]]
+  [[ "$output" != *"$RB_SRCDIR"* ]]
+  cd "$BATS_TEST_TMPDIR"
+  cat >mapp.c <<'EOF'
+/* an order and its event in one MongoDB transaction: mapp URL SCHEMA ID commit|abort */
+#include <stdio.h>
+#include <string.h>
+#include <rb_mongo.h>
+
+int
+main(int argc, char **argv)
+{
+	struct rb_error err = { 0 };
+	bson_error_t e;
+	json_t *ev, *ack = NULL;
+	mongoc_client_t *client;
+	mongoc_database_t *db;
+	mongoc_collection_t *orders;
+	mongoc_client_session_t *cs;
+	bson_t *order, opts = BSON_INITIALIZER;
+	char coll[200];
+	int rc = 0;
+
+	if (argc != 5) {
+		fprintf(stderr, "usage: mapp URL SCHEMA ID commit|abort\n");
+		return 64;
+	}
+	mongoc_init();
+	client = mongoc_client_new(argv[1]);
+	db = mongoc_client_get_default_database(client);
+	snprintf(coll, sizeof coll, "%s.orders", argv[2]);
+	orders = mongoc_database_get_collection(db, coll);
+	cs = mongoc_client_start_session(client, NULL, &e);
+	if (cs == NULL || !mongoc_client_session_start_transaction(cs, NULL, &e))
+		return 69;
+	mongoc_client_session_append(cs, &opts, &e);
+	order = BCON_NEW("_id", BCON_UTF8(argv[3]), "paid", BCON_BOOL(true));
+	if (!mongoc_collection_insert_one(orders, order, &opts, NULL, &e))
+		return 70;
+	ev = json_pack("{s:s, s:s, s:s, s:{s:s}}", "id", argv[3], "name", "order.paid", "key", "capi-key",
+	    "payload", "order", argv[3]);
+	if (rb_mongo_publish(cs, db, argv[2], ev, &ack, &err) < 0) {
+		fprintf(stderr, "mapp: %s (%d)\n", err.msg, err.exit_code);
+		mongoc_client_session_abort_transaction(cs, NULL);
+		rc = err.exit_code;
+	} else if (strcmp(argv[4], "commit") == 0) {
+		if (!mongoc_client_session_commit_transaction(cs, NULL, &e))
+			rc = 75;
+		printf("%s deliveries=%d\n", json_string_value(json_object_get(ack, "event_id")),
+		    (int)json_integer_value(json_object_get(ack, "deliveries")));
+	} else
+		mongoc_client_session_abort_transaction(cs, NULL);
+	json_decref(ack);
+	json_decref(ev);
+	bson_destroy(order);
+	bson_destroy(&opts);
+	mongoc_client_session_destroy(cs);
+	mongoc_collection_destroy(orders);
+	mongoc_database_destroy(db);
+	mongoc_client_destroy(client);
+	mongoc_cleanup();
+	return rc;
+}
+EOF
+  local san=
+  [ "${RELAYBUS_TEST_ASAN:-}" = 1 ] && san=-fsanitize=address,undefined
+  # shellcheck disable=SC2046
+  # (libmongoc's headers need POSIX: strict C11 alone does not declare struct addrinfo)
+  run cc -std=c11 -D_POSIX_C_SOURCE=200809L -Wall -Werror $san -o mapp mapp.c \
+    $(PKG_CONFIG_PATH="$pcd" pkg-config --cflags --libs relaybus-mongo)
+  [ "$status" -eq 0 ] || { echo "$output"; false; }
+  run ./mapp
+  [ "$status" -eq 64 ]
+  on_mongo || skip "rb_mongo_publish runs on MongoDB (RELAYBUS_TEST_STORE=mongo)"
+  need_pg
+  rbq reset orders
+  run -0 --separate-stderr ./mapp "$RELAYBUS_URL" "$RB_SCHEMA" capi-m1 commit
+  [ "$output" = "capi-m1 deliveries=1" ]
+  run -0 --separate-stderr ./mapp "$RELAYBUS_URL" "$RB_SCHEMA" capi-m2 abort
+  [ -z "$output" ]
+  [ "$(rbq find orders '{}' _id | tr '\n' ' ')" = "capi-m1 " ]
+  [ "$(rbq count events '{"_id":"capi-m2"}')" = 0 ]
+  [ "$(rbq find keys '{}' _id seq)" = "capi-key 1" ]
+  # an id that exists with another payload: 81, and the order was not kept either
+  echo '{"id":"capi-m3","name":"order.paid","key":"capi-key","payload":{}}' | rb-publish -q
+  run -81 --separate-stderr ./mapp "$RELAYBUS_URL" "$RB_SCHEMA" capi-m3 commit
+  [[ $stderr == *'event id "capi-m3" exists with another name, key or payload (conflict)'*'(81)'* ]]
+  [ "$(rbq count orders '{"_id":"capi-m3"}')" = 0 ]
+  # what it published runs, in key order with rb-publish's
+  run -0 rb-claim -H capi --batch 10
+  [ "$(jq -r .event_id <<<"$output" | tr '\n' ' ')" = "capi-m1 " ]
+}
+
 @test "the installed library defines only rb_ symbols (no clash with an application's xmalloc)" {
   need_install
   local lib
@@ -105,16 +205,25 @@ EOF
   [ -z "$output" ] || { echo "not rb_-prefixed: $output"; false; }
   # and it holds what rb-publish(1) says it does
   nm -g --defined-only "$lib" | grep -q ' T rb_pg_publish$'
+  # the same of the MongoDB one (when built)
+  lib=$(find "$DEST" -name librelaybus-mongo.a)
+  [ -n "$lib" ] || return 0
+  run sh -c "nm -g --defined-only '$lib' | awk 'NF == 3 { print \$3 }' | grep -v -e '^rb_' -e '^__'"
+  [ -z "$output" ] || { echo "not rb_-prefixed: $output"; false; }
+  nm -g --defined-only "$lib" | grep -q ' T rb_mongo_publish$'
 }
 
 @test "only the headers of the API are installed, and they are self-contained" {
   need_install
   local inc
   inc=$(dirname "$(find "$DEST" -name rb_pg.h)")
-  [ "$(cd "$inc" && ls | sort | tr '\n' ' ')" = "rb_exit.h rb_pg.h rb_store.h " ]
-  for h in rb_exit.h rb_pg.h rb_store.h; do
+  local hs="rb_exit.h rb_pg.h rb_store.h "
+  [ -z "$(find "$DEST" -name relaybus-mongo.pc)" ] || hs="rb_exit.h rb_mongo.h rb_pg.h rb_store.h "
+  [ "$(cd "$inc" && ls | sort | tr '\n' ' ')" = "$hs" ]
+  for h in $hs; do
     # shellcheck disable=SC2046
-    echo "#include <$h>" | cc -std=c11 -fsyntax-only -Wall -Werror -I"$inc" $(pkg-config --cflags jansson libpq) -x c - ||
+    echo "#include <$h>" | cc -std=c11 -fsyntax-only -Wall -Werror -I"$inc" $(pkg-config --cflags jansson libpq) \
+      $([ $h != rb_mongo.h ] || echo -D_POSIX_C_SOURCE=200809L $(pkg-config --cflags libmongoc-1.0)) -x c - ||
       { echo "$h does not compile on its own"; false; }
   done
 }

@@ -78,7 +78,10 @@ PY
   [ "$(rbq find deliveries '{"eventId":"n1"}' laneId seq)" = "$(rbq find deliveries '{"eventId":"o2","handler":"mailer"}' laneId) 4" ]
   [ "$(rbq find deliveries '{"key":"K1"}' laneId | sort -u | wc -l)" = 1 ]
   # and of an unkeyed one, the hash of its event id: the lane rb-admin list shows for a new one
+  # (a redelivery reaches a handler subscribed to its name since, and no other)
+  rb-setup -q -s audit:note
   echo '{"id":"u6","name":"note","payload":{"i":6},"handlers":["audit"]}' | rb-publish -q
+  rb-setup -q --unsubscribe audit:note
   [ "$(rbq find deliveries '{"eventId":"u6","handler":"audit"}' laneId)" = "$(rbq find deliveries '{"eventId":"u6","handler":"mailer"}' laneId)" ]
   # events remember their handlers, completed ones included
   [ "$(rbq find events '{}' _id handlers | tr -d '"[]' | tr ' ' = | tr '\n' ' ')" = "n1=mailer o1=mailer,audit o2=mailer,audit o3=mailer,audit o4=mailer,audit o5=mailer u6=mailer,audit u7=mailer u8=mailer u9=mailer,audit " ]
