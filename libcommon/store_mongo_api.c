@@ -17,6 +17,23 @@
 #include "store_int.h"
 #include "store_mongo_int.h"
 
+/* What rb_mongo_publish and rb_mongo_complete (function fn) check first:
+ * the schema (NULL: the default, into *schema) and a session in a
+ * transaction: 0, or -1 + err (64). */
+int
+mg_api_check(const char *fn, mongoc_client_session_t *cs, mongoc_database_t *db, const char **schema,
+    struct rb_error *err)
+{
+	if (*schema == NULL)
+		*schema = RB_DEFAULT_SCHEMA;
+	if (!rb_ident_valid(*schema))
+		return rb_seterr(err, RB_EXIT_USAGE, "invalid schema name");
+	if (cs == NULL || db == NULL || !mongoc_client_session_in_transaction(cs))
+		return rb_seterr(err, RB_EXIT_USAGE, "%s: the session must be in a transaction "
+		    "(mongoc_client_session_start_transaction)", fn);
+	return 0;
+}
+
 int
 rb_mongo_complete(mongoc_client_session_t *cs, mongoc_database_t *db, const char *schema, const json_t *delivery,
     struct rb_error *err)
@@ -28,13 +45,8 @@ rb_mongo_complete(mongoc_client_session_t *cs, mongoc_database_t *db, const char
 	bson_error_t e;
 	int rc;
 
-	if (schema == NULL)
-		schema = RB_DEFAULT_SCHEMA;
-	if (!rb_ident_valid(schema))
-		return rb_seterr(err, RB_EXIT_USAGE, "invalid schema name");
-	if (cs == NULL || db == NULL || !mongoc_client_session_in_transaction(cs))
-		return rb_seterr(err, RB_EXIT_USAGE, "rb_mongo_complete: the session must be in a transaction "
-		    "(mongoc_client_session_start_transaction)");
+	if (mg_api_check("rb_mongo_complete", cs, db, &schema, err) < 0)
+		return -1;
 	if (!json_is_object(delivery))
 		return rb_seterr(err, RB_EXIT_DATAERR, "rb_mongo_complete: the delivery must be a JSON object");
 	st.schema = (char *)schema;

@@ -50,6 +50,9 @@ mg_be(const struct rb_store *s)
 mongoc_collection_t *mg_coll(struct rb_store *, const char *name);
 /* err from a failed libmongoc call: 69 unreachable, 75 transient, 70 else */
 int	mg_err(struct rb_store *, const bson_error_t *, const char *what, struct rb_error *);
+/* store_mongo_api.c: the checks of the C API's entry points (<rb_mongo.h>) */
+int	mg_api_check(const char *fn, mongoc_client_session_t *, mongoc_database_t *, const char **schema,
+	    struct rb_error *);
 int64_t	mg_now(void);
 /* run fn in a transaction (retried on TransientTransactionError) */
 typedef bool (*mg_txn_fn)(mongoc_client_session_t *, void *ctx, bson_error_t *);

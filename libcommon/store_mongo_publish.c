@@ -651,13 +651,8 @@ rb_mongo_publish(mongoc_client_session_t *cs, mongoc_database_t *db, const char 
 	int rc;
 
 	*ack = NULL;
-	if (schema == NULL)
-		schema = RB_DEFAULT_SCHEMA;
-	if (!rb_ident_valid(schema))
-		return rb_seterr(err, RB_EXIT_USAGE, "invalid schema name");
-	if (cs == NULL || db == NULL || !mongoc_client_session_in_transaction(cs))
-		return rb_seterr(err, RB_EXIT_USAGE, "rb_mongo_publish: the session must be in a transaction "
-		    "(mongoc_client_session_start_transaction)");
+	if (mg_api_check("rb_mongo_publish", cs, db, &schema, err) < 0)
+		return -1;
 	if (rb_event_validate(event, err) < 0)
 		return -1;
 	st.schema = (char *)schema;
