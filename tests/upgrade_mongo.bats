@@ -68,7 +68,7 @@ PY
   load_010
   run --separate-stderr rb-setup -v
   [ "$status" -eq 0 ]
-  [[ "$stderr" == *"schema $RB_SCHEMA upgraded from relaybus 0.1.0 to version 1"* ]]
+  [[ "$stderr" == *"schema $RB_SCHEMA upgraded from the 0.1.0 row-lease schema to schema version 1"* ]]
   [ "$(rb-setup --check)" = "schema $RB_SCHEMA: schema version 1; relaybus 0.2.0 expects schema version 1: up to date" ]
   [ "$(deliveries)" = "o1:audit:completed:1:null o1:mailer:completed:1:null o2:audit:pending:0:null o2:mailer:pending:1:null o3:audit:pending:0:null o3:mailer:pending:0:null o4:audit:completed:2:null o4:mailer:dead:10:boom o5:mailer:pending:0:null u6:mailer:pending:2:timeout u7:mailer:completed:1:null u8:mailer:dead:3:nope u9:audit:pending:0:null u9:mailer:pending:0:null " ]
   [ "$(rbq count deliveries '{"$or":[{"leaseOwner":{"$exists":true}},{"leaseToken":{"$exists":true}},{"leaseExpiresAt":{"$exists":true}},{"dueAt":{"$exists":true}}]}')" = 0 ]
