@@ -9,7 +9,7 @@
 
 load test_helper
 
-setup() { fresh_schema; rb-setup -q -s 'h:*'; }
+setup() { need_pg; fresh_schema; rb-setup -q -s 'h:*'; }
 teardown() { exec 8>&- 2>/dev/null || true; kill_pids_drop_schema; }
 
 APP=rbcut$$

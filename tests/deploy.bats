@@ -10,6 +10,7 @@ load test_helper
 R_W=${RB_SCHEMA}_w
 setup() {
   pg_only "PostgreSQL's locks"
+  need_pg
   fresh_schema
   q "DO \$\$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$R_W') THEN CREATE ROLE \"$R_W\" LOGIN; END IF; END \$\$"
   rb-setup -q -s 'dep:dep.*' --grant "worker=$R_W:dep" --grant "admin=$R_W"

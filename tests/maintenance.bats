@@ -114,6 +114,7 @@ aged_bus() {
 @test "relaybus-purge@.service's ExecStart, run for real with the unit's defaults: events without deliveries past 7 days and dead letters past 30 days go, in batches of 1000, the young stay" {
   need_units
   pg_only "aged rows are made with SQL"
+  need_pg
   aged_bus
   printf 'RELAYBUS_URL=%s\nRELAYBUS_SCHEMA=%s\n' "$RELAYBUS_URL" "$RB_SCHEMA" >"$BATS_TEST_TMPDIR/app.env"
   run --separate-stderr run_exec_start "$UNITDIR/relaybus-purge@.service" app "$BATS_TEST_TMPDIR/app.env"
@@ -137,6 +138,7 @@ aged_bus() {
 @test "relaybus-purge@: an old event another session holds locked is passed over, not waited for; the next run takes it" {
   need_units
   pg_only "the lock is taken with SQL"
+  need_pg
   aged_bus
   printf 'RELAYBUS_URL=%s\nRELAYBUS_SCHEMA=%s\nRB_PURGE_OPTIONS="--completed-older-than 7d --batch 100"\n' \
     "$RELAYBUS_URL" "$RB_SCHEMA" >"$BATS_TEST_TMPDIR/app.env"
