@@ -11,16 +11,10 @@ load test_helper
 setup() { fresh_schema; }
 teardown() { kill_pids_drop_schema; }
 
-publish() {  # n prefix handler
-  awk -v n="$1" -v p="$2" -v h="$3" 'BEGIN {
-    for (i = 1; i <= n; i++)
-      printf "{\"id\":\"%s%d\",\"name\":\"t\",\"payload\":{\"i\":%d},\"handlers\":[\"%s\"]}\n", p, i, i, h
-  }' | rb-publish -q
-}
 
 @test "a handler that cannot start: one warning per attempt naming handler, event, attempt of the maximum and exit 127 (command not found)" {
   need_pg
-  publish 1 nosuch- ledger
+  publish_for 1 nosuch- ledger
   cd "$BATS_TEST_TMPDIR"
   run -0 --separate-stderr rb-dispatch -H ledger --exec ./nosuch --max-attempts 4 --drain
   [[ "$stderr" == *"rb-dispatch: ledger: nosuch-1: attempt 1/4 failed: cannot run the handler: exit 127 (command not found)"* ]]
@@ -31,7 +25,7 @@ publish() {  # n prefix handler
   [[ "$stderr" == *"rb-dispatch: ledger: nosuch-1: attempt 2/4 failed: cannot run the handler: exit 126 (not executable)"* ]]
   # a --pipe co-process the shell cannot run: said so at each restart (the
   # drain ends, 0, if its line failed the attempt, else the timeout, 124)
-  publish 1 pipe- pipeh
+  publish_for 1 pipe- pipeh
   run --separate-stderr timeout 2 rb-dispatch -H pipeh --pipe ./nosuch --drain
   [ "$status" -eq 0 ] || [ "$status" -eq 124 ]
   [[ "$stderr" == *"rb-dispatch: pipeh: co-process 0: cannot run the handler: exit 127 (command not found); restarting in "* ]]
@@ -39,13 +33,13 @@ publish() {  # n prefix handler
 
 @test "the first line of the error only: a --pipe handler's multi-line error, and --sql's syntax error" {
   need_pg
-  publish 1 ml- multi
+  publish_for 1 ml- multi
   run -0 --separate-stderr rb-dispatch -H multi --drain \
     --pipe "jq -c --unbuffered '. + {ok: false, error: \"first line\\nsecond line\"}'"
   [[ "$stderr" == *"multi: ml-1: attempt 1/10 failed: first line"* ]]
   [[ "$stderr" != *"second line"* ]]
   pg_only "--sql"
-  publish 1 sq- stats
+  publish_for 1 sq- stats
   run -0 --separate-stderr rb-dispatch -H stats --sql 'INSRT 1' --drain
   [[ "$stderr" == *"stats: sq-1: attempt 1/10 failed: --sql failed: syntax error at or near \"INSRT\""* ]]
   [ "$(grep -c 'attempt 1/10 failed' <<<"$stderr")" = 1 ]
@@ -53,7 +47,7 @@ publish() {  # n prefix handler
 
 @test "30 failures in a drain: 10 warnings, then one line for the other 20, and the summary line" {
   need_pg
-  publish 30 f- flood
+  publish_for 30 f- flood
   run -0 --separate-stderr rb-dispatch -H flood --exec 'exit 3' --drain
   [ "$(grep -c ': attempt 1/10 failed: exit 3$' <<<"$stderr")" = 10 ]
   [ "$(grep -c '^rb-dispatch: flood: \.\.\. and 20 more failed attempts in the last 10 s$' <<<"$stderr")" = 1 ]
@@ -65,14 +59,14 @@ publish() {  # n prefix handler
 
 @test "--drain's summary counts completed, rescheduled and dead; --fail-exit exits 82 when an attempt failed, 0 when none did" {
   need_pg
-  publish 3 ok- sum
+  publish_for 3 ok- sum
   run -0 --separate-stderr rb-dispatch -H sum --exec true --drain --fail-exit
   [[ "${stderr_lines[-1]}" == "rb-dispatch: sum: drained: 3 completed, 0 failed and rescheduled, 0 dead, in "*" s" ]]
-  publish 2 bad- sum
+  publish_for 2 bad- sum
   run -82 --separate-stderr rb-dispatch -H sum --exec 'exit 3' --settle --max-attempts 2 --fail-exit
   [[ "${stderr_lines[-1]}" == "rb-dispatch: sum: drained: 0 completed, 2 failed and rescheduled, 2 dead, in "*" s" ]]
   # without --fail-exit, a drain with failures exits 0 as before
-  publish 1 bad2- sum
+  publish_for 1 bad2- sum
   run -0 --separate-stderr rb-dispatch -H sum --exec 'exit 3' --settle --max-attempts 1
   [[ "$stderr" == *"drained: 0 completed, 0 failed and rescheduled, 1 dead, in "* ]]
   run -64 --separate-stderr rb-dispatch -H sum --exec true --fail-exit
@@ -81,7 +75,7 @@ publish() {  # n prefix handler
 
 @test "--log-format json: handler, event_id, attempt, max_attempts, lane and error are fields, not in msg" {
   need_pg
-  publish 1 j- jh
+  publish_for 1 j- jh
   run -0 --separate-stderr rb-dispatch --log-format json -H jh --exec 'exit 3' --drain
   line=$(grep '"attempt failed"' <<<"$stderr")
   [ "$(jq -r '[.handler, .event_id, .attempt, .max_attempts, .error, .level] | @tsv' <<<"$line")" = \
@@ -95,7 +89,7 @@ publish() {  # n prefix handler
 @test "the 10 s window closes while the dispatcher runs: the count of the others comes then, not only at exit" {
   need_pg
   local err=$BATS_TEST_TMPDIR/err p
-  publish 15 w- win
+  publish_for 15 w- win
   rb-dispatch -H win --exec 'exit 3' --backoff 1h 2>"$err" 3>&- & p=$!
   PIDS=$p
   wait_for 40 'grep -q "^rb-dispatch: win: \.\.\. and 5 more failed attempts in the last 10 s$" "$err"'

@@ -11,12 +11,6 @@ setup() { fresh_schema; }
 
 teardown() { kill_pids_drop_schema; }
 
-publish() {  # n prefix handler
-  awk -v n="$1" -v p="$2" -v h="$3" 'BEGIN {
-    for (i = 1; i <= n; i++)
-      printf "{\"id\":\"%s%d\",\"name\":\"t\",\"payload\":{\"i\":%d},\"handlers\":[\"%s\"]}\n", p, i, i, h
-  }' | rb-publish -q
-}
 
 lines() { [ -f "$1" ] && wc -l <"$1" || echo 0; }
 pending() { q "SELECT count(*) FROM relaybus_deliveries WHERE handler = '$1'"; }
@@ -28,7 +22,7 @@ now_ms() { date +%s%3N; }
   pg_only
   need_pg
   local a=$BATS_TEST_TMPDIR/a.out b=$BATS_TEST_TMPDIR/b.out t0 t1
-  publish 80 k fast
+  publish_for 80 k fast
   rb-dispatch -H fast --lease 30s -c 4 --exec "rb-test-exec $a sleep:0.05" 2>"$BATS_TEST_TMPDIR/a.err" 3>&- & PIDS=$!
   rb-dispatch -H fast --lease 30s -c 4 --exec "rb-test-exec $b sleep:0.05" 2>"$BATS_TEST_TMPDIR/b.err" 3>&- &
   PIDS="$PIDS $!"
@@ -58,7 +52,7 @@ now_ms() { date +%s%3N; }
   pg_only
   need_pg
   local a=$BATS_TEST_TMPDIR/a.out b=$BATS_TEST_TMPDIR/b.out p t0 t1
-  publish 8 c cutwait
+  publish_for 8 c cutwait
   # A runs 4 for a minute and is killed; B runs the other 4 for 1.5 s,
   # and after them polls only every 30 s: its next look must come when
   # the lease it cut on A's lanes ends (1.5 s), not 30 s later
@@ -86,7 +80,7 @@ now_ms() { date +%s%3N; }
   need_pg
   local out=$BATS_TEST_TMPDIR/t.out url cut=0 n p1 p2
   case $RELAYBUS_URL in *\?*) url="$RELAYBUS_URL&application_name=rbtermcut" ;; *) url="$RELAYBUS_URL?application_name=rbtermcut" ;; esac
-  publish 300 t termcut
+  publish_for 300 t termcut
   rb-dispatch --db "$url" -H termcut --lease 30s -c 4 --drain --exec "rb-test-exec $out sleep:0.05" \
     2>"$BATS_TEST_TMPDIR/t1.err" 3>&- & p1=$!
   # the other one, never cut, looks for lanes every 50 ms: it finds the
@@ -115,7 +109,7 @@ now_ms() { date +%s%3N; }
 @test "a handler that runs longer than --lease keeps its lane through renewals: a second dispatcher does not take it over" {
   need_pg
   local a=$BATS_TEST_TMPDIR/a.out b=$BATS_TEST_TMPDIR/b.out
-  publish 4 s slow
+  publish_for 4 s slow
   rb-dispatch -H slow --lease 2s -c 4 --exec "rb-test-exec $a sleep:7" 2>"$BATS_TEST_TMPDIR/a.err" 3>&- & PIDS=$!
   wait_for 20 '[ "$(lines "$a.start")" = 4 ]'
   # a second dispatcher looks for work every 50 ms while the first one's
@@ -133,7 +127,7 @@ now_ms() { date +%s%3N; }
 # again 2 s later.  Prints what the second claim took.
 claim_after_kill() {  # handler [rb-dispatch args]
   local h=$1 out=$BATS_TEST_TMPDIR/$1.out; shift
-  publish 4 "$h" "$h"
+  publish_for 4 "$h" "$h"
   # (its handlers outlive it: none may hold the caller's $(...) open)
   rb-dispatch "$@" -H "$h" --lease 30s -c 4 --exec "rb-test-exec $out sleep:60" >/dev/null 2>&1 3>&- & PIDS=$!
   wait_for 20 '[ "$(lines "$out.start")" = 4 ]'
@@ -159,7 +153,7 @@ claim_after_kill() {  # handler [rb-dispatch args]
   pg_only
   need_pg
   local f=$BATS_TEST_TMPDIR/f t0 t1
-  publish 4 fk folkill
+  publish_for 4 fk folkill
   # its lines go to a file: written, and never completed
   rb-claim -H folkill --follow --lease 30s >"$f.1" 2>"$f.err" & PIDS=$!
   wait_for 10 '[ "$(lines "$f.1")" = 4 ]'
@@ -182,7 +176,7 @@ claim_after_kill() {  # handler [rb-dispatch args]
   pg_only
   need_pg
   local a=$BATS_TEST_TMPDIR/a.out f=$BATS_TEST_TMPDIR/f p t0 t1
-  publish 8 r cutfol
+  publish_for 8 r cutfol
   rb-dispatch -H cutfol --owner A --lease 30s -c 4 --exec "rb-test-exec $a sleep:60" >/dev/null 2>&1 3>&- & p=$!
   PIDS=$p
   wait_for 20 '[ "$(lines "$a.start")" = 4 ]'
@@ -216,7 +210,7 @@ claim_after_kill() {  # handler [rb-dispatch args]
   pg_only
   need_pg
   local f=$BATS_TEST_TMPDIR/f p
-  publish 4 fs folstop
+  publish_for 4 fs folstop
   rb-claim -H folstop --follow --lease 30s >"$f.1" 2>"$f.err" & p=$!
   PIDS=$p
   wait_for 10 '[ "$(lines "$f.1")" = 4 ]'
@@ -283,7 +277,7 @@ chain_publish() {  # handler
 # crash or an OOM kill of the service's group): its lanes keep a 30-s lease.
 killed_mid_batch() {  # handler
   local a=$BATS_TEST_TMPDIR/a.out p
-  publish 40 "$1" "$1"
+  publish_for 40 "$1" "$1"
   setsid rb-dispatch -H "$1" --lease 30s -c 4 --exec "rb-test-exec $a sleep:60" >/dev/null 2>&1 3>&- & p=$!
   PIDS="${PIDS:-} $p"
   wait_for 20 '[ "$(lines "$a.start")" = 4 ]'

@@ -290,3 +290,12 @@ session() {  # application name
   exec 7>"$fifo"
   HOLD_FD=7
 }
+
+# Publish N unkeyed events named t for HANDLER, ids PREFIX1..PREFIXN,
+# payload {"i": n}.
+publish_for() {  # n prefix handler
+  awk -v n="$1" -v p="$2" -v h="$3" 'BEGIN {
+    for (i = 1; i <= n; i++)
+      printf "{\"id\":\"%s%d\",\"name\":\"t\",\"payload\":{\"i\":%d},\"handlers\":[\"%s\"]}\n", p, i, i, h
+  }' | rb-publish -q
+}
