@@ -236,6 +236,9 @@ check_names(const char *s)
 		if (!(lower || digit || (c >= 'A' && c <= 'Z') || c == '_' || c == '.' || c == ':' || c == '-'))
 			handler = false;
 	}
+	/* PostgreSQL reserves pg_*; information_schema is the standard's */
+	if (strncmp(s, "pg_", 3) == 0 || strcmp(s, "information_schema") == 0)
+		ident = false;
 	FUZZ_CHECK(rb_ident_valid(s) == ident, "ident '%s'", s);
 	FUZZ_CHECK(rb_handler_valid(s) == handler, "handler '%s'", s);
 }
