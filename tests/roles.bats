@@ -309,19 +309,24 @@ calls() {  # funcname...
   done
 }
 
-@test "a LOGIN role granted nothing: every program exits 77 with one line" {
+@test "a LOGIN role granted nothing: every program exits 77 with one line naming the --grant it lacks" {
   publish order.paid n1
   line=$(rb-claim -H mailer --owner A)
   run --separate-stderr as "$R_NONE" rb-publish -q <<<'{"name":"order.paid","payload":1}'
   refused "permission denied"
+  [[ $stderr == *"(role \"$R_NONE\" lacks the grant rb-publish needs: rb-setup --grant publisher=$R_NONE)" ]]
   run --separate-stderr as "$R_NONE" rb-claim -H mailer
   refused "permission denied"
+  [[ $stderr == *"rb-setup --grant worker=$R_NONE:HANDLER)" ]]
   run --separate-stderr as "$R_NONE" rb-complete < <(jq -c '. + {ok: true}' <<<"$line")
   refused "permission denied"
+  [[ $stderr == *"rb-setup --grant worker=$R_NONE:HANDLER)" ]]
   run --separate-stderr as "$R_NONE" rb-dispatch -H mailer --exec true --drain
   refused_dispatch "permission denied"
+  [[ ${stderr_lines[0]} == *"rb-setup --grant worker=$R_NONE:HANDLER)" ]]
   run --separate-stderr as "$R_NONE" rb-admin stats
   refused "permission denied"
+  [[ $stderr == *"rb-setup --grant admin=$R_NONE)" ]]
   run asql "$R_NONE" -c "SELECT \"$RB_SCHEMA\".relaybus_complete('$(jq -r .lease <<<"$line")', 'n1', 'mailer')"
   [[ $output == *"42501: permission denied for schema"* ]]
   [ "$(q "SELECT count(*) FROM relaybus_deliveries")" = 1 ]
