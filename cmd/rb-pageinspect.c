@@ -462,7 +462,11 @@ cmd_watch(void)
 			goto fail;
 		d = rb_inspect_delta(prev, cur);
 		if (opt.json) {
-			json_object_set_new(d, "at", json_real(json_real_value(json_object_get(cur, "at"))));
+			char at[32];
+
+			/* ISO 8601 in UTC with milliseconds, as every program prints a time */
+			rb_fmt_iso_ms((int64_t)(json_real_value(json_object_get(cur, "at")) * 1000), at);
+			json_object_set_new(d, "at", json_string(at));
 			rb_jsonl_write(stdout, d);
 		} else {
 			print_watch_line(d, n);

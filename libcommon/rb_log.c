@@ -217,6 +217,17 @@ log_shown(enum rb_log_level level)
 	return (level == RB_LOG_NOTICE ? RB_LOG_WARN : (int)level) <= log_level;
 }
 
+void
+rb_fmt_iso_ms(int64_t ms, char buf[32])
+{
+	time_t t = (time_t)(ms / 1000);
+	struct tm tm;
+
+	gmtime_r(&t, &tm);
+	strftime(buf, 24, "%Y-%m-%dT%H:%M:%S", &tm);
+	snprintf(buf + strlen(buf), 8, ".%03dZ", (int)(ms % 1000) % 1000);
+}
+
 /* One line on stderr: text, or (json) msg and the fields. */
 static void
 log_emit(enum rb_log_level level, const char *code, const char *raw_text, const char *raw_msg,
@@ -225,17 +236,13 @@ log_emit(enum rb_log_level level, const char *code, const char *raw_text, const 
 	char msg[8192];
 
 	if (log_json) {
-		char ts[64];
+		char ts[32];
 		struct timespec now;
-		struct tm tm;
 		json_t *o;
 
 		log_escape(raw_msg, msg, sizeof msg);
 		clock_gettime(CLOCK_REALTIME, &now);
-		gmtime_r(&now.tv_sec, &tm);
-		snprintf(ts, sizeof ts, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ",
-		    tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
-		    tm.tm_min, tm.tm_sec, now.tv_nsec / 1000000);
+		rb_fmt_iso_ms((int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000, ts);
 		o = json_pack("{s:s, s:s, s:s, s:s}", "ts", ts, "prog", log_prog,
 		    "level", level_name(level), "msg", msg);
 		if (o != NULL && code != NULL)

@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdint.h>
 
 enum rb_log_level { RB_LOG_ERROR = 0, RB_LOG_WARN = 1, RB_LOG_INFO = 2, RB_LOG_DEBUG = 3,
 	RB_LOG_NOTICE = 100 /* printed at the WARN threshold */ };
@@ -18,6 +19,9 @@ enum rb_log_level { RB_LOG_ERROR = 0, RB_LOG_WARN = 1, RB_LOG_INFO = 2, RB_LOG_D
 void	rb_log_init(const char *prog);
 /** The program name given to rb_log_init(). */
 const char *rb_log_prog(void);
+/** ms since the epoch as "2026-12-05T16:08:43.512Z": UTC, the one format of a
+ * time in every program's output (the JSON log's ts, delivery lines, watch). */
+void	rb_fmt_iso_ms(int64_t ms, char buf[32]);
 /** Set verbosity: 0 = errors only (-q), 1 = warnings (default), 2 = -v, 3 = -vv. */
 void	rb_log_set_level(int level);
 int	rb_log_level(void);

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "rb_exit.h"
+#include "rb_log.h"
 #include "rb_records.h"
 #include "rb_store.h"
 #include "rb_util.h"
@@ -41,12 +42,7 @@ mg_now(void)
 void
 mg_fmt_time(int64_t ms, char buf[32])
 {
-	time_t t = (time_t)(ms / 1000);
-	struct tm tm;
-
-	gmtime_r(&t, &tm);
-	strftime(buf, 24, "%Y-%m-%dT%H:%M:%S", &tm);
-	snprintf(buf + strlen(buf), 8, ".%03dZ", (int)(ms % 1000) % 1000);
+	rb_fmt_iso_ms(ms, buf);
 }
 
 mongoc_collection_t *

@@ -167,6 +167,10 @@ entries() { jq -r --arg n "relaybus_deliveries_$1" '.indexes[] | select(.name ==
   [ "$(w 'map(.delivery_updates) | add')" = 0 ]
   [ "$(w '.[-1].dead_tuples | has("relaybus_deliveries") and has("relaybus_lanes")')" = true ]
   [ "$(w '.[0].autovacuum_runs | has("relaybus_deliveries")')" = true ]
+  # the time of each sample as every program prints one: ISO 8601, UTC, ms, now
+  [ "$(w 'all(.at | test("^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}[.][0-9]{3}Z$"))')" = true ]
+  local first=$(w '.[0].at | sub("[.][0-9]+Z$"; "Z") | fromdate')
+  [ $(( $(date +%s) - first )) -ge 0 ] && [ $(( $(date +%s) - first )) -lt 60 ]
 }
 
 @test "watch prints a header and one line per interval" {
