@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
 #include <jansson.h>
@@ -228,6 +229,41 @@ rb_fmt_iso_ms(int64_t ms, char buf[32])
 	snprintf(buf + strlen(buf), 8, ".%03dZ", (int)(ms % 1000) % 1000);
 }
 
+static bool progress_shown;	/* a progress line is on the terminal, no newline */
+
+bool
+rb_log_progress_wanted(void)
+{
+	return !log_json && !log_journal && log_shown(RB_LOG_NOTICE) && isatty(STDERR_FILENO);
+}
+
+void
+rb_progress(const char *fmt, ...)
+{
+	char raw[1024], msg[1024];
+	va_list ap;
+
+	if (!rb_log_progress_wanted())
+		return;
+	va_start(ap, fmt);
+	vsnprintf(raw, sizeof raw, fmt, ap);
+	va_end(ap);
+	log_escape(raw, msg, sizeof msg);
+	fprintf(stderr, "\r\033[K%s: %s", log_prog, msg);
+	fflush(stderr);
+	progress_shown = true;
+}
+
+void
+rb_progress_end(void)
+{
+	if (progress_shown) {
+		fputs("\r\033[K", stderr);
+		fflush(stderr);
+		progress_shown = false;
+	}
+}
+
 /* One line on stderr: text, or (json) msg and the fields. */
 static void
 log_emit(enum rb_log_level level, const char *code, const char *raw_text, const char *raw_msg,
@@ -267,6 +303,10 @@ log_emit(enum rb_log_level level, const char *code, const char *raw_text, const 
 		}
 	} else {
 		log_escape(raw_text, msg, sizeof msg);
+		if (progress_shown) {	/* the line goes where the progress was */
+			fputs("\r\033[K", stderr);
+			progress_shown = false;
+		}
 		if (log_prefix != NULL)
 			fprintf(stderr, "%s%s: %s: %s\n", journal_prefix(level), log_prog, log_prefix, msg);
 		else

@@ -37,6 +37,13 @@ void	rb_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void	rb_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /** A summary or status line: shown by default, hidden by -q (level "notice" in json). */
 void	rb_notice(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/** Whether progress lines are shown: stderr a terminal, text format, not -q. */
+bool	rb_log_progress_wanted(void);
+/** A progress line on a terminal ("prog: text", rewritten in place, no
+ * newline); the next log line, or rb_progress_end(), takes its place.
+ * Nothing when rb_log_progress_wanted() is false. */
+void	rb_progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void	rb_progress_end(void);
 /** Log an error; returns -1 so that "return rb_error(...)" works. */
 int	rb_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /** Log an error and exit with code. */

@@ -537,9 +537,14 @@ notice_to_log(void *arg, const char *msg)
 {
 	int len = (int)strcspn(msg, "\n");
 
+	const char *progress = strstr(msg, "relaybus progress: ");
+
 	if (arg != NULL && strncmp(msg, "FATAL:", 6) == 0)
 		idle_fatal_set(arg, msg);
-	if (strncmp(msg, "WARNING", 7) == 0)
+	/* (the set-up's steps, raised only when rb-setup asked: a terminal) */
+	if (strncmp(msg, "NOTICE:", 7) == 0 && progress != NULL && progress < msg + len)
+		rb_progress("%.*s", (int)(msg + len - progress - 19), progress + 19);
+	else if (strncmp(msg, "WARNING", 7) == 0)
 		rb_warn("server: %.*s", len, msg);
 	else
 		rb_info("server: %.*s", len, msg);

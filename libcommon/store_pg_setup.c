@@ -382,6 +382,8 @@ pg_setup(struct rb_store *s, const struct rb_setup_opts *o, struct rb_error *err
 		goto out;
 	/* quiet the NOTICEs of CREATE ... IF NOT EXISTS on a second run */
 	if (pg_run_cmd(s, "SET LOCAL client_min_messages = warning", "set-up", err) < 0 ||
+	    /* the long steps of an upgrade say where they are, on a terminal */
+	    (rb_log_progress_wanted() && pg_run_cmd(s, "SET LOCAL relaybus.progress = on", "set-up", err) < 0) ||
 	    pg_setup_lock(s, o, err) < 0 || pg_run_cmd(s, b.s, "set-up", err) < 0 ||
 	    (ddl = run_ddl(s, o, fp, sizeof fp, err)) < 0 || set_max_delay(s, o->max_delay_ms, err) < 0)
 		goto fail;

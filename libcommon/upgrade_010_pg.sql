@@ -11,6 +11,9 @@
 DO $upgrade$
 DECLARE
     r record;
+    -- on a terminal (rb-setup sets relaybus.progress): a line per long step
+    v_progress boolean := coalesce(current_setting('relaybus.progress', true), '') = 'on';
+    v_n bigint;
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_attribute
                     WHERE attrelid = to_regclass('@S@.relaybus_deliveries')
@@ -19,6 +22,11 @@ BEGIN
     END IF;
     -- for upgrade_010_post_pg.sql, in this transaction only
     PERFORM set_config('relaybus.upgrade_010', 'on', true);
+    IF v_progress THEN
+        PERFORM set_config('client_min_messages', 'notice', true);
+        SELECT count(*) INTO v_n FROM @S@.relaybus_deliveries;
+        RAISE NOTICE 'relaybus progress: upgrading % deliveries: 1/4 events remember their handlers', v_n;
+    END IF;
 
     -- 1. events remember every handler they ever had a delivery for,
     -- completed ones included, so that nothing completed under 0.1.0 runs
@@ -45,6 +53,10 @@ BEGIN
         EXECUTE format('ALTER TABLE @S@.relaybus_deliveries DROP CONSTRAINT %I', r.conname);
     END LOOP;
 
+    IF v_progress THEN
+        RAISE NOTICE 'relaybus progress: upgrading % deliveries: 2/4 the deliveries rewritten with their lanes (% s so far)',
+            v_n, round(extract(epoch FROM clock_timestamp() - now())::numeric, 1);
+    END IF;
     -- 3. deliveries, in one rewrite of the table (every row written once,
     -- no dead versions left behind): the lane, with the hash new deliveries
     -- get; processing becomes pending with its attempts (0.1.0 counted the
@@ -74,6 +86,16 @@ BEGIN
         SET (autovacuum_vacuum_scale_factor = 0.02);
     -- rb-admin purge --completed-older-than deletes the old completed rows
     -- through this index; rb-admin list and stats see them too
+    IF v_progress THEN
+        RAISE NOTICE 'relaybus progress: upgrading % deliveries: 3/4 the index of completed rows (% s so far)',
+            v_n, round(extract(epoch FROM clock_timestamp() - now())::numeric, 1);
+    END IF;
     CREATE INDEX IF NOT EXISTS relaybus_deliveries_completed_010_idx
         ON @S@.relaybus_deliveries (updated_at, id) WHERE status = 'completed';
+    -- (schema_pg.sql runs next: the new indexes are most of what is left)
+    IF v_progress THEN
+        RAISE NOTICE 'relaybus progress: upgrading % deliveries: 4/4 the new indexes, lanes and functions (% s so far)',
+            v_n, round(extract(epoch FROM clock_timestamp() - now())::numeric, 1);
+        PERFORM set_config('client_min_messages', 'warning', true);
+    END IF;
 END $upgrade$;

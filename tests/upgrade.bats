@@ -171,6 +171,24 @@ relaybus_deliveries_settled_idx" ]
   [ "$(q "SELECT array_to_string(reloptions, ',') FROM pg_class WHERE oid = 'relaybus_lanes'::regclass")" = "fillfactor=10" ]
 }
 
+@test "on a terminal the upgrade shows its steps in one line rewritten in place, then the summary line; -q shows neither" {
+  need_pg
+  load_010
+  run script -qec "rb-setup" /dev/null
+  [ "$status" -eq 0 ]
+  out=$(tr -d '\r' <<<"$output" | sed 's/\x1b\[K/|/g')
+  echo "$out"
+  # each of the four steps, in order, each wiping the one before (ESC [K)
+  [[ "$out" == *"|rb-setup: upgrading 14 deliveries: 1/4 events remember their handlers|rb-setup: upgrading 14 deliveries: 2/4 the deliveries rewritten with their lanes ("*" s so far)|rb-setup: upgrading 14 deliveries: 3/4 "*"|rb-setup: upgrading 14 deliveries: 4/4 the new indexes, lanes and functions ("*" s so far)|rb-setup: schema $RB_SCHEMA upgraded from the 0.1.0 row-lease schema to schema version 1: 14 deliveries converted in "* ]]
+  [ "$(q "SELECT count(*) FROM relaybus_deliveries")" = 14 ]
+  # -q on a terminal: nothing at all
+  q "DROP SCHEMA \"$RB_SCHEMA\" CASCADE"
+  load_010
+  run script -qec "rb-setup -q" /dev/null
+  [ "$status" -eq 0 ]
+  [ -z "$output" ]
+}
+
 @test "the upgraded schema has the shape of a fresh one, and the index of the completed rows" {
   need_pg
   load_010
