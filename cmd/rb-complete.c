@@ -309,6 +309,11 @@ apply(struct rb_store *store)
 			    "published): not applied", line, r->event_id, r->handler);
 		else if (r->outcome == RB_OUTCOME_LOST)
 			rb_info("stdin:%ld: lease lost for %s of %s: not applied", line, r->event_id, r->handler);
+		else if (r->sql_error != NULL)
+			/* (said by default: the result became a failed attempt) */
+			rb_warn("stdin:%ld: %s of %s: attempt %d/%d failed: %.*s (%s)", line, r->event_id,
+			    r->handler, r->attempts, opt.co.max_attempts, (int)strcspn(r->sql_error, "\r\n"),
+			    r->sql_error, rb_outcome_name(r->outcome));
 		if (!opt.output)
 			continue;
 		o = outcome_line(r, line);

@@ -452,10 +452,13 @@ claim8() {  # owner batch live search chain
   [ "$(q "SELECT count(*) FROM effects WHERE event_id = 'e2'")" = 0 ]
 }
 
-@test "--sql that fails counts as a failed attempt and commits nothing" {
+@test "--sql that fails counts as a failed attempt, commits nothing, and says so by default" {
   echo '{"id":"f1","name":"keyed.x","payload":1}' | rb-publish -q
-  run bash -c "rb-claim -H k | jq -c '. + {ok: true}' | rb-complete -o --sql 'SELECT 1/0'"
+  run --separate-stderr bash -c "rb-claim -H k | jq -c '. + {ok: true}' | rb-complete -o --sql 'SELECT 1/0'"
+  [ "$status" -eq 0 ]
   [ "$(echo "$output" | jq -r '.outcome + " " + .error')" = "rescheduled --sql failed: division by zero" ]
+  # one warning, as rb-dispatch says a failed attempt
+  [ "$stderr" = "rb-complete: stdin:1: f1 of k: attempt 1/10 failed: --sql failed: division by zero (rescheduled)" ]
   [ "$(q "SELECT attempts || ' ' || last_error FROM relaybus_deliveries WHERE event_id = 'f1'")" = "1 --sql failed: division by zero" ]
 }
 
