@@ -330,5 +330,5 @@ SQL
   [ "$(q "SELECT string_agg(order_id, ',' ORDER BY order_id) FROM mailed")" = o1,o2,o3,o4,o5 ]
   [ "$(q "SELECT count(*) FROM relaybus_deliveries")" = 0 ]
   # exit 80: rb-dispatch knows the handler completed each one (not lost)
-  [[ $stderr == *"5 claimed, 5 completed, 0 rescheduled, 0 buried, 0 released, 0 lost, 5 completed by the handler"* ]] || { echo "$stderr"; false; }
+  [[ $stderr == *"5 claimed, 5 completed, 0 failed and rescheduled, 0 dead, 0 released, 0 lost, 5 completed by the handler"* ]] || { echo "$stderr"; false; }
 }

@@ -90,7 +90,7 @@ counted() {  # handler outcome
   pub=$(step_of "the worker daemon" | sed -n 's/^rb-publish: \([0-9]*\) events, .*/\1/p')
   [ "$pub" = "$m" ]
   for h in mailer ledger; do
-    step_of "the worker daemon" | grep -q "^rb-dispatch: $h: claimed $m, completed $m, failed 0 (buried 0), .* in flight 0, "
+    step_of "the worker daemon" | grep -q "^rb-dispatch: $h: claimed $m, completed $m, failed 0 (dead 0), .* in flight 0, "
   done
 }
 

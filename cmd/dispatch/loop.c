@@ -156,7 +156,7 @@ stats_line(struct dispatcher *dp, int64_t now, int64_t *last)
 
 	metrics_tick(dp, per_sec);
 	if (!dp->opt.stats_quiet)
-		rb_notice("claimed %ld, completed %ld, failed %ld (buried %ld), released %ld, lost %ld, "
+		rb_notice("claimed %ld, completed %ld, failed %ld (dead %ld), released %ld, lost %ld, "
 		    "in flight %d, %.1f/s", dp->stats.claimed, dp->stats.completed,
 		    dp->stats.rescheduled + dp->stats.buried, dp->stats.buried,
 		    dp->stats.released, dp->stats.lost, dp->running + (int)dp->nqueue + dp->nwait + dp->owed,
@@ -410,7 +410,7 @@ run(struct dispatcher *dp)
 		    drained ? "drained" : "drain stopped", dp->stats.completed, dp->stats.rescheduled,
 		    dp->stats.buried, (double)ms / 1000.0);
 	}
-	rb_info("%ld claimed, %ld completed, %ld rescheduled, %ld buried, %ld released, %ld lost, "
+	rb_info("%ld claimed, %ld completed, %ld failed and rescheduled, %ld dead, %ld released, %ld lost, "
 	    "%ld completed by the handler", dp->stats.claimed, dp->stats.completed, dp->stats.rescheduled,
 	    dp->stats.buried, dp->stats.released, dp->stats.lost, dp->stats.by_handler);
 	free(pfd);
