@@ -43,6 +43,14 @@ man_opts() { grep -oE 'Fl -[a-z][a-z-]+' "$RB_SRCDIR/man/$1.1" | sed 's/^Fl /-/'
   done
 }
 
+@test "groff renders every page without a warning (what man and lintian run)" {
+  command -v groff >/dev/null || skip "groff not installed"
+  for f in "$RB_SRCDIR"/man/*.[17]; do
+    out=$(LC_ALL=C.UTF-8 groff -mandoc -Tutf8 -ww -z "$f" 2>&1 || true)
+    [ -z "$out" ] || { echo "$f: $out"; false; }
+  done
+}
+
 @test "relaybus(7) lists every exit code of rb_exit.h" {
   for code in $(grep -oE '= [0-9]+,' "$RB_SRCDIR/libcommon/rb_exit.h" | tr -dc '0-9\n'); do
     grep -qE "^\.It $code\$" "$RB_SRCDIR/man/relaybus.7" || { echo "exit code $code missing"; false; }
