@@ -83,7 +83,10 @@ publish() {  # n prefix name [keyed]
     --exec "while [ ! -e '$go' ]; do sleep 0.05; done" 3>&- &
   PIDS="$!"
   wait_for 20 '[ -e "$m" ]'
+  # (the first file held open: a freed inode's number may come back for the
+  # next file; an open one's cannot)
   local i1
+  exec 8<"$m"
   i1=$(stat -c %i "$m")
   publish 5 r- r.x keyed
   wait_for 20 '[ "$(val "$m" relaybus_dispatch_in_flight)" = 5 ]'
@@ -93,6 +96,7 @@ publish() {  # n prefix name [keyed]
   wait_for 10 '[ "$(val "$m" relaybus_dispatch_lanes_held)" = "$lanes" ]'
   [ "$lanes" -ge 1 ]
   [ "$(stat -c %i "$m")" != "$i1" ]
+  exec 8<&-
   prom_check "$m"
   touch "$go"
   wait_for 20 '[ "$(val "$m" relaybus_dispatch_completed_total)" = 5 ]'
