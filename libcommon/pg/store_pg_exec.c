@@ -501,7 +501,7 @@ pg_wake_claimed(struct pg_be *be, int claimed)
 	be->wake_quiet_until = claimed == 0 ? rb_mono_ms() + PG_WAKE_QUIET_MS : 0;
 }
 
-/* ---- connections --------------------------------------------------------- */
+/* ---- notices, and a side connection that failed ------------------------- */
 
 /* The FATAL each connection got outside an answer (a backend terminated
  * while idle: libpq gives it to the notice processor, and its error says
