@@ -4,7 +4,7 @@
  * core, what every file of it shares: the state (struct mg_be) and the
  * functions of store_mongo_core.c.  Above it the steps by job
  * (store_mongo_steps.h), and on top store_mongo.c (the ops table); a file
- * uses only files below it (scripts/check-includes).
+ * uses only files below it (tests/check_includes.py).
  *
  * The data model (relaybus(7) "MongoDB"): in the URL's database (default
  * "relaybus"), collections named <schema>.<name>:

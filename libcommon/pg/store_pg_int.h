@@ -16,7 +16,7 @@
  * Above the core, the steps by job (store_pg_steps.h), and on top
  * store_pg.c: the ops table, open/close/reconnect, LISTEN and the calls
  * without waiting.  A file uses only files below it: the core no step,
- * a step never store_pg.c (scripts/check-includes).
+ * a step never store_pg.c (tests/check_includes.py).
  *
  * Every statement is a template with @S@ for the quoted schema (pg_render)
  * and runs with parameters only.  Every failure goes through pg_fail_on,

@@ -20,7 +20,7 @@
  * set-up its locks, versions and grants; inspect the others), never
  * store_pg.c: the core reaches a step's answer only through struct pg_be
  * (answer_claim, answer_complete), set by store_pg.c, the one file that
- * includes every step (scripts/check-includes).
+ * includes every step (tests/check_includes.py).
  */
 #ifndef STORE_PG_STEPS_H
 #define STORE_PG_STEPS_H

@@ -1,7 +1,7 @@
 #!/usr/bin/python3 -B
-# scripts/check-includes [-v]: check the layout of libcommon/ (README.md,
-# "Layout"), from the sources alone (no build, no database), as a TAP test
-# (make check runs it):
+# tests/check_includes.py [-v]: check the layout of libcommon/
+# (libcommon/README.md), from the sources alone (no build, no database), as
+# a TAP test (make check runs it):
 #
 #   1. the front (libcommon/*.c, *.h) includes no header of a backend
 #      (libcommon/pg/, libcommon/mongo/), and no backend one of the other;
