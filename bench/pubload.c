@@ -361,7 +361,7 @@ main(int argc, char **argv)
 			    "SELECT e.id, s.handler FROM e JOIN %s.subscriptions s ON e.name LIKE s.pattern",
 			    schema, schema, schema);
 		else
-			/* relaybus_publish_batch's statements (libcommon/schema_pg.sql), sent as SQL */
+			/* relaybus_publish_batch's statements (libcommon/pg/schema_pg.sql), sent as SQL */
 			sb_printf(&q,
 			    "WITH src AS (SELECT x.o AS ord, coalesce(x.e->>'id', gen_random_uuid()::text) AS id, "
 			    "    x.e->>'name' AS name, x.e->>'key' AS key, x.e->'payload' AS payload "

@@ -36,7 +36,7 @@
  * (under its configure conditional), its store_<name>.c and one Makefile.am
  * line.
  */
-extern const struct rb_store_ops rb_store_pg_ops;	/* store_pg.c */
+extern const struct rb_store_ops rb_store_pg_ops;	/* pg/store_pg.c */
 
 static const struct rb_store_ops *const backends[] = {
 	&rb_store_pg_ops,

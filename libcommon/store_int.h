@@ -17,8 +17,9 @@
  * same way for every slot (NEED_OP in store.c).  Only name, schemes,
  * version, open and close are required.
  *
- * Adding a backend is one new file, libcommon/store_<name>.c, defining
- * `const struct rb_store_ops rb_store_<name>_ops`; one entry in backends[]
+ * Adding a backend is one new folder, libcommon/<name>/ (libcommon/README.md),
+ * whose top file defines `const struct rb_store_ops rb_store_<name>_ops`
+ * and whose private headers no front file includes; one entry in backends[]
  * in store.c (with its extern declaration there); and one line in
  * Makefile.am (under the configure conditional of its client library, as
  * HAVE_MONGO is for libmongoc).  A backend whose client library should not

@@ -19,7 +19,7 @@
 #include <libpq-fe.h>
 
 #include "rb_util.h"
-#include "store_pg_url.h"
+#include "pg/store_pg_url.h"
 #include "fuzz.h"
 
 static bool

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "rb_util.h"
-#include "store_pg_url.h"
+#include "pg/store_pg_url.h"
 #include "tap.h"
 
 static void

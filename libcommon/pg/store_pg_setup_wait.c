@@ -27,6 +27,7 @@
 #include "rb_util.h"
 #include "store_int.h"
 #include "store_pg_int.h"
+#include "store_pg_steps.h"
 
 #define SETUP_LOCK_WAIT_MS	10000
 /* one attempt at the tables: what a claim may wait behind a set-up */

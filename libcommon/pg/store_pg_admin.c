@@ -27,6 +27,7 @@
 #include "rb_util.h"
 #include "store_int.h"
 #include "store_pg_int.h"
+#include "store_pg_steps.h"
 
 /* ---- helpers ------------------------------------------------------------- */
 

@@ -16,6 +16,7 @@
 #include "rb_util.h"
 #include "store_int.h"
 #include "store_mongo_int.h"
+#include "store_mongo_steps.h"
 
 /* What rb_mongo_publish and rb_mongo_complete (function fn) check first:
  * the schema (NULL: the default, into *schema) and a session in a

@@ -4,8 +4,11 @@
  * every store_pg*.c (store_pg_int.h): statement templates rendered for a
  * schema, array parameters, the one map from a failure to an exit code,
  * prepare/exec/send with the retry of deadlocks, the answer of a statement
- * sent without waiting, connections (the first and the two side ones) and
- * the column readers.
+ * sent without waiting (pg_settle), what the server says outside an answer
+ * (pg_log_notices), a side connection's failure, the connections the
+ * calls without waiting use, and the column readers.  It is the core of
+ * the backend: it calls no other file of it (connecting is
+ * store_pg_ha.c's, above it).
  */
 #include "config.h"
 
@@ -487,7 +490,47 @@ pg_history(struct rb_store *s, PGconn *c, const char *what, struct rb_error *err
 	return be->history;
 }
 
-/* ---- connections --------------------------------------------------------- */
+/* ---- the calls without waiting -------------------------------------------- */
+
+int
+pg_connections(const struct rb_store *s)
+{
+	return s->connections > 0 ? s->connections : pg_be(s)->connections;
+}
+
+void
+pg_settle(struct rb_store *s)
+{
+	struct pg_be *be = pg_be(s);
+
+	while (be->job != PG_IDLE)
+		if (be->job == PG_CLAIM)
+			be->answer_claim(s, true);
+		else
+			be->answer_complete(s, true);
+}
+
+/*
+ * Any role that can connect may NOTIFY relaybus_<schema>, '<handler>': no
+ * privilege is needed.  So that a flood of them cannot turn an idle
+ * dispatcher into a busy loop of claims, a wake-up whose claim found
+ * nothing holds the next one back PG_WAKE_QUIET_MS (relaybus(7),
+ * OPERATIONS, Wake-ups): at most 10 claims a second come of notifications
+ * that bring nothing, and a wake-up that brought work leaves the next one
+ * free.
+ */
+#define PG_WAKE_QUIET_MS 100
+
+void
+pg_wake_claimed(struct pg_be *be, int claimed)
+{
+	if (!be->wake_check)
+		return;
+	be->wake_check = false;
+	be->wake_quiet_until = claimed == 0 ? rb_mono_ms() + PG_WAKE_QUIET_MS : 0;
+}
+
+/* ---- notices, and a side connection that failed ------------------------- */
 
 /* The FATAL each connection got outside an answer (a backend terminated
  * while idle: libpq gives it to the notice processor, and its error says
@@ -550,112 +593,12 @@ notice_to_log(void *arg, const char *msg)
 		rb_info("server: %.*s", len, msg);
 }
 
-/*
- * Did the server refuse the role (SQLSTATE 28P01 or 28000 at connect: a
- * wrong or missing password, or pg_hba.conf)?  libpq gives a failed
- * connection no SQLSTATE: it says itself when a password was needed and
- * none given, the rest is only in the server's message (English unless
- * the server's lc_messages says otherwise).
- */
-static bool
-refused_role(PGconn *c, const char *msg)
+void
+pg_log_notices(PGconn *c, bool track)
 {
-	return PQconnectionNeedsPassword(c) || strstr(msg, "authentication failed") != NULL ||
-	    strstr(msg, "no password supplied") != NULL || strstr(msg, "pg_hba.conf") != NULL;
-}
-
-/*
- * relaybus's own statements resolve names in pg_catalog only: every
- * relaybus name in them is qualified with the schema, and an operator or
- * function another role put in a schema on the login's search_path
- * (public, "$user") would otherwise win over pg_catalog's inexact or
- * polymorphic match (bigint * interval, text[] && text[], jsonb ->>
- * unknown) and run as this session's role.  The session's own path is
- * kept for the caller's --sql (pg_user_path).  Not behind a transaction
- * pooler, which keeps no session setting: there the role's setting must
- * say it (relaybus(7), SECURITY).
- */
-static int
-pin_search_path(struct rb_store *s, PGconn *c, struct rb_error *err)
-{
-	struct pg_be *be = pg_be(s);
-	PGresult *res;
-
-	if (be->pooler)
-		return 0;
-	res = PQexec(c, "SELECT x.p, pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', false) "
-	    "FROM (SELECT pg_catalog.current_setting('search_path') AS p OFFSET 0) x");
-	if (res == NULL || PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
-		pg_fail_on(s, c, res, "connect", err);
-		PQclear(res);
-		return -1;
-	}
-	free(be->user_path);
-	be->user_path = xstrdup(PQgetvalue(res, 0, 0));
-	PQclear(res);
-	return 0;
-}
-
-int
-pg_connect_to(struct rb_store *s, PGconn **conn, struct rb_error *err)
-{
-	const char *keys[4], *vals[4];
-	int n = 0;
-
-	if (s->url != NULL) {
-		keys[n] = "dbname";
-		vals[n++] = s->url;
-	}
-	keys[n] = "fallback_application_name";
-	vals[n++] = s->app;
-	keys[n] = NULL;
-	vals[n] = NULL;
-	*conn = PQconnectdbParams(keys, vals, 1);
-	if (*conn == NULL)
-		return rb_seterr(err, RB_EXIT_OSERR, "out of memory");
-	PQsetNoticeProcessor(*conn, notice_to_log, NULL);
-	if (PQstatus(*conn) != CONNECTION_OK) {
-		char msg[sizeof err->msg];
-		/* (a string libpq cannot parse is a bad URL, and its error quotes it) */
-		bool bad = rb_pg_conn_error(s->url, PQerrorMessage(*conn), msg, sizeof msg);
-
-		return rb_seterr(err, bad ? RB_EXIT_CONFIG
-		    : refused_role(*conn, msg) ? RB_EXIT_NOPERM : RB_EXIT_UNAVAILABLE,
-		    "cannot connect to %s: %s", s->url_redacted, msg);
-	}
-	if (pg_server_check(s, conn, err) < 0)
-		return -1;
-	/* (a new connection may have the address of one closed) */
-	idle_fatal_set(*conn, NULL);
-	PQsetNoticeProcessor(*conn, notice_to_log, *conn);
-	return pin_search_path(s, *conn, err);
-}
-
-int
-pg_open_side(struct rb_store *s, PGconn **c, void (*close_fn)(struct pg_be *), const char *setup,
-    const char *what, struct rb_error *err)
-{
-	struct pg_be *be = pg_be(s);
-	PGresult *res;
-
-	if (*c != NULL && PQstatus(*c) == CONNECTION_OK)
-		return 0;
-	close_fn(be);
-	if (pg_connect_to(s, c, err) < 0) {
-		close_fn(be);
-		return -1;
-	}
-	if (setup == NULL)
-		return 0;
-	res = PQexec(*c, setup);
-	if (res == NULL || PQresultStatus(res) != PGRES_COMMAND_OK) {
-		pg_fail_on(s, *c, res, what, err);
-		PQclear(res);
-		close_fn(be);
-		return -1;
-	}
-	PQclear(res);
-	return 0;
+	if (track)
+		idle_fatal_set(c, NULL);	/* (a new connection may have the address of one closed) */
+	PQsetNoticeProcessor(c, notice_to_log, track ? c : NULL);
 }
 
 int

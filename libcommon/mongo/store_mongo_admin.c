@@ -21,6 +21,7 @@
 #include "rb_util.h"
 #include "store_int.h"
 #include "store_mongo_int.h"
+#include "store_mongo_steps.h"
 
 /* what is in flight: every id of a lane's inFlight list, with its lane's lease */
 struct flight {

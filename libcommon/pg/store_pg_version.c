@@ -30,6 +30,7 @@
 #include "rb_util.h"
 #include "store_int.h"
 #include "store_pg_int.h"
+#include "store_pg_steps.h"
 
 extern const char rb_lane_pg_sql[];
 extern const char rb_upgrade_010_pg_sql[];

@@ -24,6 +24,7 @@
 #include "rb_util.h"
 #include "store_int.h"
 #include "store_pg_int.h"
+#include "store_pg_steps.h"
 
 /*
  * The completion: a result with its delivery_id finds its row through the

@@ -21,6 +21,7 @@
 #include "rb_util.h"
 #include "store_int.h"
 #include "store_mongo_int.h"
+#include "store_mongo_steps.h"
 
 #define UPGRADE_BATCH	1000
 

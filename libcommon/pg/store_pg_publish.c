@@ -33,6 +33,7 @@
 #include "rb_util.h"
 #include "store_int.h"
 #include "store_pg_int.h"
+#include "store_pg_steps.h"
 
 /* publish: one row per event, in input order */
 const char pg_tmpl_publish[] =
@@ -165,7 +166,7 @@ rb_pg_publish(PGconn *conn, const char *schema, const json_t *event, json_t **ac
     struct rb_error *err)
 {
 	/* (the error map reads only the schema of a store) */
-	struct rb_store s = { .ops = &rb_store_pg_ops };
+	struct rb_store s = { 0 };
 	struct rb_publish_acks acks = { 0 };
 	json_t *arr;
 	char *text, *sql;

@@ -3,9 +3,11 @@
  * store_pg.c: the PostgreSQL backend's ops table (rb_store_pg_ops) and its
  * connections: open, close, reconnect, LISTEN/NOTIFY, libpq's version, and
  * for the calls without waiting what to poll and what came (pg_pollfds,
- * pg_service), each connection with what it has out (enum pg_job).  The work is in the
- * files by job (store_pg_int.h lists them) over one exec/error layer
- * (store_pg_exec.c); the set-up script and the server-side functions
+ * pg_service), each connection with what it has out (enum pg_job).  The
+ * top of the backend: the work is in the files by job (store_pg_steps.h
+ * lists them) over its core (store_pg_int.h: the state and the one
+ * exec/error layer, store_pg_exec.c), none of which calls this file; the
+ * set-up script and the server-side functions
  * (publish, claim, complete, fail, extend, relinquish, and the roles' grants)
  * are in schema_pg.sql.  The hot path is one round
  * trip per operation:
@@ -37,6 +39,7 @@
 #include "rb_util.h"
 #include "store_int.h"
 #include "store_pg_int.h"
+#include "store_pg_steps.h"
 #include "store_pg_url.h"
 
 /* Every statement of struct pg_be, rendered for the schema at open: the
@@ -169,12 +172,6 @@ pooler_env(void)
 	return strcmp(v, "transaction") == 0 ? 1 : -1;
 }
 
-int
-pg_connections(const struct rb_store *s)
-{
-	return s->connections > 0 ? s->connections : pg_be(s)->connections;
-}
-
 static int
 pg_open(struct rb_store *s, struct rb_error *err)
 {
@@ -200,6 +197,8 @@ pg_open(struct rb_store *s, struct rb_error *err)
 		return -1;
 	rb_sb_init(&be->claim_live);
 	rb_sb_init(&be->claim_live_lanes);
+	be->answer_claim = pg_claim_answer;
+	be->answer_complete = pg_complete_answer;
 	render_statements(s);
 	return pg_connect(s, err);
 }
@@ -292,26 +291,6 @@ pg_listen(struct rb_store *s, const char *handler, struct rb_error *err)
 	return 0;
 }
 
-/*
- * Any role that can connect may NOTIFY relaybus_<schema>, '<handler>': no
- * privilege is needed.  So that a flood of them cannot turn an idle
- * dispatcher into a busy loop of claims, a wake-up whose claim found
- * nothing holds the next one back PG_WAKE_QUIET_MS (relaybus(7),
- * OPERATIONS, Wake-ups): at most 10 claims a second come of notifications
- * that bring nothing, and a wake-up that brought work leaves the next one
- * free.
- */
-#define PG_WAKE_QUIET_MS 100
-
-void
-pg_wake_claimed(struct pg_be *be, int claimed)
-{
-	if (!be->wake_check)
-		return;
-	be->wake_check = false;
-	be->wake_quiet_until = claimed == 0 ? rb_mono_ms() + PG_WAKE_QUIET_MS : 0;
-}
-
 /* ms until a wake-up may be reported: 0 now */
 static int64_t
 wake_quiet_left(const struct pg_be *be)
@@ -337,18 +316,6 @@ take_notifies(struct pg_be *be)
 
 /* ---- the calls without waiting: what to poll, and what came ------------- */
 
-void
-pg_settle(struct rb_store *s)
-{
-	struct pg_be *be = pg_be(s);
-
-	while (be->job != PG_IDLE)
-		if (be->job == PG_CLAIM)
-			pg_claim_answer(s, true);
-		else
-			pg_complete_answer(s, true);
-}
-
 /* An answer libpq holds already makes no socket readable. */
 static bool
 answered(PGconn *c, enum pg_job job)
@@ -356,7 +323,7 @@ answered(PGconn *c, enum pg_job job)
 	return job != PG_IDLE && c != NULL && !PQisBusy(c);
 }
 
-int
+static int
 pg_pollfds(struct rb_store *s, struct pollfd *pfd, int max, int *timeout_ms)
 {
 	struct pg_be *be = pg_be(s);
@@ -386,7 +353,7 @@ pg_pollfds(struct rb_store *s, struct pollfd *pfd, int max, int *timeout_ms)
 	return n;
 }
 
-void
+static void
 pg_service(struct rb_store *s)
 {
 	struct pg_be *be = pg_be(s);

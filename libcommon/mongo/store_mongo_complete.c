@@ -24,6 +24,7 @@
 #include "rb_util.h"
 #include "store_int.h"
 #include "store_mongo_int.h"
+#include "store_mongo_steps.h"
 
 struct res {
 	const struct rb_result *r;

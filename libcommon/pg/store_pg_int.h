@@ -1,23 +1,22 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * store_pg_int.h: PRIVATE to the PostgreSQL backend (store_pg*.c; it pulls
- * in libpq-fe.h, so nothing else includes it).  The backend's state, its
- * one exec/error layer (store_pg_exec.c) and the slots each file of the
- * backend implements for rb_store_pg_ops (store_pg.c):
+ * store_pg_int.h: PRIVATE to the PostgreSQL backend (libcommon/pg/; it
+ * pulls in libpq-fe.h, so nothing else includes it): the backend's core,
+ * what every file of it shares:
  *
- *   store_pg.c           the ops table, open/close/reconnect, LISTEN, version,
- *                        what to poll and what came (the calls without waiting)
- *   store_pg_exec.c      render, text arrays, the SQLSTATE -> exit code map,
- *                        prepare/exec/send/retry, connections, column readers
- *   store_pg_setup.c     the set-up script and rb_store_setup
- *   store_pg_version.c   schema versions (rb_store_schema_info) and the parts
- *                        of the set-up script around schema_pg.sql: the
- *                        version guard, lane_pg.sql, the 0.1.0 upgrade
- *   store_pg_publish.c   publish, and rb_pg_publish (rb_pg.h)
- *   store_pg_claim.c     claim, fetch on the second connection, extend, relinquish
- *   store_pg_complete.c  completion (one statement, without waiting, --sql, failures)
- *   store_pg_admin.c     rb_admin.h
- *   store_pg_inspect.c   rb_inspect.h
+ *   struct pg_be          the backend's state (one per store)
+ *   store_pg_exec.c       render, text arrays, the SQLSTATE -> exit code map,
+ *                         prepare/exec/send/retry, the answer out on the main
+ *                         connection (pg_settle), column readers
+ *   store_pg_ha.c         connections (the first and the two side ones), and
+ *                         which server each reached
+ *   store_pg_cursor.c     the claim cursors of a long-lived claimer
+ *   store_pg_url.c        connection strings (store_pg_url.h)
+ *
+ * Above the core, the steps by job (store_pg_steps.h), and on top
+ * store_pg.c: the ops table, open/close/reconnect, LISTEN and the calls
+ * without waiting.  A file uses only files below it: the core no step,
+ * a step never store_pg.c (tests/check_includes.py).
  *
  * Every statement is a template with @S@ for the quoted schema (pg_render)
  * and runs with parameters only.  Every failure goes through pg_fail_on,
@@ -158,10 +157,12 @@ struct pg_be {
 	unsigned long timeline;
 	bool	 sysid_denied;		/* pg_control_system() gave 42501 */
 	char	 refused[400];		/* the last refusal said */
+	/* the answer of the statement out on conn, by its job, for pg_settle:
+	 * pg_claim_answer and pg_complete_answer, set by pg_open (store_pg.c),
+	 * so that the core calls no step file above it */
+	bool	(*answer_claim)(struct rb_store *, bool wait);
+	bool	(*answer_complete)(struct rb_store *, bool wait);
 };
-
-/* store_pg.c: the backend's slots */
-extern const struct rb_store_ops rb_store_pg_ops;
 
 static inline struct pg_be *
 pg_be(const struct rb_store *s)
@@ -267,8 +268,36 @@ int	pg_take_result(PGconn *c, bool wait, PGresult **res);
  */
 int	pg_history(struct rb_store *, PGconn *c, const char *what, struct rb_error *err);
 
-/* ---- store_pg_exec.c: connections -------------------------------------- */
+/* ---- store_pg_exec.c: the calls without waiting ------------------------- */
 
+/** How many connections the calls without waiting may use now (1..3). */
+int	pg_connections(const struct rb_store *);
+/** Take the answer out on the main connection (waiting for it: be->answer_claim
+ * or be->answer_complete), so that a statement can go there; what it says is
+ * pushed onto s->evq. */
+void	pg_settle(struct rb_store *);
+/**
+ * A claim's answer came (claimed deliveries): after a wake-up whose claim
+ * found nothing, the next wake-up is held back PG_WAKE_QUIET_MS.
+ */
+void	pg_wake_claimed(struct pg_be *, int claimed);
+
+/* ---- store_pg_exec.c: notices and side connections ----------------------- */
+
+/** What the server says outside an answer on c goes to the log; with track,
+ * c's FATAL outside an answer is also kept for pg_lost_reason. */
+void	pg_log_notices(PGconn *c, bool track);
+/**
+ * A statement on a side connection (c: conn2, conn3) failed (res: its
+ * error, or NULL): pg_fail_on, and the connection closed if it broke.
+ */
+int	pg_side_failed(struct rb_store *, PGconn *c, void (*close_fn)(struct pg_be *), const PGresult *res,
+	    const char *what, struct rb_error *err);
+
+/* ---- store_pg_ha.c: connections, and which server they reached ---------- */
+
+/** "host:port" of c. */
+void	pg_server_name(PGconn *c, char *buf, size_t size);
 /**
  * Connect *conn to the store's URL (application_name: the store's app,
  * server notices to the log).  -1 + err: RB_EXIT_NOPERM when the server
@@ -281,26 +310,6 @@ int	pg_connect_to(struct rb_store *, PGconn **conn, struct rb_error *err);
  */
 int	pg_open_side(struct rb_store *, PGconn **c, void (*close_fn)(struct pg_be *), const char *setup,
 	    const char *what, struct rb_error *err);
-/**
- * A statement on a side connection (c: conn2, conn3) failed (res: its
- * error, or NULL): pg_fail_on, and the connection closed if it broke.
- */
-int	pg_side_failed(struct rb_store *, PGconn *c, void (*close_fn)(struct pg_be *), const PGresult *res,
-	    const char *what, struct rb_error *err);
-
-/* ---- store_pg_ha.c: which server ------------------------------------- */
-
-/**
- * The server *conn reached against the one the store had: 0 when it is
- * accepted (the first is recorded; a newer timeline is logged as a
- * failover); else the URL's other hosts are tried one by one, and *conn is
- * the first accepted, or NULL and -1 + err (RB_EXIT_UNAVAILABLE: another
- * cluster, an older timeline, or a standby once the store was on a primary).
- */
-int	pg_server_check(struct rb_store *, PGconn **conn, struct rb_error *err);
-/** "host:port" of c. */
-void	pg_server_name(PGconn *c, char *buf, size_t size);
-
 /* ---- store_pg_exec.c: columns ------------------------------------------ */
 
 /** Column j of row i as text (borrowed from res), NULL for SQL NULL.  (Inline: a claim reads 13 a delivery.) */
@@ -316,110 +325,5 @@ json_t	*pg_jstr(const PGresult *res, int i, int j);
 json_t	*pg_jint(const PGresult *res, int i, int j);
 json_t	*pg_jbool(const PGresult *res, int i, int j);
 json_t	*pg_jjson(const PGresult *res, int i, int j);
-
-/* ---- the statement templates, rendered by pg_open ---------------------- */
-
-extern const char pg_tmpl_publish[], pg_tmpl_publish1[], pg_tmpl_wake[];
-extern const char pg_tmpl_claim[], pg_tmpl_claim_ids[], pg_tmpl_fetch[], pg_tmpl_extend[],
-	pg_tmpl_relinquish[], pg_tmpl_relinquish_owner[], pg_tmpl_relinquish_leases[], pg_tmpl_hold[];
-extern const char pg_tmpl_complete[], pg_tmpl_complete_hist[], pg_tmpl_fail[], pg_tmpl_lock_lane[];
-/* the same for a session without the owner's privileges (pg_be.worker) */
-extern const char pg_tmpl_w_claim[], pg_tmpl_w_claim_ids[], pg_tmpl_w_fetch[], pg_tmpl_w_extend[],
-	pg_tmpl_w_relinquish[], pg_tmpl_w_relinquish_owner[], pg_tmpl_w_relinquish_leases[];
-extern const char pg_tmpl_w_complete[], pg_tmpl_w_fail[], pg_tmpl_w_lock_lane[];
-
-/* ---- the slots, by file ------------------------------------------------ */
-
-/* store_pg_setup.c */
-char	*pg_setup_script(const char *schema, const struct rb_setup_opts *, struct rb_error *);
-int	pg_setup(struct rb_store *, const struct rb_setup_opts *, struct rb_error *);
-/* store_pg_setup_wait.c: the set-up's locks, each for at most --lock-timeout */
-#define SETUP_LOCK_KEY	"7166535398124000001"
-int	pg_setup_lock(struct rb_store *, const struct rb_setup_opts *, struct rb_error *);
-int	pg_setup_lock_tables(struct rb_store *, const struct rb_setup_opts *, struct rb_error *);
-/* store_pg_version.c */
-int	pg_schema_info(struct rb_store *, struct rb_schema_info *, struct rb_error *);
-/** The set-up before schema_pg.sql (after the advisory lock): the version
- * guard (SQLSTATE RBV01: the schema is newer), lane_pg.sql, upgrade_010_pg.sql. */
-void	pg_setup_before(struct rb_sbuf *, const char *schema);
-/** The set-up after schema_pg.sql: upgrade_010_post_pg.sql and the version check (RBV02). */
-void	pg_setup_after(struct rb_sbuf *, const char *schema);
-/* store_pg_publish.c */
-int	pg_publish(struct rb_store *, const char *events, size_t n, struct rb_publish_acks *,
-	    struct rb_error *);
-/* store_pg_claim.c */
-int	pg_claim(struct rb_store *, const struct rb_claim_opts *, struct rb_dl ***, struct rb_error *);
-int	pg_extend(struct rb_store *, const char *handler, const char *owner, int64_t lease_ms,
-	    struct rb_error *);
-int	pg_extend_plain(struct rb_store *, const char *handler, const char *owner, int64_t lease_ms,
-	    struct rb_error *);
-int	pg_relinquish(struct rb_store *, const char *handler, const char *owner, struct rb_error *);
-int	pg_relinquish_owner(struct rb_store *, const char *handler, const char *owner, struct rb_error *);
-int	pg_relinquish_leases(struct rb_store *, const struct rb_result *, size_t, struct rb_error *);
-int	pg_in_flight(struct rb_store *, const struct rb_result *, size_t, bool *, struct rb_error *);
-/** Close the second connection and forget what is claimed and not read. */
-void	pg_close_conn2(struct pg_be *);
-/* store_pg_complete.c */
-int	pg_complete(struct rb_store *, const struct rb_complete_opts *, struct rb_result *, size_t,
-	    struct rb_error *);
-/** Close the third connection, and with it the completion out on it. */
-void	pg_close_conn3(struct pg_be *);
-/* the calls without waiting: store_pg.c, and the parts by file */
-int	pg_pollfds(struct rb_store *, struct pollfd *, int max, int *timeout_ms);
-void	pg_service(struct rb_store *);
-bool	pg_claim_ready(const struct rb_store *);
-bool	pg_complete_ready(const struct rb_store *);
-/** How many connections the calls without waiting may use now (1..3). */
-int	pg_connections(const struct rb_store *);
-/** Take the answer out on the main connection (waiting for it), so that a
- * statement can go there; what it says is pushed onto s->evq. */
-/**
- * A claim's answer came (claimed deliveries): after a wake-up whose claim
- * found nothing, the next wake-up is held back PG_WAKE_QUIET_MS.
- */
-void	pg_wake_claimed(struct pg_be *, int claimed);
-void	pg_settle(struct rb_store *);
-/* store_pg_claim.c */
-int	pg_claim_start(struct rb_store *, const struct rb_claim_opts *, bool wait, struct rb_error *);
-/** The answer of the claim out on conn (PG_CLAIM): true when it came (and
- * was pushed), false when not yet (only without wait). */
-bool	pg_claim_answer(struct rb_store *, bool wait);
-/** The answer of the fetch out on conn2 (PG_FETCH). */
-bool	pg_fetch_answer(struct rb_store *, bool wait);
-/** Forget what is claimed and not read (the deliveries freed). */
-void	pg_fetch_forget(struct pg_be *);
-/* store_pg_complete.c */
-int	pg_complete_start(struct rb_store *, const struct rb_complete_opts *, struct rb_result *, size_t,
-	    bool wait, struct rb_error *);
-/** The answer of the completion out on conn or conn3 (PG_COMPLETE). */
-bool	pg_complete_answer(struct rb_store *, bool wait);
-/** Forget the completion out (its arrays freed). */
-void	pg_complete_forget(struct pg_be *);
-/* store_pg_admin.c */
-int	pg_admin_stats(struct rb_store *, json_t **, struct rb_error *);
-int	pg_admin_list(struct rb_store *, const struct rb_admin_filter *, json_t **, struct rb_error *);
-int	pg_admin_show(struct rb_store *, const char *event_id, json_t **, struct rb_error *);
-int	pg_admin_apply(struct rb_store *, enum rb_admin_action, const json_t *targets, const char *reason,
-	    json_t **, struct rb_error *);
-int	pg_admin_purge(struct rb_store *, enum rb_admin_purge, int64_t older_than_ms, int batch,
-	    struct rb_error *);
-int	pg_admin_purge_keys(struct rb_store *, char **after, int batch, struct rb_error *);
-int	pg_admin_lanes(struct rb_store *, const char *handler, bool all, json_t **, struct rb_error *);
-int	pg_admin_subscriptions(struct rb_store *, const char *handler, json_t **, struct rb_error *);
-/* store_pg_inspect.c */
-int	pg_inspect_lifecycle(struct rb_store *, const struct rb_inspect_opts *, json_t **,
-	    struct rb_error *);
-int	pg_inspect_sample(struct rb_store *, json_t **, struct rb_error *);
-
-struct rb_sbuf;
-
-/**
- * rb-setup --grant/--revoke (store_pg_grants.c): record o's grants and
- * revokes and apply every recorded grant (relaybus_apply_grants), in the
- * set-up's transaction.  A granted role that does not exist: RB_EXIT_USAGE.
- */
-int	pg_grants_setup(struct rb_store *, const struct rb_setup_opts *o, struct rb_error *err);
-/** The same as SQL statements for --print-sql, appended to b (o checked already). */
-void	pg_grants_script(struct rb_sbuf *b, const char *schema, const struct rb_setup_opts *o);
 
 #endif

@@ -33,6 +33,7 @@
 #include "rb_util.h"
 #include "store_int.h"
 #include "store_mongo_int.h"
+#include "store_mongo_steps.h"
 
 bool
 mg_unpark(struct rb_store *s, mongoc_client_session_t *cs, const char *handler, int lane, const char *key,

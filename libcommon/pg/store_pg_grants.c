@@ -23,6 +23,7 @@
 #include "rb_util.h"
 #include "store_int.h"
 #include "store_pg_int.h"
+#include "store_pg_steps.h"
 
 /* Append a SQL string literal of a checked name (no quote, no backslash). */
 static void

@@ -22,6 +22,7 @@
 #include "rb_util.h"
 #include "store_int.h"
 #include "store_pg_int.h"
+#include "store_pg_steps.h"
 
 const char pg_tmpl_claim[] =
     "SELECT id, event_id, handler, lane, epoch, claims, attempts, name, key, sequence, "

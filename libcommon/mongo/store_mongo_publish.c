@@ -24,6 +24,7 @@
 #include "store_int.h"
 #include "rb_mongo.h"
 #include "store_mongo_int.h"
+#include "store_mongo_steps.h"
 
 /* the domain of the error that ends a publish's transaction on a conflict */
 #define MG_CONFLICT_DOMAIN	10040

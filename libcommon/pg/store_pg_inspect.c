@@ -38,6 +38,7 @@
 #include "rb_util.h"
 #include "store_int.h"
 #include "store_pg_int.h"
+#include "store_pg_steps.h"
 
 /* the 0.1.0 row-lease table of the seed ("The problem"), rebuilt: claim and
  * completion update the row, and eight indexes besides the two keys cover

@@ -26,6 +26,7 @@
 #include "rb_util.h"
 #include "store_int.h"
 #include "store_pg_int.h"
+#include "store_pg_steps.h"
 
 extern const char rb_schema_pg_sql[];
 extern const char rb_schema_history_pg_sql[];

@@ -29,6 +29,7 @@
 #include "rb_util.h"
 #include "store_int.h"
 #include "store_mongo_int.h"
+#include "store_mongo_steps.h"
 
 struct kpurge {
 	struct rb_store	*s;

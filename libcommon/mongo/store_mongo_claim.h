@@ -15,6 +15,7 @@
 #include "rb_util.h"
 #include "store_int.h"
 #include "store_mongo_int.h"
+#include "store_mongo_steps.h"
 
 struct ids {
 	int64_t	*v;

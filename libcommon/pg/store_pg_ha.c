@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * store_pg_ha.c: which server a connection reached, against the one the
- * store had (relaybus(7), HA AND FAILOVER).  Every connection of the store
+ * store had (relaybus(7), HA AND FAILOVER), and connecting (pg_connect_to,
+ * pg_open_side), which checks it.  Every connection of the store
  * (the first, a reconnect, the side ones) reads the server's system
  * identifier (pg_control_system()) and, on a primary, its current timeline:
  * the first 8 hex digits of pg_walfile_name(pg_current_wal_lsn()), which
@@ -34,6 +35,7 @@
 #include "rb_util.h"
 #include "store_int.h"
 #include "store_pg_int.h"
+#include "store_pg_url.h"
 
 /* What a connection reached. */
 struct pg_ident {
@@ -221,7 +223,14 @@ connect_host(PGconn *like, int i, const char *app)
 	return c;
 }
 
-int
+/*
+ * The server *conn reached against the one the store had: 0 when it is
+ * accepted (the first is recorded; a newer timeline is logged as a
+ * failover); else the URL's other hosts are tried one by one, and *conn is
+ * the first accepted, or NULL and -1 + err (RB_EXIT_UNAVAILABLE: another
+ * cluster, an older timeline, or a standby once the store was on a primary).
+ */
+static int
 pg_server_check(struct rb_store *s, PGconn **conn, struct rb_error *err)
 {
 	struct pg_be *be = pg_be(s);
@@ -278,4 +287,112 @@ pg_server_check(struct rb_store *s, PGconn **conn, struct rb_error *err)
 	PQfinish(*conn);
 	*conn = NULL;
 	return rb_seterr(err, RB_EXIT_UNAVAILABLE, "%s", msg);
+}
+
+/* ---- connecting ---------------------------------------------------------- */
+
+/*
+ * Did the server refuse the role (SQLSTATE 28P01 or 28000 at connect: a
+ * wrong or missing password, or pg_hba.conf)?  libpq gives a failed
+ * connection no SQLSTATE: it says itself when a password was needed and
+ * none given, the rest is only in the server's message (English unless
+ * the server's lc_messages says otherwise).
+ */
+static bool
+refused_role(PGconn *c, const char *msg)
+{
+	return PQconnectionNeedsPassword(c) || strstr(msg, "authentication failed") != NULL ||
+	    strstr(msg, "no password supplied") != NULL || strstr(msg, "pg_hba.conf") != NULL;
+}
+
+/*
+ * relaybus's own statements resolve names in pg_catalog only: every
+ * relaybus name in them is qualified with the schema, and an operator or
+ * function another role put in a schema on the login's search_path
+ * (public, "$user") would otherwise win over pg_catalog's inexact or
+ * polymorphic match (bigint * interval, text[] && text[], jsonb ->>
+ * unknown) and run as this session's role.  The session's own path is
+ * kept for the caller's --sql (pg_user_path).  Not behind a transaction
+ * pooler, which keeps no session setting: there the role's setting must
+ * say it (relaybus(7), SECURITY).
+ */
+static int
+pin_search_path(struct rb_store *s, PGconn *c, struct rb_error *err)
+{
+	struct pg_be *be = pg_be(s);
+	PGresult *res;
+
+	if (be->pooler)
+		return 0;
+	res = PQexec(c, "SELECT x.p, pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', false) "
+	    "FROM (SELECT pg_catalog.current_setting('search_path') AS p OFFSET 0) x");
+	if (res == NULL || PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
+		pg_fail_on(s, c, res, "connect", err);
+		PQclear(res);
+		return -1;
+	}
+	free(be->user_path);
+	be->user_path = xstrdup(PQgetvalue(res, 0, 0));
+	PQclear(res);
+	return 0;
+}
+
+int
+pg_connect_to(struct rb_store *s, PGconn **conn, struct rb_error *err)
+{
+	const char *keys[4], *vals[4];
+	int n = 0;
+
+	if (s->url != NULL) {
+		keys[n] = "dbname";
+		vals[n++] = s->url;
+	}
+	keys[n] = "fallback_application_name";
+	vals[n++] = s->app;
+	keys[n] = NULL;
+	vals[n] = NULL;
+	*conn = PQconnectdbParams(keys, vals, 1);
+	if (*conn == NULL)
+		return rb_seterr(err, RB_EXIT_OSERR, "out of memory");
+	pg_log_notices(*conn, false);
+	if (PQstatus(*conn) != CONNECTION_OK) {
+		char msg[sizeof err->msg];
+		/* (a string libpq cannot parse is a bad URL, and its error quotes it) */
+		bool bad = rb_pg_conn_error(s->url, PQerrorMessage(*conn), msg, sizeof msg);
+
+		return rb_seterr(err, bad ? RB_EXIT_CONFIG
+		    : refused_role(*conn, msg) ? RB_EXIT_NOPERM : RB_EXIT_UNAVAILABLE,
+		    "cannot connect to %s: %s", s->url_redacted, msg);
+	}
+	if (pg_server_check(s, conn, err) < 0)
+		return -1;
+	pg_log_notices(*conn, true);
+	return pin_search_path(s, *conn, err);
+}
+
+int
+pg_open_side(struct rb_store *s, PGconn **c, void (*close_fn)(struct pg_be *), const char *setup,
+    const char *what, struct rb_error *err)
+{
+	struct pg_be *be = pg_be(s);
+	PGresult *res;
+
+	if (*c != NULL && PQstatus(*c) == CONNECTION_OK)
+		return 0;
+	close_fn(be);
+	if (pg_connect_to(s, c, err) < 0) {
+		close_fn(be);
+		return -1;
+	}
+	if (setup == NULL)
+		return 0;
+	res = PQexec(*c, setup);
+	if (res == NULL || PQresultStatus(res) != PGRES_COMMAND_OK) {
+		pg_fail_on(s, *c, res, what, err);
+		PQclear(res);
+		close_fn(be);
+		return -1;
+	}
+	PQclear(res);
+	return 0;
 }

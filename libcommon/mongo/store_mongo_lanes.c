@@ -34,6 +34,7 @@
 #include "rb_util.h"
 #include "store_int.h"
 #include "store_mongo_int.h"
+#include "store_mongo_steps.h"
 #include "store_mongo_claim.h"
 
 #define PER_LANE	32	/* picks per lane and claim, and in flight on a lane */
