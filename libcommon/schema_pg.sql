@@ -804,7 +804,7 @@ BEGIN
                                  ORDER BY a.attnum)
       INTO v_have FROM pg_catalog.pg_attribute a
      WHERE a.attrelid = (SELECT t.typrelid FROM pg_catalog.pg_type t
-                          WHERE t.oid = pg_catalog.to_regtype('@S@.relaybus_claim_state'))
+                          WHERE t.oid = pg_catalog.to_regtype('@S@.relaybus_claim_state')::pg_catalog.oid)
        AND a.attnum > 0 AND NOT a.attisdropped;
     IF v_have IS DISTINCT FROM c_fields THEN
         DROP TYPE IF EXISTS @S@.relaybus_claim_state CASCADE;
@@ -1556,15 +1556,9 @@ DECLARE
     v_start integer;
 BEGIN
     -- the call, and its clock
-    s.handler := p_handler;
-    s.owner := p_owner;
-    s.batch := p_batch;
-    s.max_attempts := p_max_attempts;
-    s.search := p_search;
-    s.chain := p_chain;
-    s.holder := p_holder;
-    s.chain_early := p_chain_early;
-    s.holder_live := p_holder_live;
+    s.handler := p_handler; s.owner := p_owner; s.batch := p_batch; s.max_attempts := p_max_attempts;
+    s.search := p_search; s.chain := p_chain; s.chain_early := p_chain_early;
+    s.holder := p_holder; s.holder_live := p_holder_live;
     s.now := clock_timestamp();
     s.expires := s.now + p_lease_ms * interval '1 millisecond';
     -- the claim cursors (p_ticks_c not NULL; see "Claim cursors" above)
@@ -1580,23 +1574,18 @@ BEGIN
     s.room := array_fill(32, ARRAY[256], ARRAY[0]);
     s.lo := array_fill(1, ARRAY[256], ARRAY[0]);
     -- nothing held, picked, taken or written yet
-    s.held0 := '{}';
-    s.scanned := '{}';
-    s.pick_id := '{}';
-    s.pick_lane := '{}';
-    s.pick_event := '{}';
-    s.pick_claims := '{}';
-    s.pick_attempts := '{}';
-    s.pick_seq := '{}';
-    s.pick_created := '{}';
-    s.acquired := '{}';
-    s.charged := '{}';
-    s.backed := '{}';
+    s.held0 := '{}'; s.scanned := '{}'; s.acquired := '{}'; s.charged := '{}'; s.backed := '{}';
+    s.pick_id := '{}'; s.pick_lane := '{}'; s.pick_event := '{}'; s.pick_claims := '{}';
+    s.pick_attempts := '{}'; s.pick_seq := '{}'; s.pick_created := '{}';
+    -- this claim's tick and the lanes' cursors (a claimer with cursors)
     IF s.cursors THEN
         s := @S@.relaybus_claim_tick(s, p_ticks_c, p_ticks_x, p_cl, p_cu, p_ck);
     END IF;
+    -- 0. the lane rows, read once; 1. the lanes this holder holds, locked, and their picks
     s := @S@.relaybus_claim_read_lanes(s, p_mine, p_others, p_mine_t);
     s := @S@.relaybus_claim_held(s, p_live, p_live_lanes);
+    -- the leases of dead holders cut short: in a claim that looks for
+    -- lanes, and in every pass over the lane rows of a claim with cursors
     IF (cardinality(s.pick_id) < s.batch AND (s.search OR cardinality(s.held) = 0))
        OR (s.cursors AND s.lanes_read) THEN
         s := @S@.relaybus_claim_cut_dead(s);
@@ -1624,13 +1613,15 @@ BEGIN
     IF cardinality(s.free_lanes) > 0 THEN
         s := @S@.relaybus_claim_search(s);
     END IF;
-    -- (32: c_per_lane, a lane that gave its share in a pass)
+    -- no more lanes to take: more from those in hand, when the batch is
+    -- short and a lane gave its share (32: c_per_lane)
     IF cardinality(s.pick_id) < s.batch AND cardinality(s.held) > 0
        AND EXISTS (SELECT 1 FROM unnest(s.pick_lane) u(ln) GROUP BY u.ln HAVING count(*) >= 32) THEN
         s := @S@.relaybus_claim_top_up(s);
     END IF;
+    -- 3. the lane rows written: leases, epochs, in_flight; drained lanes handed back
     s := @S@.relaybus_claim_record(s);
-    -- (in the order the passes took them: each lane's together, a key's in
+    -- the picks of the lanes written (in the order the passes took them: each lane's together, a key's in
     -- sequence order; a key is never in two passes, its head being live)
     RETURN QUERY
         SELECT u.i, u.ev, p_handler, u.ln, s.epoch[u.ln], u.cl, u.att, u.seq, @S@.relaybus_ts(u.cat)
