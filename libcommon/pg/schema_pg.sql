@@ -750,6 +750,735 @@ LANGUAGE sql STABLE AS $$
      LIMIT p_limit)
     LIMIT p_limit
 $$;
+-- ---- The claim, step by step (doc/claim.md) ------------------------------
+--
+-- relaybus_claim_ids (below) is a driver: it fills one relaybus_claim_state
+-- from its parameters and hands it to each step in turn, a function that
+-- reads some of its fields and writes others, and returns it:
+--   relaybus_claim_tick        the claim cursors: this claim's tick, B, the lanes' cursors
+--   relaybus_claim_read_lanes  0. the handler's lane rows, read once and not locked
+--   relaybus_claim_held        1. lock the lanes this holder holds, pick from them
+--   relaybus_claim_cut_dead    cut the leases of holders whose liveness lock is free
+--   relaybus_claim_search      2. take free and expired lanes with due work, pick from them
+--                                 (relaybus_claim_charge: a takeover's charge)
+--   relaybus_claim_top_up      ... and more from the lanes in hand
+--   relaybus_claim_record      3. write the lane rows: leases, epochs, in_flight; hand back drained ones
+--   relaybus_claim_cursors     the cursors for the next claim, as rows
+-- The steps are SECURITY INVOKER and no role but the owner may execute
+-- them (relaybus_apply_grants revokes every relaybus function from PUBLIC):
+-- a worker role reaches them through relaybus_worker_claim(_ids) only.
+-- They run with the driver's settings (enable_seqscan, enable_sort and jit
+-- off), which each also sets for itself.
+--
+-- The state.  Arrays "by lane" are indexed by the lane number, 0 to 255;
+-- the picks are parallel arrays, element by element, in the order taken.
+-- (as format_type spells the types: a state of another shape, an older
+-- relaybus's, is dropped with the steps that take it and made again)
+DO $claim_state$
+DECLARE
+    c_fields CONSTANT text :=
+        -- the call (relaybus_claim_ids' parameters) and its clock
+        'handler text, owner text, batch integer, max_attempts integer, search boolean, chain integer, '
+        'holder bigint, chain_early boolean, holder_live boolean, '
+        'now timestamp with time zone, expires timestamp with time zone, '
+        -- the claim cursors (relaybus_claim_tick; "Claim cursors" above)
+        'cursors boolean, tx xid8, bound timestamp with time zone, gcur timestamp with time zone, '
+        'ucur timestamp with time zone[], kcur timestamp with time zone[], '
+        -- 0. the lane rows (relaybus_claim_read_lanes)
+        'lanes_read boolean, mine smallint[], mine_t tid[], holders bigint[], free0 smallint[], '
+        'others smallint[], kt tid[], free_at timestamp with time zone, '
+        -- 1. the lanes held (relaybus_claim_held)
+        'held smallint[], held0 smallint[], lt tid[], live bigint[], ls bigint[], lo integer[], '
+        'lc integer[], room integer[], scanned smallint[], '
+        -- the picks (every step that picks)
+        'pick_id bigint[], pick_lane smallint[], pick_event text[], pick_claims integer[], '
+        'pick_attempts integer[], pick_seq bigint[], pick_created timestamp with time zone[], '
+        -- 2. the lanes taken (relaybus_claim_search)
+        'free_lanes smallint[], acquired smallint[], charged smallint[], charged_failed bigint[], '
+        'charged_buried bigint[], searched boolean, '
+        -- 3. what was written (relaybus_claim_record)
+        'used smallint[], backed smallint[], epoch bigint[]';
+    v_have text;
+BEGIN
+    SELECT pg_catalog.string_agg(a.attname || ' ' || pg_catalog.format_type(a.atttypid, a.atttypmod), ', '
+                                 ORDER BY a.attnum)
+      INTO v_have FROM pg_catalog.pg_attribute a
+     WHERE a.attrelid = (SELECT t.typrelid FROM pg_catalog.pg_type t
+                          WHERE t.oid = pg_catalog.to_regtype('@S@.relaybus_claim_state')::pg_catalog.oid)
+       AND a.attnum > 0 AND NOT a.attisdropped;
+    IF v_have IS DISTINCT FROM c_fields THEN
+        DROP TYPE IF EXISTS @S@.relaybus_claim_state CASCADE;
+        EXECUTE 'CREATE TYPE @S@.relaybus_claim_state AS (' || c_fields || ')';
+    END IF;
+END $claim_state$;
+
+-- The claim cursors (s.cursors): the tick, the clock (s.now) read before
+-- the xid is taken here, unless the caller's transaction had one already
+-- (then no tick).  B (s.bound): the newest tick of the caller's whose
+-- transaction, and every one with a smaller xid, has ended.  The lane
+-- cursors the caller has (lanes whose cursors are past G), and G below
+-- every pending entry of the handler: of each lane's too.
+CREATE OR REPLACE FUNCTION @S@.relaybus_claim_tick(s @S@.relaybus_claim_state,
+    p_ticks_c timestamptz[], p_ticks_x xid8[], p_cl smallint[], p_cu timestamptz[], p_ck timestamptz[])
+RETURNS @S@.relaybus_claim_state
+LANGUAGE plpgsql SET enable_seqscan = off SET enable_sort = off SET jit = off SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_ucur timestamptz[] := s.ucur;
+    v_kcur timestamptz[] := s.kcur;
+    l      record;
+BEGIN
+    IF pg_current_xact_id_if_assigned() IS NULL THEN
+        s.tx := pg_current_xact_id();
+    END IF;
+    SELECT coalesce(max(t.c), '-infinity') INTO s.bound FROM unnest(p_ticks_c, p_ticks_x) t(c, x)
+     WHERE t.x < pg_snapshot_xmin(pg_current_snapshot());
+    FOR l IN SELECT c.ln, c.u, c.k FROM unnest(p_cl, p_cu, p_ck) c(ln, u, k)
+              WHERE c.ln >= 0 AND c.ln < 256 LOOP
+        v_ucur[l.ln] := coalesce(l.u, '-infinity');
+        v_kcur[l.ln] := coalesce(l.k, '-infinity');
+    END LOOP;
+    FOR i IN 0 .. 255 LOOP
+        v_ucur[i] := greatest(v_ucur[i], s.gcur);
+        v_kcur[i] := greatest(v_kcur[i], s.gcur);
+    END LOOP;
+    s.ucur := v_ucur;
+    s.kcur := v_kcur;
+    RETURN s;
+END $$;
+
+-- 0. The handler's lane rows, read once and not locked: the lanes this
+-- owner holds (s.mine, their versions s.mine_t), the other holders with
+-- a liveness lock (s.holders), the free and expired lanes (s.free0), the
+-- lanes others hold (s.others), every row's version (s.kt, by lane) and
+-- when the first lease of another's that ends within c_grace ends
+-- (s.free_at).  Candidates only: each is checked again where it is
+-- locked.  One pass, not three: under a held snapshot (issue 25 item 3)
+-- no old version of a lane row can be pruned, and every pass over the 256
+-- rows walks every version since the horizon (bench/hold-buffers).
+-- With p_mine (cursors only): the lanes this claimer holds, as its
+-- previous claim returned them, instead of the pass; every lane is then
+-- a candidate of the search (checked where it is locked), and other
+-- holders' liveness is not probed (the caller passes none every second).
+CREATE OR REPLACE FUNCTION @S@.relaybus_claim_read_lanes(s @S@.relaybus_claim_state,
+    p_mine smallint[], p_others smallint[], p_mine_t tid[])
+RETURNS @S@.relaybus_claim_state
+LANGUAGE plpgsql SET enable_seqscan = off SET enable_sort = off SET jit = off SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    -- what is left of a lease whose holder's liveness lock is free
+    c_grace CONSTANT interval := interval '1500 milliseconds';
+    v_kt    tid[] := s.kt;
+    v_n     bigint;
+    v_alln  smallint[];
+    v_allt  tid[];
+BEGIN
+    s.lanes_read := NOT (s.cursors AND p_mine IS NOT NULL);
+    IF NOT s.lanes_read THEN
+        -- (the lanes others held at the last pass are left out: a lane
+        -- freed since waits for the next pass, at most a second)
+        s.mine := p_mine;
+        -- (p_mine_t: 256 versions, by lane, as the claim before returned
+        -- them; a shorter one is read as p_mine's, element by element)
+        IF cardinality(p_mine_t) = 256 THEN
+            FOR j IN 0 .. 255 LOOP
+                v_kt[j] := p_mine_t[array_lower(p_mine_t, 1) + j];
+            END LOOP;
+            s.mine_t := ARRAY(SELECT v_kt[m] FROM unnest(s.mine) m);
+        ELSE
+            s.mine_t := p_mine_t;
+        END IF;
+        s.kt := v_kt;
+        s.holders := '{}';
+        s.others := coalesce(p_others, '{}');
+        s.free0 := ARRAY(SELECT g::smallint FROM generate_series(0, 255) g WHERE NOT (g = ANY (s.others)));
+        RETURN s;
+    END IF;
+    FOR i IN 1 .. 2 LOOP
+        SELECT coalesce(array_agg(y.lane) FILTER (WHERE y.lease_owner = s.owner
+                                                    AND y.holder IS NOT DISTINCT FROM s.holder), '{}'),
+               coalesce(array_agg(y.ctid) FILTER (WHERE y.lease_owner = s.owner
+                                                    AND y.holder IS NOT DISTINCT FROM s.holder), '{}'),
+               coalesce(array_agg(DISTINCT y.holder) FILTER (WHERE y.holder_live
+                                                    AND y.holder IS DISTINCT FROM s.holder
+                                                    AND y.lease_expires_at > s.now + c_grace), '{}'),
+               coalesce(array_agg(y.lane) FILTER (WHERE y.lease_owner IS NULL OR y.lease_expires_at <= s.now), '{}'),
+               coalesce(array_agg(y.lane) FILTER (WHERE y.lease_expires_at > s.now + c_grace
+                                                    AND (y.lease_owner <> s.owner OR y.holder IS DISTINCT FROM s.holder)), '{}'),
+               count(*), array_agg(y.lane), array_agg(y.ctid),
+               min(y.lease_expires_at) FILTER (WHERE y.lease_expires_at > s.now AND y.lease_expires_at <= s.now + c_grace
+                                                AND (y.lease_owner <> s.owner OR y.holder IS DISTINCT FROM s.holder))
+          INTO s.mine, s.mine_t, s.holders, s.free0, s.others, v_n, v_alln, v_allt, s.free_at
+          FROM @S@.relaybus_lanes y
+         WHERE y.handler = s.handler;
+        FOR j IN 1 .. coalesce(cardinality(v_alln), 0) LOOP
+            v_kt[v_alln[j]] := v_allt[j];
+        END LOOP;
+        EXIT WHEN v_n >= 256;
+        PERFORM @S@.relaybus_seed_lanes(s.handler);
+    END LOOP;
+    s.kt := v_kt;
+    RETURN s;
+END $$;
+
+-- 1. The lanes this owner (name and holder) holds (s.held, their locked
+-- versions in s.lt), what still runs there (s.live), each lane's room
+-- (s.room) and, when p_live_lanes says their lanes, p_live sorted by lane
+-- (s.ls: lane L's are s.ls[s.lo[L] : s.lo[L] + s.lc[L] - 1]; s.lc NULL:
+-- lanes unknown), then the first picks, from these lanes, and the lanes
+-- read to the end (s.scanned).  NO KEY UPDATE: it does not wait for
+-- completions in progress (they hold KEY SHARE), but a takeover does.
+-- (Only this holder makes a lane its own: one it had not when read in
+-- step 0 is not one now.)  Each row by the version read (s.mine_t): a TID
+-- scan, one tuple; by key only when that version is gone (a renewal, a
+-- takeover, an operator wrote the row since).  In lane order, as
+-- relaybus_fail locks them, so that the two cannot deadlock.
+CREATE OR REPLACE FUNCTION @S@.relaybus_claim_held(s @S@.relaybus_claim_state,
+    p_live bigint[], p_live_lanes smallint[])
+RETURNS @S@.relaybus_claim_state
+LANGUAGE plpgsql SET enable_seqscan = off SET enable_sort = off SET jit = off SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    -- at most this many picks per lane and pass (the top-up is a second
+    -- pass): keeps in_flight arrays small, so that lane rows stay small
+    -- enough for HOT updates (8 lanes to a page at fillfactor 10, each
+    -- under 1 kB) and are never TOASTed, and spreads a batch over lanes
+    c_per_lane CONSTANT integer := 32;
+    -- and at most this many in flight on a lane in all (p_live_lanes)
+    c_lane_max CONSTANT integer := 32;
+    v_lt   tid[] := s.lt;
+    v_room integer[] := s.room;
+    v_lo   integer[] := s.lo;
+    v_lc   integer[];
+    v_ucur timestamptz[] := s.ucur;
+    v_kcur timestamptz[] := s.kcur;
+    v_lsl  smallint[];
+    v_last bigint;
+    v_mt   tid[];
+    l      record;
+BEGIN
+    s.held := '{}';
+    IF cardinality(s.mine) > 0 THEN
+        SELECT coalesce(array_agg(h.lane ORDER BY h.lane), '{}'), coalesce(array_agg(h.t ORDER BY h.lane), '{}')
+          INTO s.held, v_mt FROM (
+            SELECT coalesce(a.lane, b.lane) AS lane, coalesce(a.ctid, b.ctid) AS t
+              FROM (SELECT DISTINCT ON (m.ln) m.ln, m.t FROM unnest(s.mine, s.mine_t) m(ln, t)
+                     WHERE m.ln IS NOT NULL ORDER BY m.ln) m
+              LEFT JOIN LATERAL (
+                SELECT x.lane, x.ctid FROM @S@.relaybus_lanes x
+                 WHERE x.ctid = m.t AND x.handler = s.handler AND x.lane = m.ln AND x.lease_owner = s.owner
+                   AND x.holder IS NOT DISTINCT FROM s.holder
+                 FOR NO KEY UPDATE) a ON true
+              LEFT JOIN LATERAL (
+                SELECT x.lane, x.ctid FROM @S@.relaybus_lanes x
+                 WHERE a.lane IS NULL AND x.handler = s.handler AND x.lane = m.ln AND x.lease_owner = s.owner
+                   AND x.holder IS NOT DISTINCT FROM s.holder
+                 FOR NO KEY UPDATE) b ON true) h
+         WHERE h.lane IS NOT NULL;
+        FOR i IN 1 .. cardinality(s.held) LOOP
+            v_lt[s.held[i]] := v_mt[i];
+        END LOOP;
+        s.lt := v_lt;
+    END IF;
+    -- deliveries of those lanes still running (in flight and still pending)
+    -- (lookups are written one id at a time, LATERAL and fenced with OFFSET
+    -- 0: the plan must not depend on statistics, which a young table does
+    -- not have; a flattened join picks full index scans when it thinks the
+    -- table is empty)
+    IF p_live IS NOT NULL THEN
+        s.live := p_live;
+    ELSE
+        SELECT coalesce(array_agg(d.id), '{}') INTO s.live
+          FROM @S@.relaybus_lanes x
+         CROSS JOIN LATERAL unnest(x.in_flight) f(fid)
+         CROSS JOIN LATERAL (SELECT dd.id FROM @S@.relaybus_deliveries dd
+                              WHERE dd.id = f.fid AND dd.status = 'pending' OFFSET 0) d
+         WHERE x.handler = s.handler AND x.lane = ANY (s.held);
+    END IF;
+    -- (s.ls and s.lc make a lane row's new in_flight of slices in step 3,
+    -- not of a search of every live id for each of its ids)
+    IF p_live_lanes IS NOT NULL THEN
+        IF p_live IS NOT NULL THEN
+            v_lc := array_fill(0, ARRAY[256], ARRAY[0]);
+            -- (both sorted by lane alone: within a lane, any order pairs)
+            SELECT coalesce(array_agg(u.i ORDER BY u.ln), '{}'), coalesce(array_agg(u.ln ORDER BY u.ln), '{}')
+              INTO s.ls, v_lsl
+              FROM unnest(p_live, p_live_lanes) u(i, ln)
+             WHERE u.i IS NOT NULL AND u.ln >= 0 AND u.ln < 256;
+        ELSE
+            v_lsl := ARRAY(SELECT u.ln FROM unnest(p_live_lanes) u(ln) WHERE u.ln >= 0 AND u.ln < 256);
+        END IF;
+        FOR l IN SELECT u.ln, count(*) AS n, min(u.o) AS o FROM unnest(v_lsl) WITH ORDINALITY u(ln, o)
+                  GROUP BY u.ln LOOP
+            v_room[l.ln] := greatest(c_lane_max - l.n, 0);
+            IF v_lc IS NOT NULL THEN
+                v_lo[l.ln] := l.o;
+                v_lc[l.ln] := l.n;
+            END IF;
+        END LOOP;
+        s.room := v_room;
+        s.lo := v_lo;
+        s.lc := v_lc;
+    END IF;
+    IF cardinality(s.held) = 0 THEN
+        RETURN s;
+    END IF;
+    SELECT coalesce(array_agg(t.id), '{}'), coalesce(array_agg(t.lane), '{}'), max(t.o),
+           coalesce(array_agg(t.event_id), '{}'), coalesce(array_agg(t.claims), '{}'),
+           coalesce(array_agg(t.attempts), '{}'), coalesce(array_agg(t.sequence), '{}'),
+           coalesce(array_agg(t.created_at), '{}')
+      INTO s.pick_id, s.pick_lane, v_last, s.pick_event, s.pick_claims, s.pick_attempts, s.pick_seq,
+           s.pick_created
+      FROM (SELECT c.*, hl.lane, hl.o FROM unnest(s.held) WITH ORDINALITY hl(lane, o)
+            CROSS JOIN LATERAL @S@.relaybus_lane_candidates(s.handler, hl.lane, s.now, s.live,
+                least(s.batch, c_per_lane, v_room[hl.lane]), s.chain,
+                v_ucur[hl.lane], v_kcur[hl.lane]) c
+            LIMIT s.batch) t;
+    s.held0 := s.held;
+    -- the lanes read to the end: all of them when the batch is short,
+    -- else those before the lane it filled at (lanes are read in order)
+    s.scanned := CASE WHEN cardinality(s.pick_id) < s.batch THEN s.held
+                      ELSE s.held[1:v_last - 1] END;
+    -- the held lanes' cursors: each one's first pending entry (in
+    -- flight or not), at most B
+    IF s.cursors THEN
+        FOR l IN
+            SELECT g.ln,
+                   (SELECT d.available_at FROM @S@.relaybus_deliveries d
+                     WHERE d.handler = s.handler AND d.lane = g.ln AND d.key IS NULL AND d.status = 'pending'
+                       AND d.available_at >= v_ucur[g.ln] ORDER BY d.available_at, d.id LIMIT 1) AS ua,
+                   (SELECT d.available_at FROM @S@.relaybus_deliveries d
+                     WHERE d.handler = s.handler AND d.lane = g.ln AND d.key IS NOT NULL AND d.status = 'pending'
+                       AND d.available_at >= v_kcur[g.ln] ORDER BY d.available_at, d.id LIMIT 1) AS ka
+              FROM unnest(s.held) g(ln)
+        LOOP
+            v_ucur[l.ln] := least(coalesce(l.ua, 'infinity'), s.bound);
+            v_kcur[l.ln] := least(coalesce(l.ka, 'infinity'), s.bound);
+        END LOOP;
+        s.ucur := v_ucur;
+        s.kcur := v_kcur;
+    END IF;
+    RETURN s;
+END $$;
+
+-- The holders with a liveness lock whose lock is free (of s.holders):
+-- their leases end c_grace from now (a probe of one shared lock per
+-- holder, released when this transaction ends; lane rows some transaction
+-- has locked are left for the next claim), and their lanes are no longer
+-- among s.others; s.free_at says when the first such lease ends.  The
+-- driver runs it in a claim that looks for lanes, and in every pass of a
+-- claim with cursors: a claimer busy with its own lanes still cuts a dead
+-- holder's, and its next claim that looks finds them among its candidates
+-- (a lane whose lease ends within c_grace is not one of the others), not a
+-- pass later.
+CREATE OR REPLACE FUNCTION @S@.relaybus_claim_cut_dead(s @S@.relaybus_claim_state)
+RETURNS @S@.relaybus_claim_state
+LANGUAGE plpgsql SET enable_seqscan = off SET enable_sort = off SET jit = off SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    c_grace CONSTANT interval := interval '1500 milliseconds';
+    l       record;
+BEGIN
+    FOR l IN SELECT u.holder FROM unnest(s.holders) u(holder) LOOP
+        -- (a lock held by a session whose role may not take liveness
+        -- locks, relaybus_hold, counts as free: any role may read a
+        -- holder's key in pg_locks, queue for its lock and so get it
+        -- when the holder dies, which would keep its lanes a lease)
+        IF pg_try_advisory_xact_lock_shared(l.holder) OR NOT EXISTS (
+               SELECT 1 FROM pg_catalog.pg_locks k JOIN pg_catalog.pg_stat_activity a ON a.pid = k.pid
+                WHERE k.locktype = 'advisory' AND k.granted AND k.mode = 'ExclusiveLock' AND k.objsubid = 1
+                  AND k.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                                     WHERE d.datname = pg_catalog.current_database())
+                  AND k.classid = (l.holder >> 32)::oid AND k.objid = (l.holder & 4294967295)::oid
+                  AND pg_catalog.has_function_privilege(a.usesysid,
+                          '@S@.relaybus_hold(bigint)'::pg_catalog.regprocedure, 'EXECUTE')) THEN
+            WITH c AS (
+            UPDATE @S@.relaybus_lanes x SET lease_expires_at = s.now + c_grace
+             WHERE x.handler = s.handler AND x.lane IN (
+                    SELECT y.lane FROM @S@.relaybus_lanes y
+                     WHERE y.handler = s.handler AND y.holder = l.holder AND y.holder_live
+                       AND y.lease_expires_at > s.now + c_grace
+                     FOR NO KEY UPDATE SKIP LOCKED)
+            RETURNING x.lane)
+            SELECT ARRAY(SELECT u FROM unnest(s.others) u WHERE NOT (u = ANY (ARRAY(SELECT c.lane FROM c)))),
+                   CASE WHEN EXISTS (SELECT 1 FROM c) THEN least(s.free_at, s.now + c_grace) ELSE s.free_at END
+              INTO s.others, s.free_at;
+        END IF;
+    END LOOP;
+    RETURN s;
+END $$;
+
+-- A takeover of a lane whose lease p_lease_owner held with p_in_flight:
+-- what the previous holder had in flight and may have run
+-- was a lost attempt.  That is every unkeyed one and, of a key, the first
+-- still pending, and those after it that may have started: a chain's
+-- follower starts once the completion of the one before it committed, or
+-- (chain_early) once that one succeeded on its first attempt.  One behind
+-- a pending delivery of its key that is not in flight here, or is past
+-- its first attempt (or any, without chain_early), never ran: it is not
+-- written at all (the new epoch fences its old lease).  (Attempts as the
+-- claim read them: nothing else changes them while a delivery is in
+-- flight.)  Returns how many were charged and how many of them buried;
+-- the caller counts them in the lane row's update (no write of its own).
+-- The caller holds the lane row locked FOR UPDATE: no completion, failure
+-- or other claim of the lane's deliveries runs meanwhile.
+CREATE OR REPLACE FUNCTION @S@.relaybus_claim_charge(p_lease_owner text, p_in_flight bigint[],
+    p_chain_early boolean, p_max_attempts integer, p_now timestamptz, OUT failed bigint, OUT buried bigint)
+LANGUAGE plpgsql SET enable_seqscan = off SET enable_sort = off SET jit = off SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    WITH c AS (
+    UPDATE @S@.relaybus_deliveries d
+       SET attempts = d.attempts + 1, claims = d.claims + 1,
+           status = CASE WHEN d.attempts + 1 >= p_max_attempts THEN 'dead' ELSE 'pending' END,
+           last_error = 'lease of ' || p_lease_owner || ' expired: attempt lost',
+           updated_at = p_now
+     WHERE d.id = ANY (p_in_flight) AND d.status = 'pending'
+       AND (d.key IS NULL OR p_chain_early IS NULL OR NOT EXISTS (
+            SELECT 1 FROM @S@.relaybus_deliveries e
+             WHERE e.handler = d.handler AND e.lane = d.lane AND e.key = d.key
+               AND e.status = 'pending' AND e.sequence < d.sequence
+               AND (NOT p_chain_early OR e.attempts > 0 OR NOT (e.id = ANY (p_in_flight)))
+             OFFSET 0))
+    RETURNING d.status)
+    SELECT count(*), count(*) FILTER (WHERE c.status = 'dead') INTO failed, buried FROM c;
+END $$;
+
+-- 2. More lanes, a few at a time: free ones and expired ones with due
+-- work (s.free_lanes, in the order to look at them, the driver's), each
+-- locked FOR UPDATE SKIP LOCKED and checked again there (free or
+-- expired), a takeover charged (relaybus_claim_charge; the lane in
+-- s.charged, the counts in s.charged_failed and s.charged_buried), then
+-- picked from.  Lanes taken: s.acquired (and s.held), their locked
+-- versions in s.lt.
+CREATE OR REPLACE FUNCTION @S@.relaybus_claim_search(s @S@.relaybus_claim_state)
+RETURNS @S@.relaybus_claim_state
+LANGUAGE plpgsql SET enable_seqscan = off SET enable_sort = off SET jit = off SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    c_per_lane CONSTANT integer := 32;   -- (see relaybus_claim_held)
+    c_walk_max CONSTANT integer := 1024;
+    v_take     integer := 4;
+    v_free     smallint[] := s.free_lanes;
+    v_held     smallint[] := s.held;
+    v_new      smallint[];
+    v_kt       tid[] := s.kt;
+    v_lt       tid[] := s.lt;
+    v_ucur     timestamptz[] := s.ucur;
+    v_kcur     timestamptz[] := s.kcur;
+    v_cf       bigint[] := s.charged_failed;
+    v_cb       bigint[] := s.charged_buried;
+    v_nf       bigint;
+    v_nb       bigint;
+    v_global   boolean;              -- the search walks relaybus_deliveries_due_idx
+    v_walk     integer := 0;         -- ... and has walked this many entries
+    v_seen     smallint[] := '{}';
+    v_ok       boolean;
+    l          record;
+    r          record;
+BEGIN
+    -- (a few lanes to look at: a probe each, from its cursors; many: one
+    -- walk of the handler's due entries from G, at most c_walk_max of them)
+    v_global := s.cursors AND cardinality(v_free) > 32;
+    WHILE cardinality(s.pick_id) < s.batch AND cardinality(v_free) > 0 LOOP
+        v_new := '{}';
+        -- lane by lane, stopping at v_take: a lane is probed for due
+        -- work only until enough are found, and its row is read and
+        -- locked only when it has some (most free lanes have none: a lane
+        -- row read for each cost a claim under a held snapshot a walk of
+        -- its versions a lane)
+        -- With cursors, instead: the due entries of every lane from the
+        -- global cursor G, oldest first (relaybus_deliveries_due_idx), each
+        -- lane's row locked when its first entry comes
+        FOR l IN
+            (SELECT d.lane, NULL::text AS lease_owner, NULL::bigint[] AS in_flight, NULL::boolean AS chain_early,
+                    NULL::tid AS ctid
+               FROM @S@.relaybus_deliveries d
+              WHERE v_global AND (d.handler || '') = s.handler AND d.status = 'pending'
+                AND d.available_at >= s.gcur AND d.available_at <= s.now
+              ORDER BY d.available_at)
+            UNION ALL
+            (SELECT coalesce(a.lane, b.lane), CASE WHEN a.lane IS NULL THEN b.lease_owner ELSE a.lease_owner END,
+                    CASE WHEN a.lane IS NULL THEN b.in_flight ELSE a.in_flight END,
+                    CASE WHEN a.lane IS NULL THEN b.chain_early ELSE a.chain_early END, coalesce(a.ctid, b.ctid)
+              FROM unnest(v_free) g(ln)
+              -- (by the version known, a TID scan; by key when it is gone)
+              LEFT JOIN LATERAL (
+                SELECT y.lane, y.lease_owner, y.in_flight, y.chain_early, y.ctid FROM @S@.relaybus_lanes y
+                 WHERE y.ctid = v_kt[g.ln] AND y.handler = s.handler AND y.lane = g.ln
+                   AND (y.lease_owner IS NULL OR y.lease_expires_at <= s.now)
+                 FOR UPDATE SKIP LOCKED) a ON true
+              LEFT JOIN LATERAL (
+                SELECT y.lane, y.lease_owner, y.in_flight, y.chain_early, y.ctid FROM @S@.relaybus_lanes y
+                 WHERE a.lane IS NULL AND y.handler = s.handler AND y.lane = g.ln
+                   AND (y.lease_owner IS NULL OR y.lease_expires_at <= s.now)
+                 FOR UPDATE SKIP LOCKED) b ON true
+             WHERE coalesce(a.lane, b.lane) IS NOT NULL AND NOT (g.ln = ANY (v_held))
+               -- (OFFSET 0: a probe per lane, always.  Without it the
+               -- planner may run an EXISTS as a hashed subplan, which
+               -- reads every due delivery of the handler: it did when
+               -- the statistics said the table was empty, 9,000 rows
+               -- and 30 ms for a claim of 4, until the next analyze)
+               AND (EXISTS (SELECT 1 FROM @S@.relaybus_deliveries d
+                             WHERE d.handler = s.handler AND d.lane = g.ln AND d.key IS NULL
+                               AND d.status = 'pending' AND d.available_at >= v_ucur[g.ln]
+                               AND d.available_at <= s.now OFFSET 0)
+                    OR EXISTS (SELECT 1 FROM @S@.relaybus_deliveries d
+                             WHERE d.handler = s.handler AND d.lane = g.ln AND d.key IS NOT NULL
+                               AND d.status = 'pending' AND d.available_at >= v_kcur[g.ln]
+                               AND d.available_at <= s.now OFFSET 0))
+               AND NOT v_global
+             LIMIT v_take)
+        LOOP
+            IF v_global THEN
+                v_walk := v_walk + 1;
+                EXIT WHEN v_walk > c_walk_max;
+                CONTINUE WHEN l.lane = ANY (v_seen) OR l.lane = ANY (v_held) OR NOT (l.lane = ANY (v_free));
+                v_seen := v_seen || l.lane;
+                -- (by the version known, a TID scan; by key when it is gone)
+                v_ok := false;
+                IF v_kt[l.lane] IS NOT NULL THEN
+                    SELECT y.lane, y.lease_owner, y.in_flight, y.chain_early, y.ctid INTO r FROM @S@.relaybus_lanes y
+                     WHERE y.ctid = v_kt[l.lane] AND y.handler = s.handler AND y.lane = l.lane
+                       AND (y.lease_owner IS NULL OR y.lease_expires_at <= s.now)
+                       FOR UPDATE SKIP LOCKED;
+                    v_ok := FOUND;
+                END IF;
+                IF NOT v_ok THEN
+                    v_kt[l.lane] := NULL;
+                    SELECT y.lane, y.lease_owner, y.in_flight, y.chain_early, y.ctid INTO r FROM @S@.relaybus_lanes y
+                     WHERE y.handler = s.handler AND y.lane = l.lane
+                       AND (y.lease_owner IS NULL OR y.lease_expires_at <= s.now)
+                       FOR UPDATE SKIP LOCKED;
+                    v_ok := FOUND;
+                END IF;
+                CONTINUE WHEN NOT v_ok;
+                l := r;
+            END IF;
+            IF l.lease_owner IS NOT NULL AND cardinality(l.in_flight) > 0 THEN
+                SELECT c.failed, c.buried INTO v_nf, v_nb
+                  FROM @S@.relaybus_claim_charge(l.lease_owner, l.in_flight, l.chain_early, s.max_attempts, s.now) c;
+                IF v_nf > 0 THEN
+                    IF v_cf IS NULL THEN
+                        v_cf := array_fill(0::bigint, ARRAY[256], ARRAY[0]);
+                        v_cb := v_cf;
+                    END IF;
+                    v_cf[l.lane] := v_cf[l.lane] + v_nf;
+                    v_cb[l.lane] := v_cb[l.lane] + v_nb;
+                END IF;
+                s.charged := s.charged || l.lane;
+            END IF;
+            v_new := v_new || l.lane;
+            v_lt[l.lane] := l.ctid;
+            EXIT WHEN cardinality(v_new) >= v_take;
+        END LOOP;
+        EXIT WHEN cardinality(v_new) = 0;
+        -- the next pass goes on after the last lane this one took: those
+        -- before it were probed (under a held snapshot each probe walks
+        -- every delivery of the lane completed since), and when this pass
+        -- found fewer than it wanted, every lane was
+        v_free := CASE WHEN cardinality(v_new) < v_take THEN '{}'
+                       WHEN v_global THEN ARRAY(SELECT u FROM unnest(v_free) u WHERE NOT (u = ANY (v_new)))
+                       ELSE coalesce(v_free[array_position(v_free, v_new[cardinality(v_new)]) + 1 : cardinality(v_free)], '{}') END;
+        v_held := v_held || v_new;
+        s.acquired := s.acquired || v_new;
+        SELECT s.pick_id || coalesce(array_agg(t.id), '{}'), s.pick_lane || coalesce(array_agg(t.lane), '{}'),
+               s.pick_event || coalesce(array_agg(t.event_id), '{}'),
+               s.pick_claims || coalesce(array_agg(t.claims), '{}'),
+               s.pick_attempts || coalesce(array_agg(t.attempts), '{}'),
+               s.pick_seq || coalesce(array_agg(t.sequence), '{}'),
+               s.pick_created || coalesce(array_agg(t.created_at), '{}')
+          INTO s.pick_id, s.pick_lane, s.pick_event, s.pick_claims, s.pick_attempts, s.pick_seq, s.pick_created
+          FROM (SELECT c.*, hl.lane FROM unnest(v_new) hl(lane)
+                CROSS JOIN LATERAL @S@.relaybus_lane_candidates(s.handler, hl.lane, s.now, '{}',
+                    least(s.batch - cardinality(s.pick_id), c_per_lane), s.chain,
+                    v_ucur[hl.lane], v_kcur[hl.lane]) c
+                LIMIT s.batch - cardinality(s.pick_id)) t;
+        v_take := v_take * 2;
+    END LOOP;
+    s.held := v_held;
+    s.kt := v_kt;
+    s.lt := v_lt;
+    s.charged_failed := v_cf;
+    s.charged_buried := v_cb;
+    RETURN s;
+END $$;
+
+-- No more lanes to take: top up from the lanes in hand (s.held), when a
+-- lane had more than its share in this claim's passes (a lane that gave
+-- less has no more), up to each lane's room (s.room) less what it gave.
+-- The driver runs it when the batch is short and some lane gave its share.
+CREATE OR REPLACE FUNCTION @S@.relaybus_claim_top_up(s @S@.relaybus_claim_state)
+RETURNS @S@.relaybus_claim_state
+LANGUAGE plpgsql SET enable_seqscan = off SET enable_sort = off SET jit = off SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    c_per_lane CONSTANT integer := 32;   -- (see relaybus_claim_held)
+    v_room     integer[] := s.room;
+    v_ucur     timestamptz[] := s.ucur;
+    v_kcur     timestamptz[] := s.kcur;
+    l          record;
+BEGIN
+    FOR l IN SELECT u.ln, count(*) AS n FROM unnest(s.pick_lane) u(ln) GROUP BY u.ln LOOP
+        v_room[l.ln] := greatest(v_room[l.ln] - l.n, 0);
+    END LOOP;
+    s.room := v_room;
+    SELECT s.pick_id || coalesce(array_agg(t.id), '{}'), s.pick_lane || coalesce(array_agg(t.lane), '{}'),
+           s.pick_event || coalesce(array_agg(t.event_id), '{}'),
+           s.pick_claims || coalesce(array_agg(t.claims), '{}'),
+           s.pick_attempts || coalesce(array_agg(t.attempts), '{}'),
+           s.pick_seq || coalesce(array_agg(t.sequence), '{}'),
+           s.pick_created || coalesce(array_agg(t.created_at), '{}')
+      INTO s.pick_id, s.pick_lane, s.pick_event, s.pick_claims, s.pick_attempts, s.pick_seq, s.pick_created
+      FROM (SELECT c.*, hl.lane FROM unnest(s.held) hl(lane)
+            CROSS JOIN LATERAL @S@.relaybus_lane_candidates(s.handler, hl.lane, s.now, s.live || s.pick_id,
+                least(s.batch - cardinality(s.pick_id), c_per_lane, v_room[hl.lane]), s.chain,
+                v_ucur[hl.lane], v_kcur[hl.lane]) c
+            LIMIT s.batch - cardinality(s.pick_id)) t;
+    RETURN s;
+END $$;
+
+-- 3. Record: one write per lane that got work (s.used; acquired lanes get
+-- a new epoch); in_flight = what still runs there + what this claim took.
+-- Acquired lanes that got nothing are left alone (a free lane was only
+-- locked), except a taken-over lane whose in-flight deliveries were
+-- charged: it is freed with a new epoch so no one charges them twice.
+-- Held lanes that run nothing and gave nothing when read to the end are
+-- handed back at once (s.backed; a lane passed over for a full batch may
+-- have work: handing it back would only have it taken again, with a new
+-- epoch).  Kept, a drained lane would be read again by every claim: in a
+-- backlog drain, most of the held lanes soon are.  The lanes' epochs
+-- after the write: s.epoch, by lane (-1: not written, its picks not
+-- returned).  Every lane row written here was locked above, by this
+-- version (s.lt): each statement writes the rows of its versions, found by
+-- a TID scan alone: the handler's name or a lane's number beside them
+-- would have the planner walk the lanes' index instead, as it does when
+-- it plans for any parameters, and under a held snapshot every version
+-- there.
+CREATE OR REPLACE FUNCTION @S@.relaybus_claim_record(s @S@.relaybus_claim_state)
+RETURNS @S@.relaybus_claim_state
+LANGUAGE plpgsql SET enable_seqscan = off SET enable_sort = off SET jit = off SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_lt     tid[] := s.lt;
+    v_epoch  bigint[] := array_fill(-1::bigint, ARRAY[256], ARRAY[0]);  -- (no NULLs: O(1) lookups)
+    -- the picks by lane, in the order taken within a lane: lane L's are
+    -- v_pk[v_po[L] : v_po[L] + v_pc[L] - 1]
+    v_pk     bigint[];
+    v_pkl    smallint[];
+    v_po     integer[] := array_fill(1, ARRAY[256], ARRAY[0]);
+    v_pc     integer[] := array_fill(0, ARRAY[256], ARRAY[0]);
+    v_ut     tid[];
+    v_back   smallint[];
+    v_elanes smallint[];
+    v_epochs bigint[];
+    v_mt     tid[];
+    l        record;
+BEGIN
+    SELECT array_agg(u.i ORDER BY u.ln, u.o), array_agg(u.ln ORDER BY u.ln, u.o) INTO v_pk, v_pkl
+      FROM unnest(s.pick_id, s.pick_lane) WITH ORDINALITY u(i, ln, o);
+    s.used := '{}';
+    FOR l IN SELECT u.ln, count(*) AS n, min(u.o) AS o FROM unnest(v_pkl) WITH ORDINALITY u(ln, o)
+              GROUP BY u.ln LOOP
+        s.used := s.used || l.ln;
+        v_po[l.ln] := l.o;
+        v_pc[l.ln] := l.n;
+    END LOOP;
+    v_ut := ARRAY(SELECT v_lt[u] FROM unnest(s.used) u);
+    IF array_position(v_ut || ARRAY(SELECT v_lt[u] FROM unnest(s.charged || s.scanned) u), NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'relaybus_claim_ids: a lane row to write was not locked';
+    END IF;
+    WITH w AS (
+        UPDATE @S@.relaybus_lanes x
+           SET epoch = CASE WHEN x.lane = ANY (s.acquired) THEN x.epoch + 1 ELSE x.epoch END,
+               lease_owner = s.owner,
+               holder = s.holder,
+               holder_live = s.holder_live,
+               chain_early = s.chain_early,
+               lease_expires_at = s.expires,
+               failed = x.failed + coalesce(s.charged_failed[x.lane], 0),
+               buried = x.buried + coalesce(s.charged_buried[x.lane], 0),
+               in_flight = CASE WHEN x.lane = ANY (s.acquired) THEN '{}'::bigint[]
+                                WHEN s.lc IS NULL THEN
+                                    ARRAY(SELECT f FROM unnest(x.in_flight) f WHERE f = ANY (s.live))
+                                WHEN s.lc[x.lane] = 0 THEN '{}'::bigint[]
+                                ELSE ARRAY(SELECT f FROM unnest(x.in_flight) f
+                                            WHERE f = ANY (s.ls[s.lo[x.lane] : s.lo[x.lane] + s.lc[x.lane] - 1])) END
+                           || v_pk[v_po[x.lane] : v_po[x.lane] + v_pc[x.lane] - 1]
+         WHERE x.ctid = ANY (v_ut)
+        RETURNING x.lane, x.epoch, x.ctid)
+    SELECT array_agg(w.lane), array_agg(w.epoch), array_agg(w.ctid) INTO v_elanes, v_epochs, v_mt FROM w;
+    -- (the epochs by lane: a lookup per row, not a join the planner would
+    -- redo for every row)
+    FOR i IN 1 .. coalesce(cardinality(v_elanes), 0) LOOP
+        v_epoch[v_elanes[i]] := v_epochs[i];
+        v_lt[v_elanes[i]] := v_mt[i];
+    END LOOP;
+    IF cardinality(s.charged) > 0 THEN
+        WITH c AS (
+        UPDATE @S@.relaybus_lanes x
+           SET epoch = x.epoch + 1, lease_owner = NULL, holder = NULL, holder_live = NULL,
+               lease_expires_at = NULL, in_flight = '{}',
+               failed = x.failed + coalesce(s.charged_failed[x.lane], 0),
+               buried = x.buried + coalesce(s.charged_buried[x.lane], 0)
+         WHERE x.ctid = ANY (ARRAY(SELECT v_lt[u] FROM unnest(s.charged) u WHERE NOT (u = ANY (s.used))))
+        RETURNING x.lane, x.ctid)
+        SELECT array_agg(c.lane), array_agg(c.ctid) INTO v_elanes, v_mt FROM c;
+        FOR i IN 1 .. coalesce(cardinality(v_elanes), 0) LOOP
+            v_lt[v_elanes[i]] := v_mt[i];
+        END LOOP;
+    END IF;
+    v_back := ARRAY(SELECT u FROM unnest(s.scanned) u WHERE NOT (u = ANY (s.used)));
+    IF cardinality(v_back) > 0 THEN
+        WITH b AS (
+        UPDATE @S@.relaybus_lanes x
+           SET lease_owner = NULL, holder = NULL, holder_live = NULL, lease_expires_at = NULL, in_flight = '{}'
+         WHERE x.ctid = ANY (ARRAY(SELECT v_lt[u] FROM unnest(v_back) u)) AND x.lease_owner = s.owner
+           AND x.holder IS NOT DISTINCT FROM s.holder
+           AND CASE WHEN s.lc IS NULL THEN NOT (x.in_flight && s.live)
+                    ELSE s.lc[x.lane] = 0
+                         OR NOT (x.in_flight && s.ls[s.lo[x.lane] : s.lo[x.lane] + s.lc[x.lane] - 1]) END
+        RETURNING x.lane, x.ctid)
+        SELECT coalesce(array_agg(b.lane), '{}'), array_agg(b.ctid) INTO s.backed, v_mt FROM b;
+        FOR i IN 1 .. cardinality(s.backed) LOOP
+            v_lt[s.backed[i]] := v_mt[i];
+        END LOOP;
+    END IF;
+    s.lt := v_lt;
+    s.epoch := v_epoch;
+    RETURN s;
+END $$;
+
+-- The cursors for the next claim of a claimer with cursors (s.cursors), as
+-- (name, value) rows, which relaybus_claim_ids returns as rows without an
+-- id: the tick, G (moved up to the handler's first pending entry when
+-- this claim searched from it), the lanes' cursors past G, the lanes held
+-- now (mine) with the versions of their rows (mine_t, by lane: those this
+-- claim locked or wrote, else those it was given), the lanes others hold,
+-- and in how many ms the first lease of another's that was cut ends.
+CREATE OR REPLACE FUNCTION @S@.relaybus_claim_cursors(s @S@.relaybus_claim_state)
+RETURNS TABLE (c_name text, c_value text)
+LANGUAGE plpgsql SET enable_seqscan = off SET enable_sort = off SET jit = off SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_g    timestamptz := s.gcur;
+    v_ucur timestamptz[] := s.ucur;
+    v_kcur timestamptz[] := s.kcur;
+    v_lt   tid[] := s.lt;
+    v_kt   tid[] := s.kt;
+    v_mine smallint[];
+BEGIN
+    v_mine := ARRAY(SELECT DISTINCT u FROM unnest(coalesce(s.used, '{}') || s.held0) u
+                     WHERE u = ANY (s.used) OR NOT (u = ANY (s.backed)) ORDER BY u);
+    IF s.searched THEN
+        SELECT least(coalesce(min(f.a), 'infinity'), s.bound) INTO v_g FROM (
+            SELECT d.available_at AS a FROM @S@.relaybus_deliveries d
+             WHERE (d.handler || '') = s.handler AND d.status = 'pending' AND d.available_at >= v_g
+             ORDER BY d.available_at LIMIT 1) f;
+    END IF;
+    RETURN QUERY SELECT t.k, t.v
+      FROM (VALUES ('tick_x', s.tx::text), ('tick_c', CASE WHEN s.tx IS NOT NULL THEN s.now::text END),
+                   ('g', v_g::text),
+                   ('cl', ARRAY(SELECT i FROM generate_series(0, 255) i WHERE v_ucur[i] > v_g OR v_kcur[i] > v_g)::text),
+                   ('cu', ARRAY(SELECT v_ucur[i] FROM generate_series(0, 255) i WHERE v_ucur[i] > v_g OR v_kcur[i] > v_g)::text),
+                   ('ck', ARRAY(SELECT v_kcur[i] FROM generate_series(0, 255) i WHERE v_ucur[i] > v_g OR v_kcur[i] > v_g)::text),
+                   ('mine', v_mine::text),
+                   ('mine_t', ARRAY(SELECT coalesce(v_lt[i], v_kt[i]) FROM generate_series(0, 255) i)::text),
+                   ('others', s.others::text),
+                   ('free_in', ceil(extract(epoch FROM s.free_at - s.now) * 1000)::bigint::text)) t(k, v);
+END $$;
+
 
 -- Claim due deliveries for p_owner in one transaction (the seed's "Lane
 -- leases").  Writes lane rows only: no delivery row is written or locked,
@@ -823,616 +1552,89 @@ RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigi
 -- and five times as many buffers without)
 LANGUAGE plpgsql SET enable_seqscan = off SET enable_sort = off SET jit = off SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    v_now      timestamptz := clock_timestamp();
-    v_expires  timestamptz := v_now + p_lease_ms * interval '1 millisecond';
-    v_held     smallint[];
-    v_acquired smallint[] := '{}';
-    v_new      smallint[];
-    v_free     smallint[] := '{}';
-    v_live     bigint[];
-    v_picked   bigint[] := '{}';      -- the deliveries claimed ...
-    v_plane    smallint[] := '{}';    -- ... and their lanes, element by element,
-    v_pev      text[] := '{}';        -- ... event ids,
-    v_pclaims  integer[] := '{}';     -- ... claims,
-    v_patt     integer[] := '{}';     -- ... attempts,
-    v_pseq     bigint[] := '{}';      -- ... sequences
-    v_pcat     timestamptz[] := '{}'; -- ... and creation times
-    v_ids      bigint[];
-    v_lanes    smallint[];
-    v_ev       text[];
-    v_claims   integer[];
-    v_att      integer[];
-    v_seq      bigint[];
-    v_cat      timestamptz[];
-    v_take     integer := 4;
-    v_start    integer := abs(hashtext(p_owner)) % 256;
-    v_charged  smallint[] := '{}';
-    v_cf       bigint[];                -- attempts a takeover charged, by lane (NULL: none)
-    v_cb       bigint[];                -- ... and deliveries it buried
-    v_nf       bigint;
-    v_nb       bigint;
-    v_used     smallint[];
-    v_scanned  smallint[] := '{}';   -- held lanes read to the end in step 1
-    v_mine     smallint[];           -- step 0: the lanes this owner held, ...
-    v_holders  bigint[];             -- ... the other live holders' liveness locks,
-    v_free0    smallint[];           -- ... the free and expired lanes
-    v_nlanes   bigint;               -- ... and how many lane rows there are
-    v_last     bigint;
-    v_elanes   smallint[];
-    v_epochs   bigint[];
-    v_epoch    bigint[] := array_fill(-1::bigint, ARRAY[256], ARRAY[0]);  -- by lane (no NULLs: O(1) lookups)
-    -- at most this many picks per lane and pass (the top-up is a second
-    -- pass): keeps in_flight arrays small, so that lane rows stay small
-    -- enough for HOT updates (8 lanes to a page at fillfactor 10, each
-    -- under 1 kB) and are never TOASTed, and spreads a batch over lanes
-    c_per_lane CONSTANT integer := 32;
-    -- and at most this many in flight on a lane in all (p_live_lanes)
-    c_lane_max CONSTANT integer := 32;
-    v_room     integer[] := array_fill(c_lane_max, ARRAY[256], ARRAY[0]);  -- by lane
-    -- p_live sorted by lane (when p_live_lanes says them): lane L's are
-    -- v_ls[v_lo[L] : v_lo[L] + v_lc[L] - 1] (v_lc NULL: lanes unknown),
-    -- and the same for what this claim took (v_pk, v_po, v_pc): a lane
-    -- row's new in_flight is then made of slices, not of a search of
-    -- every live id and every pick for each of its ids
-    v_ls       bigint[];
-    v_lsl      smallint[];
-    v_lo       integer[] := array_fill(1, ARRAY[256], ARRAY[0]);
-    v_lc       integer[];
-    v_pk       bigint[];
-    v_pkl      smallint[];
-    v_po       integer[] := array_fill(1, ARRAY[256], ARRAY[0]);
-    v_pc       integer[] := array_fill(0, ARRAY[256], ARRAY[0]);
-    v_back     smallint[];
-    -- what is left of a lease whose holder's liveness lock is free
-    c_grace    CONSTANT interval := interval '1500 milliseconds';
-    l          record;
-    r          record;
-    -- the claim cursors (p_ticks_c not NULL; see "Claim cursors" above)
-    v_cur      boolean := p_ticks_c IS NOT NULL;
-    v_tx       xid8;                 -- this claim's tick: its xid, read after v_now
-    v_b        timestamptz := '-infinity';  -- the bound B
-    v_ucur     timestamptz[] := array_fill('-infinity'::timestamptz, ARRAY[256], ARRAY[0]);
-    v_kcur     timestamptz[] := array_fill('-infinity'::timestamptz, ARRAY[256], ARRAY[0]);
-    v_g        timestamptz := coalesce(p_g, '-infinity');
-    v_seen     smallint[] := '{}';
-    v_search   boolean := false;
-    v_held0    smallint[] := '{}';
-    v_others   smallint[];           -- lanes other holders held (step 0)
-    v_global   boolean := false;     -- the search walks relaybus_deliveries_due_idx
-    v_walk     integer := 0;         -- ... and has walked this many entries
-    c_walk_max CONSTANT integer := 1024;
-    v_backed   smallint[] := '{}';
-    -- the version of each lane row this claim locked (its ctid), by lane:
-    -- the lane rows it writes are found by it, not by key (under a held
-    -- snapshot a lookup by key walks every version since the horizon);
-    -- v_kt: the versions known, by lane, not checked (step 0's, or
-    -- p_mine_t: what the claim before returned), each tried first where a
-    -- lane row is locked; v_mt: those of v_mine's rows
-    v_lt       tid[] := array_fill(NULL::tid, ARRAY[256], ARRAY[0]);
-    v_kt       tid[] := array_fill(NULL::tid, ARRAY[256], ARRAY[0]);
-    v_mt       tid[];
-    v_ut       tid[];
-    v_alln     smallint[];
-    v_allt     tid[];
-    v_ok       boolean;
-    -- (a pass) when the first lease of another's that ends within c_grace
-    -- ends: a dead holder's, cut; the caller may look again then
-    v_free_at  timestamptz;
+    s       @S@.relaybus_claim_state;   -- the claim's state, step to step (doc/claim.md)
+    v_start integer;
 BEGIN
-    IF v_cur THEN
-        -- the tick: the clock (v_now) was read before the xid is taken
-        -- here, unless the caller's transaction had one already (then no
-        -- tick).  B: the newest tick of the caller's whose transaction, and
-        -- every one with a smaller xid, has ended
-        IF pg_current_xact_id_if_assigned() IS NULL THEN
-            v_tx := pg_current_xact_id();
-        END IF;
-        SELECT coalesce(max(t.c), '-infinity') INTO v_b FROM unnest(p_ticks_c, p_ticks_x) t(c, x)
-         WHERE t.x < pg_snapshot_xmin(pg_current_snapshot());
-        -- the lane cursors the caller has (lanes whose cursors are past G)
-        FOR l IN SELECT c.ln, c.u, c.k FROM unnest(p_cl, p_cu, p_ck) c(ln, u, k)
-                  WHERE c.ln >= 0 AND c.ln < 256 LOOP
-            v_ucur[l.ln] := coalesce(l.u, '-infinity');
-            v_kcur[l.ln] := coalesce(l.k, '-infinity');
-        END LOOP;
-        -- G is below every pending entry of the handler: of each lane's too
-        FOR i IN 0 .. 255 LOOP
-            v_ucur[i] := greatest(v_ucur[i], v_g);
-            v_kcur[i] := greatest(v_kcur[i], v_g);
-        END LOOP;
+    -- the call, and its clock
+    s.handler := p_handler; s.owner := p_owner; s.batch := p_batch; s.max_attempts := p_max_attempts;
+    s.search := p_search; s.chain := p_chain; s.chain_early := p_chain_early;
+    s.holder := p_holder; s.holder_live := p_holder_live;
+    s.now := clock_timestamp();
+    s.expires := s.now + p_lease_ms * interval '1 millisecond';
+    -- the claim cursors (p_ticks_c not NULL; see "Claim cursors" above)
+    s.cursors := p_ticks_c IS NOT NULL;
+    s.bound := '-infinity';
+    s.gcur := coalesce(p_g, '-infinity');
+    s.ucur := array_fill('-infinity'::timestamptz, ARRAY[256], ARRAY[0]);
+    s.kcur := s.ucur;
+    -- by lane: the lane rows' versions known and locked, no room taken
+    -- (at most 32 in flight on a lane, c_lane_max), where p_live's start
+    s.kt := array_fill(NULL::tid, ARRAY[256], ARRAY[0]);
+    s.lt := s.kt;
+    s.room := array_fill(32, ARRAY[256], ARRAY[0]);
+    s.lo := array_fill(1, ARRAY[256], ARRAY[0]);
+    -- nothing held, picked, taken or written yet
+    s.held0 := '{}'; s.scanned := '{}'; s.acquired := '{}'; s.charged := '{}'; s.backed := '{}';
+    s.pick_id := '{}'; s.pick_lane := '{}'; s.pick_event := '{}'; s.pick_claims := '{}';
+    s.pick_attempts := '{}'; s.pick_seq := '{}'; s.pick_created := '{}';
+    -- this claim's tick and the lanes' cursors (a claimer with cursors)
+    IF s.cursors THEN
+        s := @S@.relaybus_claim_tick(s, p_ticks_c, p_ticks_x, p_cl, p_cu, p_ck);
     END IF;
-    -- 0. the handler's lane rows, read once and not locked: the lanes this
-    -- owner holds, the other holders with a liveness lock, the free and
-    -- expired lanes (candidates only: each is checked again where it is
-    -- locked).  One pass, not three: under a held snapshot (issue 25 item
-    -- 3) no old version of a lane row can be pruned, and every pass over
-    -- the 256 rows walks every version since the horizon
-    -- (bench/hold-buffers).
-    -- With p_mine (cursors only): the lanes this claimer holds, as its
-    -- previous claim returned them, instead of the pass; every lane is then
-    -- a candidate of the search (checked where it is locked), and other
-    -- holders' liveness is not probed (the caller passes none every second)
-    FOR i IN 1 .. 2 LOOP
-        EXIT WHEN v_cur AND p_mine IS NOT NULL;
-        SELECT coalesce(array_agg(y.lane) FILTER (WHERE y.lease_owner = p_owner
-                                                    AND y.holder IS NOT DISTINCT FROM p_holder), '{}'),
-               coalesce(array_agg(y.ctid) FILTER (WHERE y.lease_owner = p_owner
-                                                    AND y.holder IS NOT DISTINCT FROM p_holder), '{}'),
-               coalesce(array_agg(DISTINCT y.holder) FILTER (WHERE y.holder_live
-                                                    AND y.holder IS DISTINCT FROM p_holder
-                                                    AND y.lease_expires_at > v_now + c_grace), '{}'),
-               coalesce(array_agg(y.lane) FILTER (WHERE y.lease_owner IS NULL OR y.lease_expires_at <= v_now), '{}'),
-               coalesce(array_agg(y.lane) FILTER (WHERE y.lease_expires_at > v_now + c_grace
-                                                    AND (y.lease_owner <> p_owner OR y.holder IS DISTINCT FROM p_holder)), '{}'),
-               count(*), array_agg(y.lane), array_agg(y.ctid),
-               min(y.lease_expires_at) FILTER (WHERE y.lease_expires_at > v_now AND y.lease_expires_at <= v_now + c_grace
-                                                AND (y.lease_owner <> p_owner OR y.holder IS DISTINCT FROM p_holder))
-          INTO v_mine, v_mt, v_holders, v_free0, v_others, v_nlanes, v_alln, v_allt, v_free_at
-          FROM @S@.relaybus_lanes y
-         WHERE y.handler = p_handler;
-        FOR j IN 1 .. coalesce(cardinality(v_alln), 0) LOOP
-            v_kt[v_alln[j]] := v_allt[j];
-        END LOOP;
-        EXIT WHEN v_nlanes >= 256;
-        PERFORM @S@.relaybus_seed_lanes(p_handler);
-    END LOOP;
-    IF v_cur AND p_mine IS NOT NULL THEN
-        -- (the lanes others held at the last pass are left out: a lane
-        -- freed since waits for the next pass, at most a second)
-        v_mine := p_mine;
-        -- (p_mine_t: 256 versions, by lane, as the claim before returned
-        -- them; a shorter one is read as v_mine's, element by element)
-        IF cardinality(p_mine_t) = 256 THEN
-            FOR j IN 0 .. 255 LOOP
-                v_kt[j] := p_mine_t[array_lower(p_mine_t, 1) + j];
-            END LOOP;
-            v_mt := ARRAY(SELECT v_kt[m] FROM unnest(v_mine) m);
-        ELSE
-            v_mt := p_mine_t;
-        END IF;
-        v_holders := '{}';
-        v_others := coalesce(p_others, '{}');
-        v_free0 := ARRAY(SELECT g::smallint FROM generate_series(0, 255) g WHERE NOT (g = ANY (v_others)));
+    -- 0. the lane rows, read once; 1. the lanes this holder holds, locked, and their picks
+    s := @S@.relaybus_claim_read_lanes(s, p_mine, p_others, p_mine_t);
+    s := @S@.relaybus_claim_held(s, p_live, p_live_lanes);
+    -- the leases of dead holders cut short: in a claim that looks for
+    -- lanes, and in every pass over the lane rows of a claim with cursors
+    IF (cardinality(s.pick_id) < s.batch AND (s.search OR cardinality(s.held) = 0))
+       OR (s.cursors AND s.lanes_read) THEN
+        s := @S@.relaybus_claim_cut_dead(s);
     END IF;
-    -- 1. the lanes this owner (name and holder) holds.  NO KEY UPDATE: it
-    -- does not wait for completions in progress (they hold KEY SHARE), but a
-    -- takeover does.  (Only this holder makes a lane its own: one it had
-    -- not when read above is not one now.)  Each row by the version read
-    -- (v_mt): a TID scan, one tuple; by key only when that version is gone
-    -- (a renewal, a takeover, an operator wrote the row since).  In lane
-    -- order, as relaybus_fail locks them, so that the two cannot deadlock.
-    v_held := '{}';
-    IF cardinality(v_mine) > 0 THEN
-        SELECT coalesce(array_agg(h.lane ORDER BY h.lane), '{}'), coalesce(array_agg(h.t ORDER BY h.lane), '{}')
-          INTO v_held, v_mt FROM (
-            SELECT coalesce(a.lane, b.lane) AS lane, coalesce(a.ctid, b.ctid) AS t
-              FROM (SELECT DISTINCT ON (m.ln) m.ln, m.t FROM unnest(v_mine, v_mt) m(ln, t)
-                     WHERE m.ln IS NOT NULL ORDER BY m.ln) m
-              LEFT JOIN LATERAL (
-                SELECT x.lane, x.ctid FROM @S@.relaybus_lanes x
-                 WHERE x.ctid = m.t AND x.handler = p_handler AND x.lane = m.ln AND x.lease_owner = p_owner
-                   AND x.holder IS NOT DISTINCT FROM p_holder
-                 FOR NO KEY UPDATE) a ON true
-              LEFT JOIN LATERAL (
-                SELECT x.lane, x.ctid FROM @S@.relaybus_lanes x
-                 WHERE a.lane IS NULL AND x.handler = p_handler AND x.lane = m.ln AND x.lease_owner = p_owner
-                   AND x.holder IS NOT DISTINCT FROM p_holder
-                 FOR NO KEY UPDATE) b ON true) h
-         WHERE h.lane IS NOT NULL;
-        FOR i IN 1 .. cardinality(v_held) LOOP
-            v_lt[v_held[i]] := v_mt[i];
-        END LOOP;
-    END IF;
-    -- deliveries of those lanes still running (in flight and still pending)
-    -- (lookups are written one id at a time, LATERAL and fenced with OFFSET
-    -- 0: the plan must not depend on statistics, which a young table does
-    -- not have; a flattened join picks full index scans when it thinks the
-    -- table is empty)
-    IF p_live IS NOT NULL THEN
-        v_live := p_live;
-    ELSE
-        SELECT coalesce(array_agg(d.id), '{}') INTO v_live
-          FROM @S@.relaybus_lanes x
-         CROSS JOIN LATERAL unnest(x.in_flight) f(fid)
-         CROSS JOIN LATERAL (SELECT dd.id FROM @S@.relaybus_deliveries dd
-                              WHERE dd.id = f.fid AND dd.status = 'pending' OFFSET 0) d
-         WHERE x.handler = p_handler AND x.lane = ANY (v_held);
-    END IF;
-    IF p_live_lanes IS NOT NULL THEN
-        IF p_live IS NOT NULL THEN
-            v_lc := array_fill(0, ARRAY[256], ARRAY[0]);
-            -- (both sorted by lane alone: within a lane, any order pairs)
-            SELECT coalesce(array_agg(u.i ORDER BY u.ln), '{}'), coalesce(array_agg(u.ln ORDER BY u.ln), '{}')
-              INTO v_ls, v_lsl
-              FROM unnest(p_live, p_live_lanes) u(i, ln)
-             WHERE u.i IS NOT NULL AND u.ln >= 0 AND u.ln < 256;
-        ELSE
-            v_lsl := ARRAY(SELECT u.ln FROM unnest(p_live_lanes) u(ln) WHERE u.ln >= 0 AND u.ln < 256);
-        END IF;
-        FOR l IN SELECT u.ln, count(*) AS n, min(u.o) AS o FROM unnest(v_lsl) WITH ORDINALITY u(ln, o)
-                  GROUP BY u.ln LOOP
-            v_room[l.ln] := greatest(c_lane_max - l.n, 0);
-            IF v_lc IS NOT NULL THEN
-                v_lo[l.ln] := l.o;
-                v_lc[l.ln] := l.n;
-            END IF;
-        END LOOP;
-    END IF;
-    IF cardinality(v_held) > 0 THEN
-        SELECT coalesce(array_agg(t.id), '{}'), coalesce(array_agg(t.lane), '{}'), max(t.o),
-               coalesce(array_agg(t.event_id), '{}'), coalesce(array_agg(t.claims), '{}'),
-               coalesce(array_agg(t.attempts), '{}'), coalesce(array_agg(t.sequence), '{}'),
-               coalesce(array_agg(t.created_at), '{}')
-          INTO v_picked, v_plane, v_last, v_pev, v_pclaims, v_patt, v_pseq, v_pcat
-          FROM (SELECT c.*, hl.lane, hl.o FROM unnest(v_held) WITH ORDINALITY hl(lane, o)
-                CROSS JOIN LATERAL @S@.relaybus_lane_candidates(p_handler, hl.lane, v_now, v_live,
-                    least(p_batch, c_per_lane, v_room[hl.lane]), p_chain,
-                    v_ucur[hl.lane], v_kcur[hl.lane]) c
-                LIMIT p_batch) t;
-        v_held0 := v_held;
-        -- the lanes read to the end: all of them when the batch is short,
-        -- else those before the lane it filled at (lanes are read in order)
-        v_scanned := CASE WHEN cardinality(v_picked) < p_batch THEN v_held
-                          ELSE v_held[1:v_last - 1] END;
-        -- the held lanes' cursors: each one's first pending entry (in
-        -- flight or not), at most B
-        IF v_cur THEN
-            FOR l IN
-                SELECT g.ln,
-                       (SELECT d.available_at FROM @S@.relaybus_deliveries d
-                         WHERE d.handler = p_handler AND d.lane = g.ln AND d.key IS NULL AND d.status = 'pending'
-                           AND d.available_at >= v_ucur[g.ln] ORDER BY d.available_at, d.id LIMIT 1) AS ua,
-                       (SELECT d.available_at FROM @S@.relaybus_deliveries d
-                         WHERE d.handler = p_handler AND d.lane = g.ln AND d.key IS NOT NULL AND d.status = 'pending'
-                           AND d.available_at >= v_kcur[g.ln] ORDER BY d.available_at, d.id LIMIT 1) AS ka
-                  FROM unnest(v_held) g(ln)
-            LOOP
-                v_ucur[l.ln] := least(coalesce(l.ua, 'infinity'), v_b);
-                v_kcur[l.ln] := least(coalesce(l.ka, 'infinity'), v_b);
-            END LOOP;
-        END IF;
-    END IF;
-    -- 2. more lanes, a few at a time: free ones and expired ones with due
-    -- work.  The lanes to look at, from a place of this owner's own (owners
-    -- spread over the lanes); none when this owner holds them all, which
-    -- costs one scan of the lane rows instead of 256 probes
-    -- the holders with a liveness lock whose lock is free: their leases
-    -- end c_grace from now (a probe of one shared lock per holder, released
-    -- when this transaction ends; lane rows some transaction has locked are
-    -- left for the next claim).  In a claim that looks for lanes, and in
-    -- every pass of a claim with cursors: a claimer busy with its own lanes
-    -- still cuts a dead holder's, and its next claim that looks finds them
-    -- among its candidates (a lane whose lease ends within c_grace is not
-    -- one of the others), not a pass later
-    IF (cardinality(v_picked) < p_batch AND (p_search OR cardinality(v_held) = 0))
-       OR (v_cur AND p_mine IS NULL) THEN
-        FOR l IN SELECT u.holder FROM unnest(v_holders) u(holder) LOOP
-            -- (a lock held by a session whose role may not take liveness
-            -- locks, relaybus_hold, counts as free: any role may read a
-            -- holder's key in pg_locks, queue for its lock and so get it
-            -- when the holder dies, which would keep its lanes a lease)
-            IF pg_try_advisory_xact_lock_shared(l.holder) OR NOT EXISTS (
-                   SELECT 1 FROM pg_catalog.pg_locks k JOIN pg_catalog.pg_stat_activity a ON a.pid = k.pid
-                    WHERE k.locktype = 'advisory' AND k.granted AND k.mode = 'ExclusiveLock' AND k.objsubid = 1
-                      AND k.database = (SELECT d.oid FROM pg_catalog.pg_database d
-                                         WHERE d.datname = pg_catalog.current_database())
-                      AND k.classid = (l.holder >> 32)::oid AND k.objid = (l.holder & 4294967295)::oid
-                      AND pg_catalog.has_function_privilege(a.usesysid,
-                              '@S@.relaybus_hold(bigint)'::pg_catalog.regprocedure, 'EXECUTE')) THEN
-                WITH c AS (
-                UPDATE @S@.relaybus_lanes x SET lease_expires_at = v_now + c_grace
-                 WHERE x.handler = p_handler AND x.lane IN (
-                        SELECT y.lane FROM @S@.relaybus_lanes y
-                         WHERE y.handler = p_handler AND y.holder = l.holder AND y.holder_live
-                           AND y.lease_expires_at > v_now + c_grace
-                         FOR NO KEY UPDATE SKIP LOCKED)
-                RETURNING x.lane)
-                SELECT ARRAY(SELECT u FROM unnest(v_others) u WHERE NOT (u = ANY (ARRAY(SELECT c.lane FROM c)))),
-                       CASE WHEN EXISTS (SELECT 1 FROM c) THEN least(v_free_at, v_now + c_grace) ELSE v_free_at END
-                  INTO v_others, v_free_at;
-            END IF;
-        END LOOP;
-    END IF;
-    IF cardinality(v_picked) < p_batch AND (p_search OR cardinality(v_held) = 0) THEN
-        -- (after the last lane held, counting from there: the lanes before
-        -- it were looked at by earlier searches, and those that ran dry were
-        -- handed back; looking at them first again would cost every search)
-        IF cardinality(v_held) > 0 THEN
+    -- 2. more lanes, when the held ones did not fill the batch and the
+    -- caller asked to look (p_search) or holds none: the free and expired
+    -- ones, from a place of this owner's own (owners spread over the lanes),
+    -- or rather after the last lane held, counting from there (the lanes
+    -- before it were looked at by earlier searches, and those that ran dry
+    -- were handed back; looking at them first again would cost every
+    -- search).  None when this owner holds them all, which costs one scan
+    -- of the lane rows instead of 256 probes.
+    s.free_lanes := '{}';
+    IF cardinality(s.pick_id) < s.batch AND (s.search OR cardinality(s.held) = 0) THEN
+        v_start := abs(hashtext(p_owner)) % 256;
+        IF cardinality(s.held) > 0 THEN
             SELECT (v_start + max((h.ln - v_start + 256) % 256) + 1) % 256 INTO v_start
-              FROM unnest(v_held) h(ln);
+              FROM unnest(s.held) h(ln);
         END IF;
-        SELECT coalesce(array_agg(u.ln ORDER BY (u.ln - v_start + 256) % 256), '{}') INTO v_free
-          FROM unnest(v_free0) u(ln)
-         WHERE NOT (u.ln = ANY (v_held));
+        SELECT coalesce(array_agg(u.ln ORDER BY (u.ln - v_start + 256) % 256), '{}') INTO s.free_lanes
+          FROM unnest(s.free0) u(ln)
+         WHERE NOT (u.ln = ANY (s.held));
     END IF;
-    v_search := v_cur AND cardinality(v_free) > 0;
-    -- (a few lanes to look at: a probe each, from its cursors; many: one
-    -- walk of the handler's due entries from G, at most c_walk_max of them)
-    v_global := v_cur AND cardinality(v_free) > 32;
-    WHILE cardinality(v_picked) < p_batch AND cardinality(v_free) > 0 LOOP
-        v_new := '{}';
-        -- lane by lane, stopping at v_take: a lane is probed for due
-        -- work only until enough are found, and its row is read and
-        -- locked only when it has some (most free lanes have none: a lane
-        -- row read for each cost a claim under a held snapshot a walk of
-        -- its versions a lane)
-        -- With cursors, instead: the due entries of every lane from the
-        -- global cursor G, oldest first (relaybus_deliveries_due_idx), each
-        -- lane's row locked when its first entry comes
-        FOR l IN
-            (SELECT d.lane, NULL::text AS lease_owner, NULL::bigint[] AS in_flight, NULL::boolean AS chain_early,
-                    NULL::tid AS ctid
-               FROM @S@.relaybus_deliveries d
-              WHERE v_global AND (d.handler || '') = p_handler AND d.status = 'pending'
-                AND d.available_at >= v_g AND d.available_at <= v_now
-              ORDER BY d.available_at)
-            UNION ALL
-            (SELECT coalesce(a.lane, b.lane), CASE WHEN a.lane IS NULL THEN b.lease_owner ELSE a.lease_owner END,
-                    CASE WHEN a.lane IS NULL THEN b.in_flight ELSE a.in_flight END,
-                    CASE WHEN a.lane IS NULL THEN b.chain_early ELSE a.chain_early END, coalesce(a.ctid, b.ctid)
-              FROM unnest(v_free) g(ln)
-              -- (by the version known, a TID scan; by key when it is gone)
-              LEFT JOIN LATERAL (
-                SELECT y.lane, y.lease_owner, y.in_flight, y.chain_early, y.ctid FROM @S@.relaybus_lanes y
-                 WHERE y.ctid = v_kt[g.ln] AND y.handler = p_handler AND y.lane = g.ln
-                   AND (y.lease_owner IS NULL OR y.lease_expires_at <= v_now)
-                 FOR UPDATE SKIP LOCKED) a ON true
-              LEFT JOIN LATERAL (
-                SELECT y.lane, y.lease_owner, y.in_flight, y.chain_early, y.ctid FROM @S@.relaybus_lanes y
-                 WHERE a.lane IS NULL AND y.handler = p_handler AND y.lane = g.ln
-                   AND (y.lease_owner IS NULL OR y.lease_expires_at <= v_now)
-                 FOR UPDATE SKIP LOCKED) b ON true
-             WHERE coalesce(a.lane, b.lane) IS NOT NULL AND NOT (g.ln = ANY (v_held))
-               -- (OFFSET 0: a probe per lane, always.  Without it the
-               -- planner may run an EXISTS as a hashed subplan, which
-               -- reads every due delivery of the handler: it did when
-               -- the statistics said the table was empty, 9,000 rows
-               -- and 30 ms for a claim of 4, until the next analyze)
-               AND (EXISTS (SELECT 1 FROM @S@.relaybus_deliveries d
-                             WHERE d.handler = p_handler AND d.lane = g.ln AND d.key IS NULL
-                               AND d.status = 'pending' AND d.available_at >= v_ucur[g.ln]
-                               AND d.available_at <= v_now OFFSET 0)
-                    OR EXISTS (SELECT 1 FROM @S@.relaybus_deliveries d
-                             WHERE d.handler = p_handler AND d.lane = g.ln AND d.key IS NOT NULL
-                               AND d.status = 'pending' AND d.available_at >= v_kcur[g.ln]
-                               AND d.available_at <= v_now OFFSET 0))
-               AND NOT v_global
-             LIMIT v_take)
-        LOOP
-            IF v_global THEN
-                v_walk := v_walk + 1;
-                EXIT WHEN v_walk > c_walk_max;
-                CONTINUE WHEN l.lane = ANY (v_seen) OR l.lane = ANY (v_held) OR NOT (l.lane = ANY (v_free));
-                v_seen := v_seen || l.lane;
-                -- (by the version known, a TID scan; by key when it is gone)
-                v_ok := false;
-                IF v_kt[l.lane] IS NOT NULL THEN
-                    SELECT y.lane, y.lease_owner, y.in_flight, y.chain_early, y.ctid INTO r FROM @S@.relaybus_lanes y
-                     WHERE y.ctid = v_kt[l.lane] AND y.handler = p_handler AND y.lane = l.lane
-                       AND (y.lease_owner IS NULL OR y.lease_expires_at <= v_now)
-                       FOR UPDATE SKIP LOCKED;
-                    v_ok := FOUND;
-                END IF;
-                IF NOT v_ok THEN
-                    v_kt[l.lane] := NULL;
-                    SELECT y.lane, y.lease_owner, y.in_flight, y.chain_early, y.ctid INTO r FROM @S@.relaybus_lanes y
-                     WHERE y.handler = p_handler AND y.lane = l.lane
-                       AND (y.lease_owner IS NULL OR y.lease_expires_at <= v_now)
-                       FOR UPDATE SKIP LOCKED;
-                    v_ok := FOUND;
-                END IF;
-                CONTINUE WHEN NOT v_ok;
-                l := r;
-            END IF;
-            IF l.lease_owner IS NOT NULL AND cardinality(l.in_flight) > 0 THEN
-                -- a takeover: what the previous holder had in flight and may
-                -- have run was a lost attempt.  That is every unkeyed one
-                -- and, of a key, the first still pending, and those after it
-                -- that may have started: a chain's follower starts once the
-                -- completion of the one before it committed, or (chain_early)
-                -- once that one succeeded on its first attempt.  One behind a
-                -- pending delivery of its key that is not in flight here, or
-                -- is past its first attempt (or any, without chain_early),
-                -- never ran: it is not written at all (the new epoch fences
-                -- its old lease).  (Attempts as the claim read them: nothing
-                -- else changes them while a delivery is in flight.)
-                WITH c AS (
-                UPDATE @S@.relaybus_deliveries d
-                   SET attempts = d.attempts + 1, claims = d.claims + 1,
-                       status = CASE WHEN d.attempts + 1 >= p_max_attempts THEN 'dead' ELSE 'pending' END,
-                       last_error = 'lease of ' || l.lease_owner || ' expired: attempt lost',
-                       updated_at = v_now
-                 WHERE d.id = ANY (l.in_flight) AND d.status = 'pending'
-                   AND (d.key IS NULL OR l.chain_early IS NULL OR NOT EXISTS (
-                        SELECT 1 FROM @S@.relaybus_deliveries e
-                         WHERE e.handler = d.handler AND e.lane = d.lane AND e.key = d.key
-                           AND e.status = 'pending' AND e.sequence < d.sequence
-                           AND (NOT l.chain_early OR e.attempts > 0 OR NOT (e.id = ANY (l.in_flight)))
-                         OFFSET 0))
-                RETURNING d.status)
-                SELECT count(*), count(*) FILTER (WHERE c.status = 'dead') INTO v_nf, v_nb FROM c;
-                IF v_nf > 0 THEN
-                    -- (counted in the lane row's update below: no write of its own)
-                    IF v_cf IS NULL THEN
-                        v_cf := array_fill(0::bigint, ARRAY[256], ARRAY[0]);
-                        v_cb := v_cf;
-                    END IF;
-                    v_cf[l.lane] := v_cf[l.lane] + v_nf;
-                    v_cb[l.lane] := v_cb[l.lane] + v_nb;
-                END IF;
-                v_charged := v_charged || l.lane;
-            END IF;
-            v_new := v_new || l.lane;
-            v_lt[l.lane] := l.ctid;
-            EXIT WHEN cardinality(v_new) >= v_take;
-        END LOOP;
-        EXIT WHEN cardinality(v_new) = 0;
-        -- the next pass goes on after the last lane this one took: those
-        -- before it were probed (under a held snapshot each probe walks
-        -- every delivery of the lane completed since), and when this pass
-        -- found fewer than it wanted, every lane was
-        v_free := CASE WHEN cardinality(v_new) < v_take THEN '{}'
-                       WHEN v_global THEN ARRAY(SELECT u FROM unnest(v_free) u WHERE NOT (u = ANY (v_new)))
-                       ELSE coalesce(v_free[array_position(v_free, v_new[cardinality(v_new)]) + 1 : cardinality(v_free)], '{}') END;
-        v_held := v_held || v_new;
-        v_acquired := v_acquired || v_new;
-        SELECT array_agg(t.id), array_agg(t.lane), array_agg(t.event_id), array_agg(t.claims),
-               array_agg(t.attempts), array_agg(t.sequence), array_agg(t.created_at)
-          INTO v_ids, v_lanes, v_ev, v_claims, v_att, v_seq, v_cat
-          FROM (SELECT c.*, hl.lane FROM unnest(v_new) hl(lane)
-                CROSS JOIN LATERAL @S@.relaybus_lane_candidates(p_handler, hl.lane, v_now, '{}',
-                    least(p_batch - cardinality(v_picked), c_per_lane), p_chain,
-                    v_ucur[hl.lane], v_kcur[hl.lane]) c
-                LIMIT p_batch - cardinality(v_picked)) t;
-        v_picked := v_picked || coalesce(v_ids, '{}');
-        v_plane := v_plane || coalesce(v_lanes, '{}');
-        v_pev := v_pev || coalesce(v_ev, '{}');
-        v_pclaims := v_pclaims || coalesce(v_claims, '{}');
-        v_patt := v_patt || coalesce(v_att, '{}');
-        v_pseq := v_pseq || coalesce(v_seq, '{}');
-        v_pcat := v_pcat || coalesce(v_cat, '{}');
-        v_take := v_take * 2;
-    END LOOP;
-    -- no more lanes to take: top up from the lanes already in hand, if a
-    -- lane had more than its share (a lane that gave less has no more)
-    IF cardinality(v_picked) < p_batch AND cardinality(v_held) > 0
-       AND EXISTS (SELECT 1 FROM unnest(v_plane) u(ln) GROUP BY u.ln HAVING count(*) >= c_per_lane) THEN
-        FOR l IN SELECT u.ln, count(*) AS n FROM unnest(v_plane) u(ln) GROUP BY u.ln LOOP
-            v_room[l.ln] := greatest(v_room[l.ln] - l.n, 0);
-        END LOOP;
-        SELECT array_agg(t.id), array_agg(t.lane), array_agg(t.event_id), array_agg(t.claims),
-               array_agg(t.attempts), array_agg(t.sequence), array_agg(t.created_at)
-          INTO v_ids, v_lanes, v_ev, v_claims, v_att, v_seq, v_cat
-          FROM (SELECT c.*, hl.lane FROM unnest(v_held) hl(lane)
-                CROSS JOIN LATERAL @S@.relaybus_lane_candidates(p_handler, hl.lane, v_now, v_live || v_picked,
-                    least(p_batch - cardinality(v_picked), c_per_lane, v_room[hl.lane]), p_chain,
-                    v_ucur[hl.lane], v_kcur[hl.lane]) c
-                LIMIT p_batch - cardinality(v_picked)) t;
-        v_picked := v_picked || coalesce(v_ids, '{}');
-        v_plane := v_plane || coalesce(v_lanes, '{}');
-        v_pev := v_pev || coalesce(v_ev, '{}');
-        v_pclaims := v_pclaims || coalesce(v_claims, '{}');
-        v_patt := v_patt || coalesce(v_att, '{}');
-        v_pseq := v_pseq || coalesce(v_seq, '{}');
-        v_pcat := v_pcat || coalesce(v_cat, '{}');
+    s.searched := s.cursors AND cardinality(s.free_lanes) > 0;
+    IF cardinality(s.free_lanes) > 0 THEN
+        s := @S@.relaybus_claim_search(s);
     END IF;
-    -- 3. record: one write per lane that got work (acquired lanes get a new
-    -- epoch); in_flight = what still runs there + what this claim took.
-    -- Acquired lanes that got nothing are left alone (a free lane was only
-    -- locked), except a taken-over lane whose in-flight deliveries were
-    -- charged: it is freed with a new epoch so no one charges them twice.
-    -- Held lanes that run nothing and gave nothing when read to the end
-    -- are handed back at once (a lane passed over for a full batch may have
-    -- work: handing it back would only have it taken again, with a new
-    -- epoch).  Kept, a drained lane would be read again by every claim: in
-    -- a backlog drain, most of the held lanes soon are.
-    -- (the picks by lane, in the order taken within a lane)
-    SELECT array_agg(u.i ORDER BY u.ln, u.o), array_agg(u.ln ORDER BY u.ln, u.o) INTO v_pk, v_pkl
-      FROM unnest(v_picked, v_plane) WITH ORDINALITY u(i, ln, o);
-    v_used := '{}';
-    FOR l IN SELECT u.ln, count(*) AS n, min(u.o) AS o FROM unnest(v_pkl) WITH ORDINALITY u(ln, o)
-              GROUP BY u.ln LOOP
-        v_used := v_used || l.ln;
-        v_po[l.ln] := l.o;
-        v_pc[l.ln] := l.n;
-    END LOOP;
-    -- (every lane row written below was locked above, by this version:
-    -- each statement writes the rows of its versions, found by a TID scan
-    -- alone: the handler's name or a lane's number beside them would have
-    -- the planner walk the lanes' index instead, as it does when it plans
-    -- for any parameters, and under a held snapshot every version there)
-    v_ut := ARRAY(SELECT v_lt[u] FROM unnest(v_used) u);
-    IF array_position(v_ut || ARRAY(SELECT v_lt[u] FROM unnest(v_charged || v_scanned) u), NULL) IS NOT NULL THEN
-        RAISE EXCEPTION 'relaybus_claim_ids: a lane row to write was not locked';
+    -- no more lanes to take: more from those in hand, when the batch is
+    -- short and a lane gave its share (32: c_per_lane)
+    IF cardinality(s.pick_id) < s.batch AND cardinality(s.held) > 0
+       AND EXISTS (SELECT 1 FROM unnest(s.pick_lane) u(ln) GROUP BY u.ln HAVING count(*) >= 32) THEN
+        s := @S@.relaybus_claim_top_up(s);
     END IF;
-    WITH w AS (
-        UPDATE @S@.relaybus_lanes x
-           SET epoch = CASE WHEN x.lane = ANY (v_acquired) THEN x.epoch + 1 ELSE x.epoch END,
-               lease_owner = p_owner,
-               holder = p_holder,
-               holder_live = p_holder_live,
-               chain_early = p_chain_early,
-               lease_expires_at = v_expires,
-               failed = x.failed + coalesce(v_cf[x.lane], 0),
-               buried = x.buried + coalesce(v_cb[x.lane], 0),
-               in_flight = CASE WHEN x.lane = ANY (v_acquired) THEN '{}'::bigint[]
-                                WHEN v_lc IS NULL THEN
-                                    ARRAY(SELECT f FROM unnest(x.in_flight) f WHERE f = ANY (v_live))
-                                WHEN v_lc[x.lane] = 0 THEN '{}'::bigint[]
-                                ELSE ARRAY(SELECT f FROM unnest(x.in_flight) f
-                                            WHERE f = ANY (v_ls[v_lo[x.lane] : v_lo[x.lane] + v_lc[x.lane] - 1])) END
-                           || v_pk[v_po[x.lane] : v_po[x.lane] + v_pc[x.lane] - 1]
-         WHERE x.ctid = ANY (v_ut)
-        RETURNING x.lane, x.epoch, x.ctid)
-    SELECT array_agg(w.lane), array_agg(w.epoch), array_agg(w.ctid) INTO v_elanes, v_epochs, v_mt FROM w;
-    -- (the epochs by lane: a lookup per row, not a join the planner would
-    -- redo for every row)
-    FOR i IN 1 .. coalesce(cardinality(v_elanes), 0) LOOP
-        v_epoch[v_elanes[i]] := v_epochs[i];
-        v_lt[v_elanes[i]] := v_mt[i];
-    END LOOP;
-    IF cardinality(v_charged) > 0 THEN
-        WITH c AS (
-        UPDATE @S@.relaybus_lanes x
-           SET epoch = x.epoch + 1, lease_owner = NULL, holder = NULL, holder_live = NULL,
-               lease_expires_at = NULL, in_flight = '{}',
-               failed = x.failed + coalesce(v_cf[x.lane], 0), buried = x.buried + coalesce(v_cb[x.lane], 0)
-         WHERE x.ctid = ANY (ARRAY(SELECT v_lt[u] FROM unnest(v_charged) u WHERE NOT (u = ANY (v_used))))
-        RETURNING x.lane, x.ctid)
-        SELECT array_agg(c.lane), array_agg(c.ctid) INTO v_elanes, v_mt FROM c;
-        FOR i IN 1 .. coalesce(cardinality(v_elanes), 0) LOOP
-            v_lt[v_elanes[i]] := v_mt[i];
-        END LOOP;
-    END IF;
-    v_back := ARRAY(SELECT u FROM unnest(v_scanned) u WHERE NOT (u = ANY (v_used)));
-    IF cardinality(v_back) > 0 THEN
-        WITH b AS (
-        UPDATE @S@.relaybus_lanes x
-           SET lease_owner = NULL, holder = NULL, holder_live = NULL, lease_expires_at = NULL, in_flight = '{}'
-         WHERE x.ctid = ANY (ARRAY(SELECT v_lt[u] FROM unnest(v_back) u)) AND x.lease_owner = p_owner
-           AND x.holder IS NOT DISTINCT FROM p_holder
-           AND CASE WHEN v_lc IS NULL THEN NOT (x.in_flight && v_live)
-                    ELSE v_lc[x.lane] = 0
-                         OR NOT (x.in_flight && v_ls[v_lo[x.lane] : v_lo[x.lane] + v_lc[x.lane] - 1]) END
-        RETURNING x.lane, x.ctid)
-        SELECT coalesce(array_agg(b.lane), '{}'), array_agg(b.ctid) INTO v_backed, v_mt FROM b;
-        FOR i IN 1 .. cardinality(v_backed) LOOP
-            v_lt[v_backed[i]] := v_mt[i];
-        END LOOP;
-    END IF;
-    -- (in the order the passes took them: each lane's together, a key's in
+    -- 3. the lane rows written: leases, epochs, in_flight; drained lanes handed back
+    s := @S@.relaybus_claim_record(s);
+    -- the picks of the lanes written (in the order the passes took them: each lane's together, a key's in
     -- sequence order; a key is never in two passes, its head being live)
     RETURN QUERY
-        SELECT u.i, u.ev, p_handler, u.ln, v_epoch[u.ln], u.cl, u.att, u.seq, @S@.relaybus_ts(u.cat)
-          FROM unnest(v_picked, v_pev, v_plane, v_pclaims, v_patt, v_pseq, v_pcat) u(i, ev, ln, cl, att, seq, cat)
-         WHERE v_epoch[u.ln] >= 0;
-    IF NOT v_cur THEN
-        RETURN;
-    END IF;
+        SELECT u.i, u.ev, p_handler, u.ln, s.epoch[u.ln], u.cl, u.att, u.seq, @S@.relaybus_ts(u.cat)
+          FROM unnest(s.pick_id, s.pick_event, s.pick_lane, s.pick_claims, s.pick_attempts, s.pick_seq,
+                      s.pick_created) u(i, ev, ln, cl, att, seq, cat)
+         WHERE s.epoch[u.ln] >= 0;
     -- the cursors for the next claim, in rows without an id: handler
     -- names the value, event_id holds it as text
-    -- the lanes held now, with the versions of their rows
-    v_mine := ARRAY(SELECT DISTINCT u FROM unnest(coalesce(v_used, '{}') || v_held0) u
-                     WHERE u = ANY (v_used) OR NOT (u = ANY (v_backed)) ORDER BY u);
-    IF v_search THEN
-        SELECT least(coalesce(min(f.a), 'infinity'), v_b) INTO v_g FROM (
-            SELECT d.available_at AS a FROM @S@.relaybus_deliveries d
-             WHERE (d.handler || '') = p_handler AND d.status = 'pending' AND d.available_at >= v_g
-             ORDER BY d.available_at LIMIT 1) f;
+    IF s.cursors THEN
+        RETURN QUERY SELECT NULL::bigint, c.c_value, c.c_name, NULL::smallint, NULL::bigint, NULL::integer,
+                            NULL::integer, NULL::bigint, NULL::text
+          FROM @S@.relaybus_claim_cursors(s) c;
     END IF;
-    RETURN QUERY SELECT NULL::bigint, t.v, t.k, NULL::smallint, NULL::bigint, NULL::integer, NULL::integer,
-                        NULL::bigint, NULL::text
-      FROM (VALUES ('tick_x', v_tx::text), ('tick_c', CASE WHEN v_tx IS NOT NULL THEN v_now::text END),
-                   ('g', v_g::text),
-                   ('cl', ARRAY(SELECT i FROM generate_series(0, 255) i WHERE v_ucur[i] > v_g OR v_kcur[i] > v_g)::text),
-                   ('cu', ARRAY(SELECT v_ucur[i] FROM generate_series(0, 255) i WHERE v_ucur[i] > v_g OR v_kcur[i] > v_g)::text),
-                   ('ck', ARRAY(SELECT v_kcur[i] FROM generate_series(0, 255) i WHERE v_ucur[i] > v_g OR v_kcur[i] > v_g)::text),
-                   ('mine', v_mine::text),
-                   -- (the versions known, by lane: those this claim locked
-                   -- or wrote, else those it was given)
-                   ('mine_t', ARRAY(SELECT coalesce(v_lt[i], v_kt[i]) FROM generate_series(0, 255) i)::text),
-                   ('others', v_others::text),
-                   ('free_in', ceil(extract(epoch FROM v_free_at - v_now) * 1000)::bigint::text)) t(k, v);
 END $$;
 
 -- Claim and read in one statement (rb-claim, rb-dispatch --connections 1;

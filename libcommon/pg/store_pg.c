@@ -195,8 +195,8 @@ pg_open(struct rb_store *s, struct rb_error *err)
 	}
 	if (pg_cursors_env(&be->cursors, err) < 0)
 		return -1;
-	rb_sb_init(&be->claim_live);
-	rb_sb_init(&be->claim_live_lanes);
+	rb_sb_init(&be->claim.live);
+	rb_sb_init(&be->claim.live_lanes);
 	be->answer_claim = pg_claim_answer;
 	be->answer_complete = pg_complete_answer;
 	render_statements(s);
@@ -218,8 +218,8 @@ pg_close(struct rb_store *s)
 	free(be->wake_for);
 	free(be->user_path);
 	pg_cursors_free(&be->cursors);
-	free(be->claim_live.s);
-	free(be->claim_live_lanes.s);
+	free(be->claim.live.s);
+	free(be->claim.live_lanes.s);
 	for (size_t i = 0; i < N_STATEMENTS; i++)
 		free(*statement(be, i));
 	free(be);

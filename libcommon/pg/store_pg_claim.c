@@ -24,17 +24,31 @@
 #include "store_pg_int.h"
 #include "store_pg_steps.h"
 
+/*
+ * The claim's arguments, in the order of relaybus_claim(_ids)'s parameters
+ * (schema_pg.sql), named by enum claim_arg: the one place that spells
+ * them, for the four statements that claim.
+ */
+enum claim_arg {
+	CA_HANDLER, CA_OWNER, CA_BATCH, CA_LEASE_MS, CA_MAX_ATTEMPTS, CA_LIVE, CA_SEARCH, CA_CHAIN,
+	CA_LIVE_LANES, CA_HOLDER, CA_CHAIN_EARLY, CA_HOLDER_LIVE,
+	CA_CURSORS,		/* p_ticks_c ... p_mine_t: struct pg_cursors' params */
+	CLAIM_NPARAMS = CA_CURSORS + PG_CURSOR_PARAMS
+};
+#define PG_CLAIM_ARGS \
+    "($1, $2, $3::integer, $4::bigint, $5::integer, $6::bigint[], $7::boolean, $8::integer, " \
+    "$9::smallint[], $10::bigint, $11::boolean, $12::boolean, " \
+    "$13::timestamptz[], $14::xid8[], $15::smallint[], $16::timestamptz[], $17::timestamptz[], " \
+    "$18::timestamptz, $19::smallint[], $20::smallint[], $21::tid[])"
+_Static_assert(CLAIM_NPARAMS == 21, "PG_CLAIM_ARGS spells 21 parameters");
+
 const char pg_tmpl_claim[] =
     "SELECT id, event_id, handler, lane, epoch, claims, attempts, name, key, sequence, "
     "payload::text, headers::text, created_at "
-    "FROM @S@.relaybus_claim($1, $2, $3::integer, $4::bigint, $5::integer, $6::bigint[], $7::boolean, $8::integer, "
-    "$9::smallint[], $10::bigint, $11::boolean, $12::boolean, $13::timestamptz[], $14::xid8[], "
-    "$15::smallint[], $16::timestamptz[], $17::timestamptz[], $18::timestamptz, $19::smallint[], $20::smallint[], $21::tid[])";
+    "FROM @S@.relaybus_claim" PG_CLAIM_ARGS;
 /* the claim without events, for the second connection to read them */
 const char pg_tmpl_claim_ids[] = "SELECT id, event_id, handler, lane, epoch, claims, attempts, sequence, created_at "
-    "FROM @S@.relaybus_claim_ids($1, $2, $3::integer, $4::bigint, $5::integer, $6::bigint[], $7::boolean, $8::integer, "
-    "$9::smallint[], $10::bigint, $11::boolean, $12::boolean, $13::timestamptz[], $14::xid8[], "
-    "$15::smallint[], $16::timestamptz[], $17::timestamptz[], $18::timestamptz, $19::smallint[], $20::smallint[], $21::tid[])";
+    "FROM @S@.relaybus_claim_ids" PG_CLAIM_ARGS;
 /* the events of what a claim took, on the second connection, by the
  * position of their event id in $1 (the connection runs with
  * enable_seqscan off, as the claim does: young tables have no
@@ -79,13 +93,9 @@ const char pg_tmpl_relinquish_leases[] =
 const char pg_tmpl_w_claim[] =
     "SELECT id, event_id, handler, lane, epoch, claims, attempts, name, key, sequence, "
     "payload::text, headers::text, created_at "
-    "FROM @S@.relaybus_worker_claim($1, $2, $3::integer, $4::bigint, $5::integer, $6::bigint[], $7::boolean, "
-    "$8::integer, $9::smallint[], $10::bigint, $11::boolean, $12::boolean, $13::timestamptz[], $14::xid8[], "
-    "$15::smallint[], $16::timestamptz[], $17::timestamptz[], $18::timestamptz, $19::smallint[], $20::smallint[], $21::tid[])";
+    "FROM @S@.relaybus_worker_claim" PG_CLAIM_ARGS;
 const char pg_tmpl_w_claim_ids[] = "SELECT id, event_id, handler, lane, epoch, claims, attempts, sequence, created_at "
-    "FROM @S@.relaybus_worker_claim_ids($1, $2, $3::integer, $4::bigint, $5::integer, $6::bigint[], $7::boolean, "
-    "$8::integer, $9::smallint[], $10::bigint, $11::boolean, $12::boolean, $13::timestamptz[], $14::xid8[], "
-    "$15::smallint[], $16::timestamptz[], $17::timestamptz[], $18::timestamptz, $19::smallint[], $20::smallint[], $21::tid[])";
+    "FROM @S@.relaybus_worker_claim_ids" PG_CLAIM_ARGS;
 const char pg_tmpl_w_fetch[] =
     "SELECT p.o, e.name, e.key, e.payload::text, e.headers::text "
     "FROM unnest($1::text[]) WITH ORDINALITY p(eid, o) "
@@ -98,27 +108,28 @@ const char pg_tmpl_w_relinquish_leases[] =
 
 /* ---- claim --------------------------------------------------------------- */
 
-/* relaybus_claim's parameters: handler, owner, batch, lease, max attempts,
- * live ids, search, chain, live lanes, holder, chain early, holder live,
- * and the nine of the claim cursors (store_pg_cursor.c) */
-enum { CLAIM_NPARAMS = 12 + PG_CURSOR_PARAMS };
-
-/* The claim's parameters, from what claim_params keeps for a retry (the
- * tenth, the holder, is the store's for its whole life). */
+/* The claim's parameter list: be->claim (claim_params keeps it for a
+ * retry), the store's holder, and the cursors, each at its place. */
 static void
 claim_param_list(const struct pg_be *be, const char *params[CLAIM_NPARAMS])
 {
-	for (int i = 0; i < 5; i++)
-		params[i] = be->claim_params[i];
-	params[5] = be->claim_live_known ? be->claim_live.s : NULL;
-	params[6] = be->claim_quiet ? "false" : "true";
-	params[7] = be->claim_chain;
-	params[8] = be->claim_lanes_known ? be->claim_live_lanes.s : NULL;
-	params[9] = be->holder;
-	params[10] = be->claim_early ? "true" : "false";
-	params[11] = be->live == PG_LIVE_HELD ? "true" : "false";
+	const struct pg_claim_args *a = &be->claim;
+
+	params[CA_HANDLER] = a->handler;
+	params[CA_OWNER] = a->owner;
+	params[CA_BATCH] = a->batch;
+	params[CA_LEASE_MS] = a->lease_ms;
+	params[CA_MAX_ATTEMPTS] = a->max_attempts;
+	params[CA_LIVE] = a->live_known ? a->live.s : NULL;
+	params[CA_SEARCH] = a->search ? "true" : "false";
+	params[CA_CHAIN] = a->chain;
+	params[CA_LIVE_LANES] = a->lanes_known ? a->live_lanes.s : NULL;
+	/* (the holder is the store's for its whole life) */
+	params[CA_HOLDER] = be->holder;
+	params[CA_CHAIN_EARLY] = a->chain_early ? "true" : "false";
+	params[CA_HOLDER_LIVE] = be->live == PG_LIVE_HELD ? "true" : "false";
 	for (int i = 0; i < PG_CURSOR_PARAMS; i++)
-		params[12 + i] = be->cursors.params[i];
+		params[CA_CURSORS + i] = be->cursors.params[i];
 }
 
 /* ---- the liveness lock ---------------------------------------------------- */
@@ -150,46 +161,48 @@ live_ensure(struct rb_store *s, struct rb_error *err)
 	return 0;
 }
 
-/* The claim's parameters, as text, in be->claim_params (the caller checked
- * that handler and owner fit); the sixth, the ids still running, is NULL
- * when the caller does not know them. */
+/* The claim's arguments, as text, in be->claim (the caller checked that
+ * handler and owner fit), and its parameter list; p_live, the ids still
+ * running, is NULL when the caller does not know them. */
 static void
 claim_params(struct pg_be *be, const struct rb_claim_opts *o, const char *params[CLAIM_NPARAMS])
 {
-	snprintf(be->claim_params[0], sizeof be->claim_params[0], "%s", o->handler);
-	snprintf(be->claim_params[1], sizeof be->claim_params[1], "%s", o->owner);
-	snprintf(be->claim_params[2], sizeof be->claim_params[2], "%d", o->batch);
-	snprintf(be->claim_params[3], sizeof be->claim_params[3], "%" PRId64, o->lease_ms);
-	snprintf(be->claim_params[4], sizeof be->claim_params[4], "%d", o->max_attempts);
+	struct pg_claim_args *a = &be->claim;
+
+	snprintf(a->handler, sizeof a->handler, "%s", o->handler);
+	snprintf(a->owner, sizeof a->owner, "%s", o->owner);
+	snprintf(a->batch, sizeof a->batch, "%d", o->batch);
+	snprintf(a->lease_ms, sizeof a->lease_ms, "%" PRId64, o->lease_ms);
+	snprintf(a->max_attempts, sizeof a->max_attempts, "%d", o->max_attempts);
 	/* (the caller's, and what earlier claims took that is still being
 	 * read here: the caller does not have those yet) */
-	be->claim_live.len = 0;
-	be->claim_live_known = o->live != NULL;
+	a->live.len = 0;
+	a->live_known = o->live != NULL;
 	if (o->live != NULL) {
-		pg_arr_start(&be->claim_live);
+		pg_arr_start(&a->live);
 		for (size_t i = 0; i < o->n_live; i++)
-			pg_arr_int(&be->claim_live, o->live[i]);
+			pg_arr_int(&a->live, o->live[i]);
 		for (size_t i = 0; i < be->fetch.n; i++)
-			pg_arr_int(&be->claim_live, be->fetch.v[i]->id);
+			pg_arr_int(&a->live, be->fetch.v[i]->id);
 		for (size_t i = 0; i < be->waiting.n; i++)
-			pg_arr_int(&be->claim_live, be->waiting.v[i]->id);
-		pg_arr_end(&be->claim_live);
+			pg_arr_int(&a->live, be->waiting.v[i]->id);
+		pg_arr_end(&a->live);
 	}
-	be->claim_live_lanes.len = 0;
-	be->claim_lanes_known = o->live != NULL && o->live_lanes != NULL;
-	if (be->claim_lanes_known) {
-		pg_arr_start(&be->claim_live_lanes);
+	a->live_lanes.len = 0;
+	a->lanes_known = o->live != NULL && o->live_lanes != NULL;
+	if (a->lanes_known) {
+		pg_arr_start(&a->live_lanes);
 		for (size_t i = 0; i < o->n_live; i++)
-			pg_arr_int(&be->claim_live_lanes, o->live_lanes[i]);
+			pg_arr_int(&a->live_lanes, o->live_lanes[i]);
 		for (size_t i = 0; i < be->fetch.n; i++)
-			pg_arr_int(&be->claim_live_lanes, be->fetch.v[i]->lease.lane);
+			pg_arr_int(&a->live_lanes, be->fetch.v[i]->lease.lane);
 		for (size_t i = 0; i < be->waiting.n; i++)
-			pg_arr_int(&be->claim_live_lanes, be->waiting.v[i]->lease.lane);
-		pg_arr_end(&be->claim_live_lanes);
+			pg_arr_int(&a->live_lanes, be->waiting.v[i]->lease.lane);
+		pg_arr_end(&a->live_lanes);
 	}
-	be->claim_quiet = o->held_only;
-	be->claim_early = o->chain_early;
-	snprintf(be->claim_chain, sizeof be->claim_chain, "%d", o->chain > 1 ? o->chain : 1);
+	a->search = !o->held_only;
+	a->chain_early = o->chain_early;
+	snprintf(a->chain, sizeof a->chain, "%d", o->chain > 1 ? o->chain : 1);
 	pg_cursors_params(&be->cursors, o->handler, o->cursors);
 	claim_param_list(be, params);
 }

@@ -74,6 +74,26 @@ struct pg_cursors {
 	const char *params[PG_CURSOR_PARAMS];
 };
 
+/*
+ * One claim's arguments by name, as the text of the statement's
+ * parameters (relaybus_claim, relaybus_claim_ids and their worker doors
+ * take the same: PG_CLAIM_ARGS in store_pg_claim.c), kept for a retry.
+ * The holder (p_holder, p_holder_live) is the store's, and the nine
+ * cursors are struct pg_cursors' params: claim_param_list (store_pg_claim.c)
+ * makes the parameter list of the three, the one place that knows the order.
+ */
+struct pg_claim_args {
+	char	 handler[256], owner[256];	/* p_handler, p_owner */
+	char	 batch[16], lease_ms[24];	/* p_batch, p_lease_ms */
+	char	 max_attempts[16], chain[16];	/* p_max_attempts, p_chain (1: heads only) */
+	struct rb_sbuf live;		/* p_live ("{1,2}"): the ids still running ... */
+	bool	 live_known;		/* ... when the caller knows them (else NULL) */
+	struct rb_sbuf live_lanes;	/* p_live_lanes: their lanes ... */
+	bool	 lanes_known;		/* ... when known (else NULL) */
+	bool	 search;		/* p_search: look for more lanes */
+	bool	 chain_early;		/* p_chain_early */
+};
+
 int	pg_cursors_env(struct pg_cursors *, struct rb_error *);
 void	pg_cursors_drop(struct pg_cursors *, bool all);
 void	pg_cursors_free(struct pg_cursors *);
@@ -132,16 +152,9 @@ struct pg_be {
 	 * parameters, kept for a retry, and whether it reads the events on
 	 * conn2 (relaybus_claim_ids) */
 	int	 claim_tries;
-	char	 claim_params[5][256];	/* handler, owner, batch, lease, max_attempts */
-	struct rb_sbuf claim_live;	/* ... the sixth: p_live ("{1,2}") */
-	struct rb_sbuf claim_live_lanes;	/* ... the ninth: their lanes */
-	bool	 claim_lanes_known;
-	bool	 claim_live_known;
-	bool	 claim_quiet;		/* ... the seventh: p_search false */
-	bool	 claim_early;		/* ... the eleventh: p_chain_early */
-	char	 claim_chain[16];	/* ... the eighth: p_chain */
+	struct pg_claim_args claim;	/* (the holder's two and the cursors' nine are below) */
 	bool	 claim_ids;
-	struct pg_cursors cursors;	/* ... the thirteenth to twenty-first */
+	struct pg_cursors cursors;	/* ... the claim cursors */
 	struct pg_claimed fetch;	/* being read on conn2 (job2 PG_FETCH) ... */
 	struct pg_claimed waiting;	/* ... and the next, waiting for conn2 */
 	/* the completion out on conn or conn3 (job or job3 PG_COMPLETE) */
