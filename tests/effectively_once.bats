@@ -105,7 +105,7 @@ attempt_of() { q "SELECT string_agg(attempt::text, ',') FROM eo_rows WHERE handl
   crashed_after x1 e3 && crashed_after x1 e6
   crashed_before x1 e2
   [ "$(attempt_of x1 e2)" = 2 ]
-  [[ "$stderr" == *" 8 completed, 1 rescheduled, "*", 0 lost, 8 completed by the handler"* ]]
+  [[ "$stderr" == *" 8 completed, 1 failed and rescheduled, 0 dead, "*", 0 lost, 8 completed by the handler"* ]]
 }
 
 # rb-claim | HANDLER | rb-complete -o until nothing is left (a crashed

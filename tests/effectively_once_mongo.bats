@@ -96,7 +96,7 @@ attempt_of() { rbq find eo_docs "{\"handler\":\"$1\",\"event_id\":\"$2\"}" attem
   crashed_after x1 e6
   crashed_before x1 e2
   [ "$(attempt_of x1 e2)" = 2 ]
-  [[ "$stderr" == *" 8 completed, 1 rescheduled, "*", 0 lost, 8 completed by the handler"* ]]
+  [[ "$stderr" == *" 8 completed, 1 failed and rescheduled, 0 dead, "*", 0 lost, 8 completed by the handler"* ]]
 }
 
 @test "rb-claim | Python handler | rb-complete: crashes before and after the commit; \"completed\" lines count as completed by the handler" {
