@@ -79,8 +79,9 @@ publish() {  # n prefix name [keyed]
   H=mr O=host-b
   rb-setup -s 'mr:r.*'
   local m=$BATS_TEST_TMPDIR/rb.prom go=$BATS_TEST_TMPDIR/go
+  # (a handler that waits for $go, a minute at most: none outlives a failed test)
   rb-dispatch -q -H mr --owner "$O" --metrics-file "$m" --stats-every 200ms --poll 100ms \
-    --exec "while [ ! -e '$go' ]; do sleep 0.05; done" 3>&- &
+    --exec "n=0; while [ ! -e '$go' ] && [ \$n -lt 1200 ]; do sleep 0.05; n=\$((n + 1)); done" 3>&- &
   PIDS="$!"
   wait_for 20 '[ -e "$m" ]'
   # (the first file held open: a freed inode's number may come back for the
