@@ -119,6 +119,15 @@ check_pg(const char *s)
 				elsewhere = true;
 		if (strstr("postgresql://xxxxx", pw) != NULL)
 			elsewhere = true;
+		/* spelled twice in the text: by a value libpq does not keep (a
+		 * URL's user overridden by ?user=), which stays as written; the
+		 * parse above has checked the password itself is masked */
+		{
+			const char *at = strstr(s, pw);
+
+			if (at != NULL && strstr(at + 1, pw) != NULL)
+				elsewhere = true;
+		}
 		/* a keyword given twice: libpq keeps the last value, and the
 		 * text still holds the earlier one, which may spell it */
 		for (size_t j = 0; o[j].keyword != NULL && !elsewhere; j++) {
