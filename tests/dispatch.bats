@@ -683,6 +683,25 @@ s2|dead|5" ]
   [ "$(jq -c '[.pending, .dead]' <<<"${lines[0]}")" = "[0,120]" ]
 }
 
+@test "a key whose every delivery fails once: its followers are not claimed again behind each retry (the chain halves)" {
+  need_pg
+  local out=$BATS_TEST_TMPDIR/fo.out
+  # 40 deliveries of one key, 40 unkeyed; a chain of 16 handed back whole
+  # behind each failure was claimed again behind each retry: 456 released
+  # and 616 claimed (23 and 183 with the chain halved)
+  publish 80 fo firstfail 1
+  run -0 --separate-stderr rb-dispatch -H firstfail --pipe "rb-test-pipe $out first-fails" --chain 16 -c 64 --settle -v
+  [ "$(pending firstfail)" = 0 ]
+  [ "$(awk '$4 == 1' "$out" | wc -l)" = 80 ]
+  awk '$4 == 2' "$out" >"$out.ok"
+  [ "$(wc -l <"$out.ok")" = 80 ]
+  [ "$(order_violations "$out.ok")" = 0 ]
+  local released
+  released=$(sed -n 's/.* \([0-9]*\) released, .*/\1/p' <<<"$stderr")
+  [ -n "$released" ]
+  [ "$released" -lt 40 ]
+}
+
 @test "a dead --pipe co-process is restarted; its in-flight deliveries fail and run again" {
   need_pg
   local out=$BATS_TEST_TMPDIR/p.out

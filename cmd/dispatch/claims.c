@@ -136,6 +136,10 @@ chain_next(struct dispatcher *dp, struct chain *followers, unsigned gen, bool go
 	}
 	for (size_t i = followers->at; i < followers->n; i++)
 		queue_result(dp, followers->v[i], verdict_release(), gen, NULL);
+	if (n > 0 && dp->stop_level == 0 && dp->chain_now > 1) {
+		dp->chain_now /= 2;
+		rb_debug("chain %d: %zu followers handed back unrun", dp->chain_now, n);
+	}
 	dp->nwait -= (int)n;
 	followers->at = followers->n;
 	chain_free(followers);
@@ -292,7 +296,7 @@ maybe_claim(struct dispatcher *dp, int64_t now)
 	    .batch = free_slots < dp->opt.batch ? free_slots : dp->opt.batch, .lease_ms = dp->opt.lease_ms,
 	    .max_attempts = dp->opt.complete.max_attempts };
 	claim.n_live = live_ids(dp);
-	claim.chain = dp->opt.chain;
+	claim.chain = dp->chain_now;
 	/* followers start early (finish_slot) unless the handler is the
 	 * completion (--sql) or --strict-order: the claim's takeover rule
 	 * must be the same */

@@ -254,6 +254,11 @@ struct dispatcher {
 	size_t		 nqueue, capqueue;
 	int64_t		 queue_since;	/* when the first of them was queued */
 	int		 nwait;		/* chain followers waiting for their turn */
+	/* the chain the next claim asks for: opt.chain, halved each time a
+	 * key's delivery failed with followers behind it (they go back
+	 * unrun and would be claimed again behind each retry), and one more
+	 * with each keyed delivery that succeeds at its first attempt */
+	int		 chain_now;
 
 	/* the connection */
 	bool		 db_down;

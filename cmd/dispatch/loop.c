@@ -431,6 +431,7 @@ dispatcher_new(const struct dispatch_opts *o)
 
 	dp->opt = *o;
 	dp->wake = true;
+	dp->chain_now = o->chain > 0 ? o->chain : 1;
 	dp->reconnect_backoff = 100;
 	dp->metrics.started_ms = rb_wall_ms();
 	dp->owner_base = o->owner != NULL ? xstrdup(o->owner) : rb_cli_owner();

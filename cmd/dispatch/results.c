@@ -83,6 +83,9 @@ finish_slot(struct dispatcher *dp, struct slot *s, struct verdict v)
 	bool go = followers != NULL && chain_early(dp) && d->attempt == 1 &&
 	    (v.v == RB_VERDICT_OK || v.v == RB_VERDICT_DONE) && dp->stop_level == 0;
 
+	if (d->key != NULL && d->attempt == 1 && (v.v == RB_VERDICT_OK || v.v == RB_VERDICT_DONE) &&
+	    dp->chain_now < dp->opt.chain)
+		dp->chain_now++;
 	if (v.v != RB_VERDICT_RELEASE)
 		metrics_finished(dp, s, rb_mono_ms());
 	queue_result(dp, d, v, gen, go ? NULL : followers);
