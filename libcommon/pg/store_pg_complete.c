@@ -77,7 +77,7 @@ const char pg_tmpl_complete_hist[] = COMPLETE_CTE
 const char pg_tmpl_fail[] =
     "SELECT ord, outcome, attempts, missing FROM @S@.relaybus_fail($1::text[], $2::text[], "
     "$3::smallint[], $4::bigint[], $5::integer[], $6::text[], $7::bigint[], $8::text[], "
-    "$9::integer, $10::bigint, $11::bigint, $12::double precision) ORDER BY ord";
+    "$9::integer, $10::bigint, $11::bigint, $12::double precision, $13::bigint[]) ORDER BY ord";
 /* (--sql: the lane row locked for the caller's transaction) */
 const char pg_tmpl_lock_lane[] =
     "SELECT 1 FROM @S@.relaybus_lanes WHERE handler = $1 AND lane = $2::smallint AND epoch = $3::bigint "
@@ -91,7 +91,7 @@ const char pg_tmpl_w_complete[] =
 const char pg_tmpl_w_fail[] =
     "SELECT ord, outcome, attempts, missing FROM @S@.relaybus_worker_fail($1::text[], $2::text[], "
     "$3::smallint[], $4::bigint[], $5::integer[], $6::text[], $7::bigint[], $8::text[], "
-    "$9::integer, $10::bigint, $11::bigint, $12::double precision) ORDER BY ord";
+    "$9::integer, $10::bigint, $11::bigint, $12::double precision, $13::bigint[]) ORDER BY ord";
 const char pg_tmpl_w_lock_lane[] = "SELECT 1 WHERE @S@.relaybus_lock_lane($1, $2::smallint, $3::bigint)";
 
 /* ---- the fence arrays ------------------------------------------------------ */
@@ -589,9 +589,9 @@ complete_fail(struct rb_store *s, const struct rb_complete_opts *o, struct rb_re
 	snprintf(base, sizeof base, "%" PRId64, o->backoff.base_ms);
 	snprintf(maxms, sizeof maxms, "%" PRId64, o->backoff.max_ms);
 	snprintf(factor, sizeof factor, "%g", o->backoff.factor);
-	const char *params[12] = { a.ev.s, a.h.s, a.lane.s, a.epoch.s, a.claims.s, kinds.s, retry.s,
-	    errors.s, maxa, base, maxms, factor };
-	res = pg_run(s, pg_be(s)->q_fail, 12, params, PGRES_TUPLES_OK, "reschedule", true, err);
+	const char *params[13] = { a.ev.s, a.h.s, a.lane.s, a.epoch.s, a.claims.s, kinds.s, retry.s,
+	    errors.s, maxa, base, maxms, factor, a.id.s };
+	res = pg_run(s, pg_be(s)->q_fail, 13, params, PGRES_TUPLES_OK, "reschedule", true, err);
 	fa_free(&a);
 	free(kinds.s);
 	free(retry.s);
