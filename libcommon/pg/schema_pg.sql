@@ -1697,8 +1697,9 @@ END $$;
 -- its event).  The lanes are locked first, in lane order, as the claim
 -- does, so that the two cannot deadlock; then the deliveries found by id
 -- (p_ids, as the claim gave them: the primary key; NULL: through the
--- lane's in-flight ids) are written; then each lane once, its in_flight
--- without them and its counters.  One row per input, in input order.
+-- lane's in-flight ids) are written, fenced as a completion is; then each
+-- lane once, its in_flight without them and its counters.  One row per
+-- input, in input order.
 DROP FUNCTION IF EXISTS @S@.relaybus_worker_fail(text[], text[], smallint[], bigint[], integer[], text[], bigint[],
     text[], integer, bigint, bigint, double precision);
 DROP FUNCTION IF EXISTS @S@.relaybus_fail(text[], text[], smallint[], bigint[], integer[], text[], bigint[],
@@ -1725,45 +1726,30 @@ BEGIN
     l AS (SELECT x.handler, x.lane, x.epoch, x.in_flight FROM @S@.relaybus_lanes x
            WHERE (x.handler, x.lane) IN (SELECT DISTINCT r.handler, r.lane FROM r)
            ORDER BY x.handler, x.lane FOR NO KEY UPDATE),
-    by_id AS (UPDATE @S@.relaybus_deliveries d
-                 SET attempts = d.attempts + CASE WHEN r.kind = 'release' THEN 0 ELSE 1 END,
-                     claims = d.claims + 1, updated_at = v_now,
-                     last_error = CASE WHEN r.kind = 'release' THEN d.last_error ELSE r.error END,
-                     created_at = CASE WHEN r.kind = 'release' THEN d.created_at
-                                       ELSE coalesce(d.created_at, d.available_at) END,
-                     status = CASE WHEN r.kind = 'bury' OR (r.kind <> 'release' AND d.attempts + 1 >= p_max_attempts)
-                                   THEN 'dead' ELSE 'pending' END,
-                     available_at = CASE WHEN r.kind = 'release' THEN d.available_at
-                         ELSE v_now + least(p_max_ms::double precision,
-                             coalesce(r.retry_ms::double precision,
-                                      p_base_ms * power(p_factor, least(d.attempts, 60))))
-                             * interval '1 millisecond' END
-                FROM r, l
-               WHERE r.id IS NOT NULL AND d.id = r.id AND d.event_id = r.event_id COLLATE "C"
-                 AND d.handler = r.handler COLLATE "C" AND d.lane = r.lane AND d.claims = r.claims
-                 AND d.status = 'pending' AND l.handler = r.handler AND l.lane = r.lane
-                 AND l.epoch = r.epoch AND l.in_flight @> ARRAY[d.id]
-              RETURNING r.ord, d.id, d.handler, d.lane, d.attempts, d.status, r.kind),
-    by_key AS (UPDATE @S@.relaybus_deliveries d
-                 SET attempts = d.attempts + CASE WHEN r.kind = 'release' THEN 0 ELSE 1 END,
-                     claims = d.claims + 1, updated_at = v_now,
-                     last_error = CASE WHEN r.kind = 'release' THEN d.last_error ELSE r.error END,
-                     created_at = CASE WHEN r.kind = 'release' THEN d.created_at
-                                       ELSE coalesce(d.created_at, d.available_at) END,
-                     status = CASE WHEN r.kind = 'bury' OR (r.kind <> 'release' AND d.attempts + 1 >= p_max_attempts)
-                                   THEN 'dead' ELSE 'pending' END,
-                     available_at = CASE WHEN r.kind = 'release' THEN d.available_at
-                         ELSE v_now + least(p_max_ms::double precision,
-                             coalesce(r.retry_ms::double precision,
-                                      p_base_ms * power(p_factor, least(d.attempts, 60))))
-                             * interval '1 millisecond' END
-                FROM r, l
-               WHERE r.id IS NULL AND d.id = ANY (l.in_flight) AND d.event_id = r.event_id
-                 AND d.handler = r.handler AND d.lane = r.lane AND d.claims = r.claims
-                 AND d.status = 'pending' AND l.handler = r.handler AND l.lane = r.lane
-                 AND l.epoch = r.epoch
-              RETURNING r.ord, d.id, d.handler, d.lane, d.attempts, d.status, r.kind),
-    u AS (SELECT * FROM by_id UNION ALL SELECT * FROM by_key),
+    -- each result's delivery: its id, or found through its lane's in-flight ids
+    t AS (SELECT r.*, coalesce(r.id, (SELECT d.id FROM l JOIN @S@.relaybus_deliveries d ON d.id = ANY (l.in_flight)
+                                       WHERE l.handler = r.handler AND l.lane = r.lane
+                                         AND d.event_id = r.event_id AND d.handler = r.handler
+                                         AND d.status = 'pending' LIMIT 1)) AS did
+            FROM r),
+    u AS (UPDATE @S@.relaybus_deliveries d
+             SET attempts = d.attempts + CASE WHEN t.kind = 'release' THEN 0 ELSE 1 END,
+                 claims = d.claims + 1, updated_at = v_now,
+                 last_error = CASE WHEN t.kind = 'release' THEN d.last_error ELSE t.error END,
+                 created_at = CASE WHEN t.kind = 'release' THEN d.created_at
+                                   ELSE coalesce(d.created_at, d.available_at) END,
+                 status = CASE WHEN t.kind = 'bury' OR (t.kind <> 'release' AND d.attempts + 1 >= p_max_attempts)
+                               THEN 'dead' ELSE 'pending' END,
+                 available_at = CASE WHEN t.kind = 'release' THEN d.available_at
+                     ELSE v_now + least(p_max_ms::double precision,
+                         coalesce(t.retry_ms::double precision,
+                                  p_base_ms * power(p_factor, least(d.attempts, 60))))
+                         * interval '1 millisecond' END
+            FROM t, l
+           WHERE d.id = t.did AND d.event_id = t.event_id COLLATE "C" AND d.handler = t.handler COLLATE "C"
+             AND d.lane = t.lane AND d.claims = t.claims AND d.status = 'pending'
+             AND l.handler = t.handler AND l.lane = t.lane AND l.epoch = t.epoch AND l.in_flight @> ARRAY[d.id]
+          RETURNING t.ord, d.id, d.handler, d.lane, d.attempts, d.status, t.kind),
     lu AS (UPDATE @S@.relaybus_lanes x
               SET in_flight = ARRAY(SELECT f.i FROM unnest(x.in_flight) WITH ORDINALITY f(i, o)
                                      WHERE f.i <> ALL (g.ids) ORDER BY f.o),
