@@ -162,6 +162,53 @@ rb_dl_fill(struct rb_dl *d, const struct rb_delivery_fields *c, struct rb_sbuf *
 }
 
 void
+rb_dl_again(struct rb_dl *d, int attempts)
+{
+	static const char at[] = ",\"attempt\":", ca[] = "\",\"created_at\":";
+	size_t lk = d->key != NULL ? strlen(d->key) + 1 : 0, a = 0, c = 0;
+	const char *t = d->text;
+	char token[64], num[32];
+	struct rb_sbuf b;
+
+	d->attempt = attempts + 1;
+	d->lease.claims++;
+	if (!d->fetched)
+		return;
+	/* (the last attempt member: the payload and headers, written before
+	 * it, may hold those words; nothing after it can but the lease) */
+	for (size_t i = 0; i + sizeof at - 1 <= d->tlen; i++)
+		if (memcmp(t + i, at, sizeof at - 1) == 0)
+			a = i;
+	for (size_t i = a; a > 0 && i + sizeof ca - 1 <= d->tlen; i++)
+		if (memcmp(t + i, ca, sizeof ca - 1) == 0) {
+			c = i;
+			break;
+		}
+	if (a == 0 || c == 0)
+		return;		/* (cannot happen: rb_delivery_line wrote it) */
+	rb_lease_format(&d->lease, token, sizeof token);
+	rb_sb_init(&b);
+	rb_sb_putn(&b, t, a);
+	rb_sb_puts(&b, at);
+	rb_sb_putn(&b, num, rb_fmt_int(num, d->attempt));
+	rb_sb_puts(&b, ",\"lease\":\"");
+	rb_sb_puts(&b, token);
+	rb_sb_putn(&b, t + c, d->tlen - c);
+	char *mem = xmalloc(lk + b.len + 1);
+
+	if (lk > 0)
+		memcpy(mem, d->key, lk);
+	memcpy(mem + lk, b.s, b.len);
+	mem[lk + b.len] = '\0';
+	free(d->mem);
+	d->mem = mem;
+	d->key = lk > 0 ? mem : NULL;
+	d->text = mem + lk;
+	d->tlen = b.len;
+	free(b.s);
+}
+
+void
 rb_dl_free(struct rb_dl *d)
 {
 	if (d == NULL)

@@ -289,6 +289,12 @@ struct rb_dl {
 	char		*mem;		/* (what key and text point into) */
 };
 void	rb_dl_free(struct rb_dl *);
+/**
+ * d failed and was kept in flight (rb_result.kept) with attempts recorded:
+ * it becomes the next attempt, its lease's claims one up, its line said
+ * again with both (the rest of the line as it was).
+ */
+void	rb_dl_again(struct rb_dl *d, int attempts);
 
 /* What the handler said of an attempt. */
 enum rb_verdict {
@@ -327,6 +333,8 @@ struct rb_result {
 	enum rb_verdict	 verdict;
 	const char	*error;		/* why it failed; NULL: "handler failed" (no reason for OK) */
 	int64_t		 retry_ms;	/* FAIL: retry after this; < 0: the backoff's delay */
+	bool		 keep;		/* FAIL: when its retry is due at once, keep it in flight
+					 * under this lease (kept), to run it again without a claim */
 	/* rb_complete_opts.sql: the result as JSON text, $1 of the statement */
 	const char	*json;
 	/* ---- the outcome ---- */
@@ -336,6 +344,9 @@ struct rb_result {
 					 * said so, or its delivery was found gone while the lease
 					 * still held (the handler committed, its answer was lost) */
 	int		 attempts;	/* a failure's attempts so far, as recorded; -1: not told */
+	bool		 kept;		/* RESCHEDULED, and (keep) still in flight under the lease,
+					 * its claims one up: run it again (rb_dl_again); a store
+					 * that cannot keep one leaves it false (PostgreSQL can) */
 	char		*sql_error;	/* the sql statement failed (the result then took the
 					 * failure path): why, a new string the caller frees */
 };

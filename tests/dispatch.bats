@@ -683,12 +683,13 @@ s2|dead|5" ]
   [ "$(jq -c '[.pending, .dead]' <<<"${lines[0]}")" = "[0,120]" ]
 }
 
-@test "a key whose every delivery fails once: its followers are not claimed again behind each retry (the chain halves)" {
+@test "a failure due again at once runs again under the lane held: nothing claimed twice, its key's followers stay behind it" {
   need_pg
   local out=$BATS_TEST_TMPDIR/fo.out
-  # 40 deliveries of one key, 40 unkeyed; a chain of 16 handed back whole
-  # behind each failure was claimed again behind each retry: 456 released
-  # and 616 claimed (23 and 183 with the chain halved)
+  # 40 deliveries of one key, 40 unkeyed, every first attempt failing with
+  # "retry_ms":0.  Each failure was handed back and claimed again, the
+  # chain of 16 behind a keyed one handed back with it: 183 claimed and 23
+  # released (456 and 616 before the chain halved)
   publish 80 fo firstfail 1
   run -0 --separate-stderr rb-dispatch -H firstfail --pipe "rb-test-pipe $out first-fails" --chain 16 -c 64 --settle -v
   [ "$(pending firstfail)" = 0 ]
@@ -696,8 +697,34 @@ s2|dead|5" ]
   awk '$4 == 2' "$out" >"$out.ok"
   [ "$(wc -l <"$out.ok")" = 80 ]
   [ "$(order_violations "$out.ok")" = 0 ]
+  [[ "$stderr" == *": 80 claimed, 80 completed, 80 failed and rescheduled, 0 dead, 0 released, 0 lost,"* ]]
+  # the attempts and the lanes' counters as for any failure
+  [ "$(q "SELECT sum(failed) FROM relaybus_lanes WHERE handler = 'firstfail'")" = 80 ]
+}
+
+@test "a key whose every delivery fails with a delay: its followers are not claimed again behind each retry (the chain halves)" {
+  need_pg
+  local out=$BATS_TEST_TMPDIR/fd.out
+  # as above, "retry_ms":20: the retry is claimed again once due, and a
+  # chain of 16 handed back whole behind each failure was claimed again
+  # behind each retry: 456 released and 616 claimed (23 and 183 halved)
+  publish 80 fd faildelay 1
+  rb-dispatch -H faildelay --pipe "rb-test-pipe $out first-fails:20" --chain 16 -c 64 --poll 50ms -v \
+    2>"$BATS_TEST_TMPDIR/fd.err" 3>&- &
+  local pid=$! i
+  for i in $(seq 1 300); do
+    [ "$(pending faildelay)" != 0 ] || break
+    sleep 0.1
+  done
+  kill -TERM "$pid"
+  wait "$pid" || true
+  [ "$(pending faildelay)" = 0 ]
+  [ "$(awk '$4 == 1' "$out" | wc -l)" = 80 ]
+  awk '$4 == 2' "$out" >"$out.ok"
+  [ "$(wc -l <"$out.ok")" = 80 ]
+  [ "$(order_violations "$out.ok")" = 0 ]
   local released
-  released=$(sed -n 's/.* \([0-9]*\) released, .*/\1/p' <<<"$stderr")
+  released=$(sed -n 's/.* \([0-9]*\) released, .*/\1/p' "$BATS_TEST_TMPDIR/fd.err")
   [ -n "$released" ]
   [ "$released" -lt 40 ]
 }

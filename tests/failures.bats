@@ -100,3 +100,39 @@ teardown() { kill_pids_drop_schema; }
   # the count is not said again at exit
   [ "$(grep -c 'more failed attempts' "$err")" = 1 ]
 }
+
+@test "relaybus_fail's 'again': a failure due at once stays in its lane's in_flight (its claims one up); one due later, or at the last attempt, leaves it" {
+  need_pg
+  publish_for 3 ag- again
+  run -0 --separate-stderr rb-claim -H again --batch 3
+  local ids=() lanes=() epochs=() claims=() evs=() line lease
+  while IFS= read -r line; do
+    evs+=("$(jq -r .event_id <<<"$line")")
+    ids+=("$(jq -r .delivery_id <<<"$line")")
+    lease=$(jq -r .lease <<<"$line")
+    IFS=: read -r l e c <<<"$lease"
+    lanes+=("$l") epochs+=("$e") claims+=("$c")
+  done <<<"$output"
+  [ "${#ids[@]}" = 3 ]
+  arr() { local IFS=,; echo "{$*}"; }
+  # ag-1 due at once, ag-2 in 1 s, ag-3 at its last attempt (max 1)
+  run -0 sql -At -F' ' -c "SELECT ord, outcome, attempts FROM relaybus_fail('$(arr "${evs[@]}")', '{again,again,again}',
+      '$(arr "${lanes[@]}")', '$(arr "${epochs[@]}")', '$(arr "${claims[@]}")', '{again,again,again}',
+      '{0,1000,0}', '{boom,boom,boom}', 10, 1000, 300000, 2, '$(arr "${ids[@]}")')"
+  [ "${lines[0]}" = "1 again 1" ]
+  [ "${lines[1]}" = "2 rescheduled 1" ]
+  # (the third: kept only while attempts are left; --max-attempts 10 here)
+  [ "${lines[2]}" = "3 again 1" ]
+  # in flight still: ag-1 and ag-3, each with its claims one up; ag-2 not
+  [ "$(q "SELECT count(*) FROM relaybus_lanes l, relaybus_deliveries d WHERE l.handler = 'again' AND d.id = ANY (l.in_flight)")" = 2 ]
+  [ "$(q "SELECT string_agg(event_id || ':' || attempts || ':' || claims || ':' || last_error, ' ' ORDER BY event_id) FROM relaybus_deliveries WHERE handler = 'again'")" = "ag-1:1:$((claims[0] + 1)):boom ag-2:1:$((claims[1] + 1)):boom ag-3:1:$((claims[2] + 1)):boom" ]
+  # the kept one completes under its lease, its claims one up
+  run -0 rb-complete -o <<<"{\"event_id\":\"${evs[0]}\",\"handler\":\"again\",\"lease\":\"${lanes[0]}:${epochs[0]}:$((claims[0] + 1))\",\"ok\":true}"
+  [ "$(jq -r .outcome <<<"$output")" = completed ]
+  # at the last attempt: buried, out of in_flight
+  run -0 sql -At -F' ' -c "SELECT outcome, attempts FROM relaybus_fail('{${evs[2]}}', '{again}', '{${lanes[2]}}',
+      '{${epochs[2]}}', '{$((claims[2] + 1))}', '{again}', '{0}', '{boom}', 2, 1000, 300000, 2, '{${ids[2]}}')"
+  [ "$output" = "buried 2" ]
+  [ "$(q "SELECT count(*) FROM relaybus_lanes l, relaybus_deliveries d WHERE l.handler = 'again' AND d.id = ANY (l.in_flight)")" = 0 ]
+  [ "$(q "SELECT sum(failed) || ' ' || sum(buried) FROM relaybus_lanes WHERE handler = 'again'")" = "4 1" ]
+}

@@ -99,19 +99,25 @@ finish_slot(struct dispatcher *dp, struct slot *s, struct verdict v)
 
 /*
  * The first n queued results were applied (go[i]: the i-th completed, its
- * chain goes on): the queue moves on, the chains behind them go on or are
- * handed back.
+ * chain goes on; again[i] >= 0: it failed and was kept in flight with
+ * again[i] attempts, to run again): the queue moves on, the chains behind
+ * them go on or are handed back, the kept ones run again with their chains
+ * behind them (stopping: handed back with them).
  */
 static void
-queue_applied(struct dispatcher *dp, size_t n, const bool *go, bool progress)
+queue_applied(struct dispatcher *dp, size_t n, const bool *go, const int *again, bool progress)
 {
 	size_t i;
-	struct { struct chain *followers; unsigned gen; } *next;	/* the chains behind them */
+	struct { struct rb_dl *d; struct chain *followers; unsigned gen; } *next;	/* the chains behind them */
 
 	next = xcalloc(n > 0 ? n : 1, sizeof *next);
 	for (i = 0; i < n; i++) {
-		owner_done(dp, dp->queue[i].gen);
-		rb_dl_free(dp->queue[i].d);
+		if (again[i] >= 0)
+			next[i].d = dp->queue[i].d;	/* (its owner's count stays: it is still out) */
+		else {
+			owner_done(dp, dp->queue[i].gen);
+			rb_dl_free(dp->queue[i].d);
+		}
 		free(dp->queue[i].error);
 		next[i].followers = dp->queue[i].followers;
 		next[i].gen = dp->queue[i].gen;
@@ -121,7 +127,13 @@ queue_applied(struct dispatcher *dp, size_t n, const bool *go, bool progress)
 	if (dp->nqueue > 0)
 		dp->queue_since = rb_mono_ms();
 	for (i = 0; i < n; i++)
-		if (next[i].followers != NULL)
+		if (next[i].d != NULL) {
+			rb_dl_again(next[i].d, again[i]);
+			if (dp->stop_level == 0)
+				dp->opt.kind->start(dp, next[i].d, next[i].gen, next[i].followers);
+			else
+				queue_result(dp, next[i].d, verdict_release(), next[i].gen, next[i].followers);
+		} else if (next[i].followers != NULL)
 			chain_next(dp, next[i].followers, next[i].gen, go[i] && dp->stop_level == 0);
 	free(next);
 	if (dp->opt.kind->flush != NULL)
@@ -144,10 +156,13 @@ apply_results(struct dispatcher *dp, size_t n, struct rb_result *v)
 {
 	bool progress = false;
 	bool *go = xcalloc(n > 0 ? n : 1, sizeof *go);
+	int *again = xcalloc(n > 0 ? n : 1, sizeof *again);
 
 	for (size_t i = 0; i < n; i++) {
 		const struct rb_result *r = &v[i];
 		const char *ev = r->event_id;
+
+		again[i] = r->kept && r->outcome == RB_OUTCOME_RESCHEDULED ? (r->attempts > 0 ? r->attempts : 1) : -1;
 
 		switch (r->outcome) {
 		case RB_OUTCOME_COMPLETED:
@@ -197,8 +212,9 @@ apply_results(struct dispatcher *dp, size_t n, struct rb_result *v)
 	}
 	for (size_t i = 0; i < n; i++)
 		free(v[i].sql_error);
-	queue_applied(dp, n, go, progress);
+	queue_applied(dp, n, go, again, progress);
 	free(go);
+	free(again);
 }
 
 /*
@@ -234,6 +250,10 @@ results_of(struct dispatcher *dp, size_t n, char ***json)
 		v[i] = rb_result_of(q->d, q->verdict);
 		v[i].error = q->error;
 		v[i].retry_ms = q->retry_ms;
+		/* a failure due again at once runs again here, under the lane
+		 * still held, not claimed again (not with --sql, whose statement
+		 * is the completion; not when stopping) */
+		v[i].keep = q->verdict == RB_VERDICT_FAIL && dp->opt.complete.sql == NULL && dp->stop_level == 0;
 		if (*json != NULL && q->verdict == RB_VERDICT_OK)
 			v[i].json = (*json)[i] = sql_json(q->d);
 	}

@@ -1691,7 +1691,13 @@ BEGIN
 END $$;
 
 -- The rare path: reschedule (kind 'retry'), bury ('bury') or release
--- ('release': no attempt charged) fenced deliveries, one statement for the
+-- ('release': no attempt charged) fenced deliveries; 'again' is 'retry',
+-- except that a delivery whose retry is due at once (retry_ms 0, a backoff
+-- of 0) stays in its lane's in_flight, outcome 'again': the caller, whose
+-- lease on the lane still holds, runs it again at once as the next attempt
+-- (its claims counter one up, as for any failure) instead of claiming it
+-- again (rb-dispatch; a lane's other work waits behind it as behind any
+-- delivery in flight, and a takeover charges it like one).  One statement for the
 -- lot, as a completion is (a row at a time cost 90 us a row: a lane update
 -- each, and a probe of every in-flight id of the lane to find the row by
 -- its event).  The lanes are locked first, in lane order, as the claim
@@ -1749,19 +1755,20 @@ BEGIN
            WHERE d.id = t.did AND d.event_id = t.event_id COLLATE "C" AND d.handler = t.handler COLLATE "C"
              AND d.lane = t.lane AND d.claims = t.claims AND d.status = 'pending'
              AND l.handler = t.handler AND l.lane = t.lane AND l.epoch = t.epoch AND l.in_flight @> ARRAY[d.id]
-          RETURNING t.ord, d.id, d.handler, d.lane, d.attempts, d.status, t.kind),
+          RETURNING t.ord, d.id, d.handler, d.lane, d.attempts, d.status, t.kind,
+                    t.kind = 'again' AND d.status = 'pending' AND d.available_at <= v_now AS keep),
     lu AS (UPDATE @S@.relaybus_lanes x
               SET in_flight = ARRAY(SELECT f.i FROM unnest(x.in_flight) WITH ORDINALITY f(i, o)
                                      WHERE f.i <> ALL (g.ids) ORDER BY f.o),
                   failed = x.failed + g.failed, buried = x.buried + g.buried
-             FROM (SELECT u.handler, u.lane, array_agg(u.id) AS ids,
+             FROM (SELECT u.handler, u.lane, coalesce(array_agg(u.id) FILTER (WHERE NOT u.keep), '{}') AS ids,
                           count(*) FILTER (WHERE u.kind <> 'release') AS failed,
                           count(*) FILTER (WHERE u.kind <> 'release' AND u.status = 'dead') AS buried
                      FROM u GROUP BY u.handler, u.lane) g
             WHERE x.handler = g.handler AND x.lane = g.lane)
     SELECT r.ord::integer,
            CASE WHEN u.ord IS NULL THEN 'lost' WHEN r.kind = 'release' THEN 'released'
-                WHEN u.status = 'dead' THEN 'buried' ELSE 'rescheduled' END,
+                WHEN u.status = 'dead' THEN 'buried' WHEN u.keep THEN 'again' ELSE 'rescheduled' END,
            u.attempts,
            u.ord IS NULL AND NOT @S@.relaybus_delivery_there(r.event_id, r.handler, r.id)
       FROM r LEFT JOIN u ON u.ord = r.ord

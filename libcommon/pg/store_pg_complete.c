@@ -550,7 +550,8 @@ complete_sql(struct rb_store *s, const struct rb_complete_opts *o, struct rb_res
 static const char *
 fail_kind(const struct rb_result *r)
 {
-	return r->verdict == RB_VERDICT_RELEASE ? "release" : r->verdict == RB_VERDICT_DEAD ? "bury" : "retry";
+	return r->verdict == RB_VERDICT_RELEASE ? "release" : r->verdict == RB_VERDICT_DEAD ? "bury" :
+	    r->keep && r->verdict == RB_VERDICT_FAIL ? "again" : "retry";
 }
 
 static int
@@ -605,7 +606,9 @@ complete_fail(struct rb_store *s, const struct rb_complete_opts *o, struct rb_re
 		if (k >= n)
 			continue;
 		r = &v[idx[k]];
-		r->outcome = rb_outcome_of(PQgetvalue(res, i, 1));
+		/* (again: rescheduled, kept in flight; relaybus_fail) */
+		r->kept = strcmp(PQgetvalue(res, i, 1), "again") == 0;
+		r->outcome = r->kept ? RB_OUTCOME_RESCHEDULED : rb_outcome_of(PQgetvalue(res, i, 1));
 		if (!PQgetisnull(res, i, 2))
 			r->attempts = atoi(PQgetvalue(res, i, 2));
 		r->missing = PQgetvalue(res, i, 3)[0] == 't';
