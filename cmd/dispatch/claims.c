@@ -19,11 +19,35 @@
 
 #include "dispatch.h"
 
+/*
+ * A claim that brought less than a quarter batch found the lanes nearly
+ * bare: what comes free next comes from the deliveries in hand finishing
+ * (a key's next one, a lane's room).  The next claim on more_work alone
+ * waits until a quarter of those in hand (at most a quarter batch) were
+ * applied since, or CLAIM_PACE_MS passed: claims back to back, each
+ * reading every held lane for a few deliveries, spent the server's time
+ * (a drain whose deliveries all fail once: 224 claims of 99 each, 10 ms
+ * apiece, two thirds of the server's time).
+ */
+#define CLAIM_PACE_MS	20
+
+static int64_t
+claim_paced(const struct dispatcher *dp, int64_t now, int low, int in_hand)
+{
+	int want = in_hand / 4 < low ? in_hand / 4 : low;
+
+	if (dp->last_claimed >= low || in_hand == 0 || dp->applied_since_claim >= (want > 1 ? want : 1))
+		return now;
+	return dp->last_claim_at + CLAIM_PACE_MS < dp->next_poll ? dp->last_claim_at + CLAIM_PACE_MS :
+	    dp->next_poll;
+}
+
 /* When the next claim is due (now, or the next --poll); 0: no claim possible. */
 int64_t
 claim_due(struct dispatcher *dp, int64_t now)
 {
 	int free_slots = dp->opt.concurrency - dp->running - (int)dp->nqueue - dp->nwait - dp->owed;
+	int in_hand = dp->running + (int)dp->nqueue + dp->nwait + dp->owed;
 	int low = dp->opt.batch < dp->opt.concurrency ? dp->opt.batch : dp->opt.concurrency;
 
 	low = low / 4 > 1 ? low / 4 : 1;
@@ -31,9 +55,10 @@ claim_due(struct dispatcher *dp, int64_t now)
 	    free_slots <= 0 || !rb_store_claim_ready(dp->store) ||
 	    (dp->opt.kind->accepting != NULL && !dp->opt.kind->accepting(dp)))
 		return 0;
-	if (dp->wake || now >= dp->next_poll ||
-	    (dp->more_work && (free_slots >= low || dp->running + (int)dp->nqueue + dp->owed == 0)))
+	if (dp->wake || now >= dp->next_poll)
 		return now;
+	if (dp->more_work && (free_slots >= low || dp->running + (int)dp->nqueue + dp->owed == 0))
+		return claim_paced(dp, now, low, in_hand);
 	return dp->next_poll;
 }
 
@@ -219,6 +244,8 @@ on_claimed(struct dispatcher *dp, const struct rb_store_event *ev)
 	if (n > 0)
 		dp->drain_looks = 0;
 	dp->stats.claimed += n;
+	dp->last_claimed = n;
+	dp->last_claim_at = rb_mono_ms();
 	dp->owners[dp->claim_gen % NOWNERS].count += n;
 	if (n > 0 && dp->next_extend == 0)
 		dp->next_extend = rb_mono_ms() + dp->opt.lease_ms / 3;
@@ -329,6 +356,7 @@ maybe_claim(struct dispatcher *dp, int64_t now)
 	}
 	dp->claim_out = true;
 	dp->progress_since_claim = false;
+	dp->applied_since_claim = 0;
 	dp->claim_gen = dp->cur_gen;
 	dp->claim_asked = claim.batch;
 }

@@ -73,7 +73,10 @@
  *   more_work             the last claim found work, or a completion
  *                         deleted some: claim again once a quarter of
  *                         --batch is free (or nothing is in flight),
- *                         instead of at the next --poll
+ *                         instead of at the next --poll; after a claim
+ *                         that brought less than a quarter batch, once
+ *                         a quarter of what is in hand was applied, or
+ *                         20 ms later (claim_paced)
  *   lanes_dry             the last look for more lanes found fewer than
  *                         asked: the next claims only fill the lanes held
  *                         (held_only) until woken, the next --poll, or
@@ -276,6 +279,9 @@ struct dispatcher {
 	unsigned	 claim_gen;	/* ... for this owner generation (that of everything owed:
 					 * a new one comes only after db_down forgot them) ... */
 	int		 claim_asked;	/* ... asking for this many ... */
+	int		 last_claimed;	/* the last claim brought this many ... */
+	int64_t		 last_claim_at;	/* ... then (claim_paced) ... */
+	long		 applied_since_claim;	/* ... and results were applied since it went out */
 	bool		 claim_searched;	/* ... and looking for more lanes or not */
 	int		 owed;		/* deliveries claims took that the store still reads */
 	int64_t		*live;		/* the ids still in flight, for the claim (live_ids) ... */

@@ -124,6 +124,7 @@ queue_applied(struct dispatcher *dp, size_t n, const bool *go, const int *again,
 	}
 	memmove(dp->queue, dp->queue + n, (dp->nqueue - n) * sizeof *dp->queue);
 	dp->nqueue -= n;
+	dp->applied_since_claim += (long)n;
 	if (dp->nqueue > 0)
 		dp->queue_since = rb_mono_ms();
 	for (i = 0; i < n; i++)
