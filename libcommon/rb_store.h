@@ -346,7 +346,7 @@ struct rb_result {
 	int		 attempts;	/* a failure's attempts so far, as recorded; -1: not told */
 	bool		 kept;		/* RESCHEDULED, and (keep) still in flight under the lease,
 					 * its claims one up: run it again (rb_dl_again); a store
-					 * that cannot keep one leaves it false (PostgreSQL can) */
+					 * that cannot keep one would leave it false (both can) */
 	char		*sql_error;	/* the sql statement failed (the result then took the
 					 * failure path): why, a new string the caller frees */
 };

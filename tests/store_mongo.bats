@@ -212,6 +212,23 @@ e3 pending 0 null" ]
 q2 Q 2 1" ]
 }
 
+@test "a failure due again at once runs again under the lane held: claimed once, its key's next behind it" {
+  gen_events 20 job.x | rb-publish -q
+  for i in 1 2 3 4 5 6 7 8; do
+    printf '{"id":"r%d","name":"keyed.x","key":"R","payload":{"i":%d}}\n' "$i" "$i"
+  done | rb-publish -q
+  local out=$BATS_TEST_TMPDIR/again.out
+  run -0 --separate-stderr timeout 60 rb-dispatch -H h1 --exec 'test "$(jq .attempt)" = 2' --settle -v
+  [[ "$stderr" == *": 20 claimed, 20 completed, 20 failed and rescheduled, 0 dead, 0 released, 0 lost,"* ]]
+  run -0 --separate-stderr timeout 60 rb-dispatch -H k --pipe "rb-test-pipe $out first-fails" --chain 4 --settle -v
+  [[ "$stderr" == *": 8 claimed, 8 completed, 8 failed and rescheduled, 0 dead, 0 released, 0 lost,"* ]]
+  [ "$(rbq count deliveries)" = 0 ]
+  # each attempt 1 then 2, the key in order
+  [ "$(awk '{ printf "%s:%s ", $3, $4 }' "$out")" = "1:1 1:2 2:1 2:2 3:1 3:2 4:1 4:2 5:1 5:2 6:1 6:2 7:1 7:2 8:1 8:2 " ]
+  # kept in flight, then completed: nothing left in a lane
+  [ "$(rbq count lanes '{"handler":"k","inFlight":{"$ne":[]}}')" = 0 ]
+}
+
 @test "rb-dispatch --drain of a handler with nothing to do ends (exit 0), subscribed or not" {
   # (it claimed 0 forever here before the store's face that does not wait)
   run -0 --separate-stderr timeout 30 rb-dispatch -H h1 --exec true --drain

@@ -40,6 +40,7 @@ struct res {
 	int		 attempts;
 	enum rb_outcome	 outcome;
 	int		 new_attempts;
+	bool		 kept;		/* rescheduled, due at once, left in the lane's inFlight */
 };
 
 struct cctx {
@@ -262,6 +263,7 @@ fail_txn(mongoc_client_session_t *cs, void *ctx, bson_error_t *e)
 		char id[MG_LANE_ID_LEN];
 
 		r->outcome = RB_OUTCOME_LOST;
+		r->kept = false;
 		if (!r->fenced)
 			continue;
 		q = BCON_NEW("_id", BCON_INT64(r->did), "claims", BCON_INT64(r->l.claims));
@@ -292,6 +294,9 @@ fail_txn(mongoc_client_session_t *cs, void *ctx, bson_error_t *e)
 			}
 			if (delay > (double)c->o->backoff.max_ms)
 				delay = (double)c->o->backoff.max_ms;
+			/* (rb_result.keep: due at once, it stays in flight for its
+			 * caller to run again, as relaybus_fail's kind 'again') */
+			r->kept = !dead && r->verdict == RB_VERDICT_FAIL && r->r->keep && delay <= 0;
 			BSON_APPEND_UTF8(&set, "status", dead ? "dead" : "pending");
 			BSON_APPEND_UTF8(&set, "lastError", er != NULL ? er : "handler failed");
 			BSON_APPEND_DATE_TIME(&set, "availableAt", now + (int64_t)delay);
@@ -308,9 +313,10 @@ fail_txn(mongoc_client_session_t *cs, void *ctx, bson_error_t *e)
 			mg_lane_id(id, r->handler, r->l.lane);
 			lq = BCON_NEW("_id", BCON_UTF8(id));
 			/* the exact counters (rb-admin stats): a failed attempt, a burial */
-			lu = BCON_NEW("$pull", "{", "inFlight", BCON_INT64(r->did), "}",
-			    "$inc", "{", "failed", BCON_INT64(r->verdict != RB_VERDICT_RELEASE),
+			lu = BCON_NEW("$inc", "{", "failed", BCON_INT64(r->verdict != RB_VERDICT_RELEASE),
 			    "buried", BCON_INT64(r->outcome == RB_OUTCOME_BURIED), "}");
+			if (!r->kept)
+				BCON_APPEND(lu, "$pull", "{", "inFlight", BCON_INT64(r->did), "}");
 			ok = mongoc_collection_update_one(lc, lq, lu, &opts, NULL, e);
 			bson_destroy(lq);
 			bson_destroy(lu);
@@ -446,6 +452,7 @@ mg_complete(struct rb_store *s, const struct rb_complete_opts *o, struct rb_resu
 		if (x->r == NULL)
 			continue;	/* (done_check's outcome) */
 		r->outcome = done ? (x->fenced ? RB_OUTCOME_COMPLETED : RB_OUTCOME_LOST) : x->outcome;
+		r->kept = !done && x->fenced && x->kept && x->outcome == RB_OUTCOME_RESCHEDULED;
 		if (!done && x->fenced)
 			r->attempts = x->new_attempts;
 		r->missing = !x->fenced && !x->exists;
