@@ -167,7 +167,7 @@ rb_dl_again(struct rb_dl *d, int attempts)
 	static const char at[] = ",\"attempt\":", ca[] = "\",\"created_at\":";
 	size_t lk = d->key != NULL ? strlen(d->key) + 1 : 0, a = 0, c = 0;
 	const char *t = d->text;
-	char token[64], num[32];
+	char token[64], num[32], *mem;
 	struct rb_sbuf b;
 
 	d->attempt = attempts + 1;
@@ -194,8 +194,7 @@ rb_dl_again(struct rb_dl *d, int attempts)
 	rb_sb_puts(&b, ",\"lease\":\"");
 	rb_sb_puts(&b, token);
 	rb_sb_putn(&b, t + c, d->tlen - c);
-	char *mem = xmalloc(lk + b.len + 1);
-
+	mem = xmalloc(lk + b.len + 1);
 	if (lk > 0)
 		memcpy(mem, d->key, lk);
 	memcpy(mem + lk, b.s, b.len);

@@ -416,6 +416,36 @@ test_delivery_line(void)
 	free(b.s);
 }
 
+/* A failure kept in flight runs again (rb_dl_again): the next attempt, the
+ * lease's claims one up, in the line too; a payload that spells those
+ * members, and the key, stay as they were. */
+static void
+test_dl_again(void)
+{
+	struct rb_delivery_fields f = {
+		.id = "9", .event_id = "ev", .handler = "h", .name = "n", .key = "K\"1",
+		.sequence = "2", .payload = "{\"x\":1, \"attempt\":1, \"lease\":\"0:0:0\", \"created_at\":\"t\"}",
+		.headers = NULL, .created_at = "2026-01-31T12:00:00Z", .lane = 7, .attempts = 0, .epoch = 3, .claims = 1,
+	};
+	static const char want[] =
+	    "{\"event_id\":\"ev\",\"handler\":\"h\",\"name\":\"n\",\"key\":\"K\\\"1\","
+	    "\"payload\":{\"x\":1,\"attempt\":1,\"lease\":\"0:0:0\",\"created_at\":\"t\"},"
+	    "\"headers\":null,\"attempt\":5,\"lease\":\"7:3:2\",\"created_at\":\"2026-01-31T12:00:00Z\","
+	    "\"delivery_id\":\"9\",\"lane\":7,\"sequence\":2}\n";
+	struct rb_sbuf b;
+	struct rb_dl *d = rb_dl_new(&f);
+
+	rb_sb_init(&b);
+	rb_dl_fill(d, &f, &b);
+	rb_dl_again(d, 4);
+	ok(d->attempt == 5 && d->lease.lane == 7 && d->lease.epoch == 3 && d->lease.claims == 2,
+	    "rb_dl_again: the next attempt, the claims one up");
+	is_str(d->text, want, "rb_dl_again: the line with both, the payload's look-alikes untouched");
+	ok(d->tlen == strlen(want) && strcmp(d->key, "K\"1") == 0, "rb_dl_again: its length and key");
+	rb_dl_free(d);
+	free(b.s);
+}
+
 /* ---- outcomes and result lines ------------------------------------------ */
 
 static void
@@ -482,6 +512,7 @@ main(void)
 	test_setup_script();
 	test_backends();
 	test_delivery_line();
+	test_dl_again();
 	test_results();
 	test_statuses();
 	return done_testing();
