@@ -514,20 +514,26 @@ pg_settle(struct rb_store *s)
  * Any role that can connect may NOTIFY relaybus_<schema>, '<handler>': no
  * privilege is needed.  So that a flood of them cannot turn an idle
  * dispatcher into a busy loop of claims, a wake-up whose claim found
- * nothing holds the next one back PG_WAKE_QUIET_MS (relaybus(7),
+ * nothing, when no claim found anything since the last wake-up's claim
+ * either, holds the next one back PG_WAKE_QUIET_MS (relaybus(7),
  * OPERATIONS, Wake-ups): at most 10 claims a second come of notifications
- * that bring nothing, and a wake-up that brought work leaves the next one
- * free.
+ * that bring nothing.  A publisher's notification often finds its
+ * deliveries taken already, by the claim that the one before woke, or one
+ * after a completion: holding the next one back after each such (a tenth
+ * of those at 1,000 events/s) made the commit-to-handler p99 100 ms; it
+ * is held back only after a second fruitless one in a row now.
  */
 #define PG_WAKE_QUIET_MS 100
 
 void
 pg_wake_claimed(struct pg_be *be, int claimed)
 {
+	be->wake_found += claimed;
 	if (!be->wake_check)
 		return;
 	be->wake_check = false;
-	be->wake_quiet_until = claimed == 0 ? rb_mono_ms() + PG_WAKE_QUIET_MS : 0;
+	be->wake_quiet_until = be->wake_found == 0 ? rb_mono_ms() + PG_WAKE_QUIET_MS : 0;
+	be->wake_found = claimed;
 }
 
 /* ---- notices, and a side connection that failed ------------------------- */

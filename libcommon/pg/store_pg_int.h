@@ -119,6 +119,7 @@ struct pg_be {
 	 * until when the next one is held back */
 	bool	 wake_check;
 	int64_t	 wake_quiet_until;	/* rb_mono_ms */
+	long	 wake_found;	/* claimed since the last wake-up's claim, that one's included */
 	/* how many connections the calls without waiting may use (1..3):
 	 * $RELAYBUS_PG_CONNECTIONS, else 2 (pg_connections) */
 	int	 connections;
@@ -291,7 +292,8 @@ int	pg_connections(const struct rb_store *);
 void	pg_settle(struct rb_store *);
 /**
  * A claim's answer came (claimed deliveries): after a wake-up whose claim
- * found nothing, the next wake-up is held back PG_WAKE_QUIET_MS.
+ * found nothing, and nothing was claimed since the one before, the next
+ * wake-up is held back PG_WAKE_QUIET_MS.
  */
 void	pg_wake_claimed(struct pg_be *, int claimed);
 
