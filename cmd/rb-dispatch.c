@@ -316,7 +316,16 @@ main(int argc, char **argv)
 	opt.common.app = app_name = xasprintf("rb-dispatch/%s", opt.dispatch.handler);
 	dp = dispatcher_new(&opt.dispatch);
 	setup_signals();
-	store = rb_cli_open(&opt.common);
+	{
+		/* a connection lost while it starts is made again, as later */
+		const struct rb_cli_again again = { .stop = dispatch_stopping, .level = RB_LOG_WARN };
+
+		if ((store = rb_cli_open_again(&opt.common, &again)) == NULL) {
+			dispatcher_free(dp);
+			free(app_name);
+			return RB_EXIT_OK;
+		}
+	}
 	/* --sql runs in the completing PostgreSQL transaction: no such thing elsewhere */
 	if (opt.dispatch.kind == &handler_sql && strcmp(rb_store_backend(store), "postgresql") != 0)
 		rb_cli_usage_error(usage_str, "--sql: not supported by the %s backend", rb_store_backend(store));

@@ -372,27 +372,12 @@ ride_through(struct rb_store *store, long line, struct rb_error *err)
 static struct rb_store *
 open_riding(void)
 {
-	int64_t since = rb_mono_ms(), backoff = 100;
-	struct rb_store *s;
+	const struct rb_cli_again again = { .for_ms = opt.reconnect_ms, .unavailable = true,
+		.level = RB_LOG_INFO };
 
 	if (opt.reconnect_ms == 0)
 		return rb_cli_open(&opt.common);
-	for (;;) {
-		struct rb_error err = { 0 };
-
-		s = rb_store_open(opt.common.db, opt.common.schema,
-		    opt.common.app != NULL ? opt.common.app : rb_log_prog(), &err);
-		if (s != NULL && rb_store_require_schema(s, &err) == 0)
-			return s;
-		if (s != NULL)
-			rb_store_close(s);
-		if ((err.exit_code != RB_EXIT_TEMPFAIL && err.exit_code != RB_EXIT_UNAVAILABLE) ||
-		    rb_mono_ms() - since + backoff > opt.reconnect_ms)
-			rb_cli_die(&err);
-		rb_info("%s; trying again", err.msg);
-		poll(NULL, 0, (int)backoff);
-		backoff = backoff * 2 > RB_RECONNECT_MAX_MS ? RB_RECONNECT_MAX_MS : backoff * 2;
-	}
+	return rb_cli_open_again(&opt.common, &again);
 }
 
 /* publish_slice, through reconnects with --reconnect. */

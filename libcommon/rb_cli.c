@@ -3,6 +3,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -238,6 +239,37 @@ rb_cli_open(const struct rb_common *c)
 		rb_cli_die(&err);
 	}
 	return s;
+}
+
+struct rb_store *
+rb_cli_open_again(const struct rb_common *c, const struct rb_cli_again *a)
+{
+	int64_t since = rb_mono_ms(), backoff = 100;
+
+	for (;;) {
+		struct rb_error err = { 0 };
+		struct rb_store *s = rb_store_open(c->db, c->schema, c->app != NULL ? c->app : rb_log_prog(),
+		    &err);
+
+		if (s != NULL && rb_store_require_schema(s, &err) == 0) {
+			rb_debug("connected to %s, schema %s", rb_store_url_redacted(s), rb_store_schema(s));
+			return s;
+		}
+		if (s != NULL)
+			rb_store_close(s);
+		if ((err.exit_code != RB_EXIT_TEMPFAIL &&
+		    (err.exit_code != RB_EXIT_UNAVAILABLE || !a->unavailable)) ||
+		    (a->for_ms > 0 && rb_mono_ms() - since + backoff > a->for_ms))
+			rb_cli_die(&err);
+		if (a->stop != NULL && a->stop())
+			return NULL;
+		if (a->level == RB_LOG_WARN)
+			rb_warn("%s; connecting again", err.msg);
+		else
+			rb_info("%s; connecting again", err.msg);
+		poll(NULL, 0, (int)backoff);
+		backoff = backoff * 2 > RB_RECONNECT_MAX_MS ? RB_RECONNECT_MAX_MS : backoff * 2;
+	}
 }
 
 /*

@@ -87,6 +87,22 @@ void	rb_cli_bad_option(const char *usage) __attribute__((noreturn));
 struct rb_store *rb_cli_open(const struct rb_common *);
 /** rb_cli_open without the schema check (rb-setup). */
 struct rb_store *rb_cli_open_any(const struct rb_common *);
+/** What rb_cli_open_again tries again on, and for how long. */
+struct rb_cli_again {
+	int64_t		 for_ms;	/* give up after about this long; 0: never */
+	bool		 unavailable;	/* a server not there (69) too, not only a lost connection (75) */
+	bool		(*stop)(void);	/* give up when it says so (a signal came); may be NULL */
+	int		 level;		/* each failure is logged at RB_LOG_WARN or RB_LOG_INFO */
+};
+/**
+ * rb_cli_open, trying again with backoff (100 ms doubling to
+ * RB_RECONNECT_MAX_MS) after a connection lost while it starts (a server's
+ * restart, pg_terminate_backend), and with `unavailable` after a server
+ * not there yet; each failure logged with "; connecting again".  Any other
+ * error or the time up dies as rb_cli_open does; NULL when stop() says so
+ * (looked at after each failure: a signal interrupts the wait).
+ */
+struct rb_store *rb_cli_open_again(const struct rb_common *, const struct rb_cli_again *);
 /** Die with err's code and message. */
 void	rb_cli_die(const struct rb_error *) __attribute__((noreturn));
 /**

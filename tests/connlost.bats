@@ -4,7 +4,7 @@
 # a lock that a transaction of the test keeps) and while the program waits
 # between statements (idle).  Each reports it in one line, "PROG: ...
 # connection lost: terminating connection due to administrator command",
-# exit 75 (rb-dispatch reconnects and goes on); the server's CONTEXT, LINE,
+# exit 75 (rb-dispatch reconnects and goes on, from its start); the server's CONTEXT, LINE,
 # QUERY and internal function signatures only with -v.
 
 load test_helper
@@ -122,6 +122,26 @@ start_idle() {  # out err prog args...
   wait_for 10 'grep -q reconnected "$BATS_TEST_TMPDIR/e"'
   kill -TERM "$pid"
   wait "$pid"
+  one_line "$BATS_TEST_TMPDIR/e" rb-dispatch
+}
+
+@test "rb-dispatch: its connection terminated while it starts (reading the schema's version): one line, connects again, drains" {
+  pg_only "SQLSTATE 57P01 is PostgreSQL's"
+  local out=$BATS_TEST_TMPDIR/runs pid
+  echo '{"id":"d1","name":"t","payload":{},"handlers":["h"]}' | rb-publish -q
+  # the first thing a program reads when it starts
+  hold_lock relaybus_schema_version
+  rb-dispatch --db "$(victim_url)" -H h --drain --pipe "rb-test-pipe $out" 2>"$BATS_TEST_TMPDIR/e" 3>&- 7>&- &
+  pid=$!
+  PIDS="${PIDS:-} $pid"
+  wait_for 10 '[ "$(blocked)" -ge 1 ]'
+  cut
+  wait_for 10 'grep -q "connecting again" "$BATS_TEST_TMPDIR/e"' || { cat "$BATS_TEST_TMPDIR/e"; false; }
+  kill -0 "$pid"
+  release_lock
+  wait "$pid"
+  # it ran once, on its first attempt (the handler's line: id key seq attempt)
+  [ "$(awk '{ print $1, $4 }' "$out")" = "d1 1" ]
   one_line "$BATS_TEST_TMPDIR/e" rb-dispatch
 }
 

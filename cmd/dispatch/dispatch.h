@@ -331,6 +331,8 @@ min_deadline(int64_t a, int64_t b)
 
 /* loop.c: the engine as rb-dispatch.c sees it */
 void	setup_signals(void);
+/* a stopping signal came (before dispatcher_run: while it connects) */
+bool	dispatch_stopping(void);
 struct dispatcher *dispatcher_new(const struct dispatch_opts *);
 int	dispatcher_run(struct dispatcher *, struct rb_store *);
 void	dispatcher_free(struct dispatcher *);

@@ -78,6 +78,12 @@ on_signal(int sig)
 	errno = e;
 }
 
+bool
+dispatch_stopping(void)
+{
+	return got_stop > 0;
+}
+
 void
 setup_signals(void)
 {
