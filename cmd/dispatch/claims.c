@@ -46,8 +46,8 @@ claim_paced(const struct dispatcher *dp, int64_t now, int low, int in_hand)
 int64_t
 claim_due(struct dispatcher *dp, int64_t now)
 {
-	int free_slots = dp->opt.concurrency - dp->running - (int)dp->nqueue - dp->nwait - dp->owed;
 	int in_hand = dp->running + (int)dp->nqueue + dp->nwait + dp->owed;
+	int free_slots = dp->opt.concurrency - in_hand;
 	int low = dp->opt.batch < dp->opt.concurrency ? dp->opt.batch : dp->opt.concurrency;
 
 	low = low / 4 > 1 ? low / 4 : 1;
@@ -57,7 +57,8 @@ claim_due(struct dispatcher *dp, int64_t now)
 		return 0;
 	if (dp->wake || now >= dp->next_poll)
 		return now;
-	if (dp->more_work && (free_slots >= low || dp->running + (int)dp->nqueue + dp->owed == 0))
+	/* (nothing in hand but chains waiting: claim) */
+	if (dp->more_work && (free_slots >= low || in_hand == dp->nwait))
 		return claim_paced(dp, now, low, in_hand);
 	return dp->next_poll;
 }
@@ -212,6 +213,7 @@ void
 on_claimed(struct dispatcher *dp, const struct rb_store_event *ev)
 {
 	int n = ev->claimed;
+	int64_t now;
 
 	dp->claim_out = false;
 	metrics_claimed(dp);
@@ -233,8 +235,9 @@ on_claimed(struct dispatcher *dp, const struct rb_store_event *ev)
 	}
 	/* (a lane another holder leases frees soon, a dead holder's after its
 	 * lease was cut: the next look comes then, not a --poll later) */
+	now = rb_mono_ms();
 	if (ev->retry_ms > 0) {
-		int64_t t = rb_mono_ms() + ev->retry_ms + 5;
+		int64_t t = now + ev->retry_ms + 5;
 
 		if (dp->retry_at == 0 || t < dp->retry_at)
 			dp->retry_at = t;
@@ -245,10 +248,10 @@ on_claimed(struct dispatcher *dp, const struct rb_store_event *ev)
 		dp->drain_looks = 0;
 	dp->stats.claimed += n;
 	dp->last_claimed = n;
-	dp->last_claim_at = rb_mono_ms();
+	dp->last_claim_at = now;
 	dp->owners[dp->claim_gen % NOWNERS].count += n;
 	if (n > 0 && dp->next_extend == 0)
-		dp->next_extend = rb_mono_ms() + dp->opt.lease_ms / 3;
+		dp->next_extend = now + dp->opt.lease_ms / 3;
 	dp->owed += n - (int)ev->n;
 	if (n > 0)
 		start_event(dp, ev);
