@@ -89,6 +89,24 @@ EOF2
   ! grep -q 'Asynchronous notification' "$f.later"
 }
 
+@test "a batch without ids or keys, of many names: each event routed by its own name or its handlers, stored in batch order" {
+  rb-publish -q <<'EOF2'
+{"name":"order.created","payload":1}
+{"name":"invoice.paid","payload":2}
+{"name":"order.shipped","payload":3}
+{"name":"order.created","payload":4,"handlers":["ledger"]}
+{"name":"nothing.here","payload":5}
+{"name":"invoice.xaid","payload":6}
+{"name":"order.created","payload":7}
+{"name":"nothing.here","payload":8,"handlers":["bill","audit"]}
+EOF2
+  [ "$(q "SELECT string_agg(e.payload::text || ':' || d.handler, ' ' ORDER BY e.payload::text::int, d.handler)
+          FROM relaybus_deliveries d JOIN relaybus_events e ON e.id = d.event_id")" = \
+    "1:audit 1:mail 2:bill 3:mail 4:ledger 6:bill 7:audit 7:mail 8:audit 8:bill" ]
+  [ "$(q "SELECT string_agg(payload::text || '=' || array_to_string(handlers, ','), ' ' ORDER BY ctid) FROM relaybus_events")" = \
+    "1=audit,mail 2=bill 3=mail 4=ledger 5= 6=bill 7=audit,mail 8=audit,bill" ]
+}
+
 @test "explicit handlers override the subscriptions" {
   echo '{"id":"x","name":"order.created","payload":1,"handlers":["ledger","mail","ledger"]}' | rb-publish -q
   [ "$(q "SELECT string_agg(handler, ',' ORDER BY handler) FROM relaybus_deliveries WHERE event_id = 'x'")" = "ledger,mail" ]
