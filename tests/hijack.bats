@@ -165,6 +165,39 @@ pipeline() {  # publisher worker db schema handler name
   [[ $output == *"permission denied"* ]]
 }
 
+@test "the lane hash, which has no search_path of its own, binds pg_catalog's names whatever its caller's: exact-type operators and functions in public never run" {
+  local own
+  own=$(url_of "$R_OWN" "$DB1")
+  rb-setup -q --db "$own" --schema bus -s 'A:a.*'
+  # what relaybus_lane calls, planted with pg_catalog's own signatures: they
+  # win in a session whose search_path puts public before pg_catalog
+  psql_as "$R_EVIL" "$DB1" <<'SQL'
+CREATE FUNCTION public.x4(integer, integer) RETURNS integer LANGUAGE plpgsql AS
+  $f$ BEGIN PERFORM public.took('#'); RETURN $1 OPERATOR(pg_catalog.#) $2; END $f$;
+CREATE OPERATOR public.# (LEFTARG = integer, RIGHTARG = integer, FUNCTION = public.x4);
+CREATE FUNCTION public.m4(integer, integer) RETURNS integer LANGUAGE plpgsql AS
+  $f$ BEGIN PERFORM public.took('*4'); RETURN $1 OPERATOR(pg_catalog.*) $2; END $f$;
+CREATE OPERATOR public.* (LEFTARG = integer, RIGHTARG = integer, FUNCTION = public.m4);
+CREATE FUNCTION public.get_byte(bytea, integer) RETURNS integer LANGUAGE plpgsql AS
+  $f$ BEGIN PERFORM public.took('get_byte'); RETURN pg_catalog.get_byte($1, $2); END $f$;
+CREATE FUNCTION public.length(bytea) RETURNS integer LANGUAGE plpgsql AS
+  $f$ BEGIN PERFORM public.took('length'); RETURN pg_catalog.length($1); END $f$;
+SQL
+  # live: the planter's own session binds them
+  [ "$(psql_as "$R_EVIL" "$DB1" -c "SET search_path = public, pg_catalog" -c "SELECT 3 # 5, length('ab'::bytea)")" = "6|2" ]
+  [ "$(psql_as postgres "$DB1" -c "SELECT string_agg(DISTINCT op, ' ' ORDER BY op) FROM public.loot WHERE op IN ('#', 'length')")" = "# length" ]
+  # the owner's session that puts public first: the lanes of the C code
+  # (rb_lane: publish.bats), and a publish by it
+  [ "$(psql_as "$R_OWN" "$DB1" -c "SET search_path = public, pg_catalog" \
+        -c "SELECT bus.relaybus_lane('foobar'), bus.relaybus_lane('a')")" = "104|44" ]
+  printf '{"id":"foobar","name":"a.x","payload":{}}\n' |
+    PGOPTIONS="-c search_path=public,pg_catalog" rb-publish -q --db "$own" --schema bus
+  [ "$(psql_as postgres "$DB1" -c "SELECT lane FROM bus.relaybus_deliveries WHERE event_id = 'foobar'")" = 104 ]
+  [ "$(loot_by_others "$DB1")" = - ]
+  psql_as postgres "$DB1" -c "DROP OPERATOR public.# (integer, integer); DROP OPERATOR public.* (integer, integer);
+    DROP FUNCTION public.x4, public.m4, public.get_byte(bytea, integer), public.length(bytea); DELETE FROM public.loot"
+}
+
 @test "--sql still resolves the caller's own names through the session's search_path" {
   local own
   own=$(url_of "$R_OWN" "$DB1")
