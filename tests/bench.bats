@@ -140,3 +140,20 @@ load test_helper
   [ -n "$pgdir" ]
   [ ! -e "$pgdir" ]
 }
+
+@test "bench/publish-fn --rounds 2 BUILD BUILD: a row a round and the medians, each build's batch function and lane hash timed, its server stopped" {
+  need_pg
+  pg_only "bench/publish-fn runs its own PostgreSQL"
+  local before
+  before=$(ls -d /tmp/rbpfn.* 2>/dev/null | wc -l)
+  run --separate-stderr "$RB_SRCDIR/bench/publish-fn" --rounds 2 "$RB_BINDIR" "$RB_BINDIR"
+  echo "$stderr" | tail -n 20 >&2
+  [ "$status" -eq 0 ]
+  [ "${lines[0]}" = "round  batch us/event old new   lane us/call old new  ratio new/old" ]
+  # rounds 1 and 2 and the median: four times and two ratios each, all positive
+  [ "$(echo "$output" | awk '$1 ~ /^(1|2|median)$/ && NF == 7 && $2 > 0 && $3 > 0 && $4 > 0 && $5 > 0 && $6 > 0 && $7 > 0 { n++ } END { print n + 0 }')" = 3 ]
+  [ "$(ls -d /tmp/rbpfn.* 2>/dev/null | wc -l)" = "$before" ]
+  run "$RB_SRCDIR/bench/publish-fn" --rounds 2 "$RB_BINDIR"
+  [ "$status" -eq 64 ]
+  [[ "$output" == "usage: bench/publish-fn [--rounds N] OLD_BINDIR NEW_BINDIR" ]]
+}
