@@ -215,16 +215,35 @@ rb_cli_die(const struct rb_error *err)
 	rb_die(err->exit_code != 0 ? err->exit_code : RB_EXIT_SOFTWARE, "%s", err->msg);
 }
 
+/*
+ * Open the store (and, when `schema`, check its schema's version) without
+ * dying: NULL and err filled on failure.  The one opening the three below
+ * share.
+ */
+static struct rb_store *
+cli_try_open(const struct rb_common *c, bool schema, struct rb_error *err)
+{
+	struct rb_store *s = rb_store_open(c->db, c->schema, c->app != NULL ? c->app : rb_log_prog(),
+	    err);
+
+	if (s == NULL)
+		return NULL;
+	if (schema && rb_store_require_schema(s, err) < 0) {
+		rb_store_close(s);
+		return NULL;
+	}
+	rb_debug("connected to %s, schema %s", rb_store_url_redacted(s), rb_store_schema(s));
+	return s;
+}
+
 struct rb_store *
 rb_cli_open_any(const struct rb_common *c)
 {
 	struct rb_error err = { 0 };
-	struct rb_store *s = rb_store_open(c->db, c->schema, c->app != NULL ? c->app : rb_log_prog(),
-	    &err);
+	struct rb_store *s = cli_try_open(c, false, &err);
 
 	if (s == NULL)
 		rb_cli_die(&err);
-	rb_debug("connected to %s, schema %s", rb_store_url_redacted(s), rb_store_schema(s));
 	return s;
 }
 
@@ -232,12 +251,10 @@ struct rb_store *
 rb_cli_open(const struct rb_common *c)
 {
 	struct rb_error err = { 0 };
-	struct rb_store *s = rb_cli_open_any(c);
+	struct rb_store *s = cli_try_open(c, true, &err);
 
-	if (rb_store_require_schema(s, &err) < 0) {
-		rb_store_close(s);
+	if (s == NULL)
 		rb_cli_die(&err);
-	}
 	return s;
 }
 
@@ -248,15 +265,10 @@ rb_cli_open_again(const struct rb_common *c, const struct rb_cli_again *a)
 
 	for (;;) {
 		struct rb_error err = { 0 };
-		struct rb_store *s = rb_store_open(c->db, c->schema, c->app != NULL ? c->app : rb_log_prog(),
-		    &err);
+		struct rb_store *s = cli_try_open(c, true, &err);
 
-		if (s != NULL && rb_store_require_schema(s, &err) == 0) {
-			rb_debug("connected to %s, schema %s", rb_store_url_redacted(s), rb_store_schema(s));
-			return s;
-		}
 		if (s != NULL)
-			rb_store_close(s);
+			return s;
 		if ((err.exit_code != RB_EXIT_TEMPFAIL &&
 		    (err.exit_code != RB_EXIT_UNAVAILABLE || !a->unavailable)) ||
 		    (a->for_ms > 0 && rb_mono_ms() - since + backoff > a->for_ms))
