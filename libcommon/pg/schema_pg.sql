@@ -1963,73 +1963,71 @@ CREATE OR REPLACE VIEW @S@.relaybus_worker_events WITH (security_barrier) AS
 -- privilege).  Each is the statement store_pg.c runs in the owner's
 -- sessions (store_pg_claim.c, store_pg_complete.c), unchanged.
 -- Complete (rb-dispatch, rb-complete): one statement, fenced by lane epoch,
--- in_flight membership and the claims counter; returns the positions of
--- the deliveries deleted, and writes their history rows when the schema
--- keeps a completion history (decided here, not by the caller).  A result
--- with its delivery id finds its row through the primary key (event_id and
--- handler only checked: compared under "C" so that the planner cannot take
--- the (event_id, handler) index instead, equality being the same under
--- every deterministic collation); one without (p_ids element NULL) through
--- its lane's in-flight ids (the primary key, a probe each: there is no
--- index on event_id).  For the results with an id in_flight is tested with @> so that it cannot
--- become an index condition (d.id = ANY (l.in_flight) made the planner read
--- every in-flight row of the lane for each result: 5.4 ms -> 1.6 ms per
--- 200).  l: each lane of the results read once, through its key, not once
--- a result (a group of 200 has some 20 lanes; 7% less time a result).
-CREATE OR REPLACE FUNCTION @S@.relaybus_complete_batch(
+-- in_flight membership and the claims counter, and writes the history rows
+-- of the deliveries it deleted when the schema keeps a completion history
+-- (decided here, not by the caller).  A result with its delivery id finds
+-- its row through the primary key, a probe a result (LATERAL and fenced
+-- with OFFSET 0: no statistics turn it into a scan; event_id and handler
+-- only checked, compared under "C" so that the planner cannot take the
+-- (event_id, handler) index instead, equality being the same under every
+-- deterministic collation), and in_flight is tested with @> so that it
+-- cannot become an index condition (d.id = ANY (l.in_flight) made the
+-- planner read every in-flight row of the lane for each result: 5.4 ms ->
+-- 1.6 ms per 200); the rows found (f) are deleted by their addresses (a
+-- TID scan).  One without its id (p_ids element NULL) through its lane's
+-- in-flight ids (the primary key, a probe each: there is no index on
+-- event_id).  l: each lane of the results read once, through its key, not
+-- once a result (a group of 200 has some 20 lanes; 7% less time a result).
+-- The rows returned: (NULL, id) a delivery deleted by id, (ord, id) the
+-- result at position ord found that row, (ord, NULL) a result's delivery
+-- deleted through its lane; the caller pairs them (store_pg_complete.c:
+-- a join of the two here is left to estimates a generic plan may make a
+-- nested loop of, 800 x 800).  A row that changed between the probe and
+-- the deletion (a takeover's charge) has a new address and is not deleted,
+-- as its fence would have failed.
+DROP FUNCTION IF EXISTS @S@.relaybus_complete_batch(text[], text[], smallint[], bigint[], integer[], bigint[]);
+CREATE FUNCTION @S@.relaybus_complete_batch(
     p_event_ids text[], p_handlers text[], p_lanes smallint[], p_epochs bigint[],
     p_claims integer[], p_ids bigint[])
-RETURNS TABLE (ord bigint)
+RETURNS TABLE (ord bigint, id bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
+DECLARE
+    v_ord bigint[]; v_id bigint[]; v_ev text[]; v_h text[]; v_att integer[];
 BEGIN
     PERFORM @S@.relaybus_check('{worker}', p_handlers);
+    WITH r AS (SELECT * FROM unnest(p_event_ids, p_handlers, p_lanes, p_epochs, p_claims, p_ids)
+               WITH ORDINALITY AS r(event_id, handler, lane, epoch, claims, id, ord)),
+    l AS (SELECT x.handler, x.lane, x.epoch, x.in_flight FROM (SELECT DISTINCT handler, lane FROM r) u
+          CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_lanes y
+                               WHERE y.handler = u.handler AND y.lane = u.lane OFFSET 0) x),
+    f AS MATERIALIZED (SELECT r.ord, d.t, d.id FROM r
+          CROSS JOIN LATERAL (SELECT dd.ctid AS t, dd.id FROM @S@.relaybus_deliveries dd
+                               WHERE dd.id = r.id AND dd.event_id = r.event_id COLLATE "C"
+                                 AND dd.handler = r.handler COLLATE "C" AND dd.lane = r.lane
+                                 AND dd.claims = r.claims AND dd.status = 'pending' OFFSET 0) d
+          JOIN l ON l.handler = r.handler AND l.lane = r.lane AND l.epoch = r.epoch
+                AND l.in_flight @> ARRAY[d.id]),
+    by_id AS (DELETE FROM @S@.relaybus_deliveries d
+               WHERE d.ctid = ANY (ARRAY(SELECT f.t FROM f)) AND d.status = 'pending'
+              RETURNING NULL::bigint AS ord, d.id, d.event_id, d.handler, d.attempts),
+    by_key AS (DELETE FROM @S@.relaybus_deliveries d USING r, l
+                WHERE r.id IS NULL AND d.id = ANY (l.in_flight) AND d.event_id = r.event_id
+                  AND d.handler = r.handler AND d.lane = r.lane AND d.claims = r.claims
+                  AND d.status = 'pending' AND l.handler = r.handler AND l.lane = r.lane
+                  AND l.epoch = r.epoch
+               RETURNING r.ord, NULL::bigint AS id, d.event_id, d.handler, d.attempts)
+    SELECT array_agg(x.ord), array_agg(x.id), array_agg(x.event_id), array_agg(x.handler), array_agg(x.attempts)
+      INTO v_ord, v_id, v_ev, v_h, v_att
+      FROM (SELECT * FROM by_id UNION ALL SELECT * FROM by_key
+            UNION ALL SELECT f.ord, f.id, NULL, NULL, NULL FROM f) x;
+    -- (the history: the rows deleted, those with an event_id; the table is
+    -- named only in this branch, which a schema without it never plans)
     IF to_regclass('@S@.relaybus_completions') IS NOT NULL THEN
-        RETURN QUERY
-        WITH r AS (SELECT * FROM unnest(p_event_ids, p_handlers, p_lanes, p_epochs, p_claims, p_ids)
-                   WITH ORDINALITY AS r(event_id, handler, lane, epoch, claims, id, ord)),
-        l AS (SELECT x.handler, x.lane, x.epoch, x.in_flight FROM (SELECT DISTINCT handler, lane FROM r) u
-              CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_lanes y
-                                   WHERE y.handler = u.handler AND y.lane = u.lane OFFSET 0) x),
-        by_id AS (DELETE FROM @S@.relaybus_deliveries d USING r, l
-                   WHERE d.id BETWEEN (SELECT min(i) FROM unnest(p_ids) i) AND (SELECT max(i) FROM unnest(p_ids) i) -- (a bound: see store_pg_complete.c)
-                     AND d.id = r.id AND d.event_id = r.event_id COLLATE "C" AND d.handler = r.handler COLLATE "C"
-                     AND d.lane = r.lane AND d.claims = r.claims AND d.status = 'pending'
-                     AND l.handler = r.handler AND l.lane = r.lane AND l.epoch = r.epoch
-                     AND l.in_flight @> ARRAY[d.id]
-                  RETURNING r.ord, d.event_id, d.handler, d.attempts),
-        by_key AS (DELETE FROM @S@.relaybus_deliveries d USING r, l
-                    WHERE r.id IS NULL AND d.id = ANY (l.in_flight) AND d.event_id = r.event_id
-                      AND d.handler = r.handler AND d.lane = r.lane AND d.claims = r.claims
-                      AND d.status = 'pending' AND l.handler = r.handler AND l.lane = r.lane
-                      AND l.epoch = r.epoch
-                   RETURNING r.ord, d.event_id, d.handler, d.attempts),
-        del AS (SELECT * FROM by_id UNION ALL SELECT * FROM by_key),
-        hist AS (INSERT INTO @S@.relaybus_completions (event_id, handler, attempts)
-                 SELECT event_id, handler, attempts + 1 FROM del)
-        SELECT del.ord FROM del;
-    ELSE
-        RETURN QUERY
-        WITH r AS (SELECT * FROM unnest(p_event_ids, p_handlers, p_lanes, p_epochs, p_claims, p_ids)
-                   WITH ORDINALITY AS r(event_id, handler, lane, epoch, claims, id, ord)),
-        l AS (SELECT x.handler, x.lane, x.epoch, x.in_flight FROM (SELECT DISTINCT handler, lane FROM r) u
-              CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_lanes y
-                                   WHERE y.handler = u.handler AND y.lane = u.lane OFFSET 0) x),
-        by_id AS (DELETE FROM @S@.relaybus_deliveries d USING r, l
-                   WHERE d.id BETWEEN (SELECT min(i) FROM unnest(p_ids) i) AND (SELECT max(i) FROM unnest(p_ids) i) -- (a bound: see store_pg_complete.c)
-                     AND d.id = r.id AND d.event_id = r.event_id COLLATE "C" AND d.handler = r.handler COLLATE "C"
-                     AND d.lane = r.lane AND d.claims = r.claims AND d.status = 'pending'
-                     AND l.handler = r.handler AND l.lane = r.lane AND l.epoch = r.epoch
-                     AND l.in_flight @> ARRAY[d.id]
-                  RETURNING r.ord),
-        by_key AS (DELETE FROM @S@.relaybus_deliveries d USING r, l
-                    WHERE r.id IS NULL AND d.id = ANY (l.in_flight) AND d.event_id = r.event_id
-                      AND d.handler = r.handler AND d.lane = r.lane AND d.claims = r.claims
-                      AND d.status = 'pending' AND l.handler = r.handler AND l.lane = r.lane
-                      AND l.epoch = r.epoch
-                   RETURNING r.ord)
-        SELECT by_id.ord FROM by_id UNION ALL SELECT by_key.ord FROM by_key;
+        INSERT INTO @S@.relaybus_completions (event_id, handler, attempts)
+        SELECT u.ev, u.h, u.att + 1 FROM unnest(v_ev, v_h, v_att) u(ev, h, att) WHERE u.ev IS NOT NULL;
     END IF;
+    RETURN QUERY SELECT u.ord, u.id FROM unnest(v_ord, v_id) u(ord, id);
 END $$;
 
 -- Renew every lease p_owner holds (as p_holder) on p_handler's lanes; the

@@ -40,40 +40,50 @@
 #define COMPLETE_FENCE \
     "    AND d.lane = r.lane AND d.claims = r.claims AND d.status = 'pending' " \
     "    AND l.handler = r.handler AND l.lane = r.lane AND l.epoch = r.epoch "
-#define COMPLETE_RETURNING "  RETURNING r.ord, d.event_id, d.handler, d.attempts) "
 /* (l: each lane of the results read once, through its key, not once a
  * result: a group of 200 has some 20 lanes; 7% less time a result.
- * by_id bounds its scan of the primary key by its ids' range too: with
- * only the join's d.id = r.id a generic plan on a table whose statistics
- * say it is tiny may scan the whole primary key for each result, which
- * under a held snapshot walks every entry deleted since: 2,300-3,300
- * buffers a completion, 3 of 4 runs of bench/recovery --only hold, against
- * 200.  A range, not the ids themselves (d.id = ANY ($6), 0b91ab2): beside
- * the join's d.id = r.id that array became a second key of each result's
- * probe, and PostgreSQL before 17 sorts the array and steps through every
- * element at each probe: the completion of a batch of 800 went quadratic,
- * 4 -> 52-85 ms, and a drain of 200,000 unkeyed deliveries 3.8x slower
- * (issue 43).  A range is two scalar keys, merged with the equality once
- * per probe) */
+ * by_id finds its rows before it deletes them: f, each result's row
+ * through the primary key (a probe a result, LATERAL and fenced with
+ * OFFSET 0, so that no statistics can turn it into a scan) that passes
+ * the fence; then the DELETE takes f's row addresses (a TID scan, no
+ * index) and says by id which rows it deleted, f by id which result each
+ * was (complete_outcomes pairs them: no join of two CTEs, whose estimates
+ * a generic plan may make a nested loop of, 800 x 800).  A join of the
+ * deliveries with r (d.id = r.id) left the plan to the statistics: a range
+ * of the primary key between the ids' min and max hashed, which in a
+ * drain spread over lanes is 30 rows read for each one deleted (24,215
+ * for 800, 10 of a completion's 12 ms); without the range, on a table
+ * whose statistics say it is tiny, the whole primary key for each result,
+ * which under a held snapshot walks every entry deleted since; and the ids
+ * as a second key of the join's probe (0b91ab2) went quadratic before
+ * PostgreSQL 17 (issue 43).  A row that changed in between (a takeover's
+ * charge) has a new address and is not deleted, as its fence would have
+ * failed.  The rows: (NULL, id) deleted by id, (ord, id) a result's row
+ * found by id, (ord, NULL) deleted through the lane) */
 #define COMPLETE_CTE \
     "WITH r AS (SELECT * FROM unnest($1::text[], $2::text[], $3::smallint[], $4::bigint[], $5::integer[], " \
     "  $6::bigint[]) WITH ORDINALITY AS r(event_id, handler, lane, epoch, claims, id, ord)), " \
     "l AS (SELECT x.handler, x.lane, x.epoch, x.in_flight FROM (SELECT DISTINCT handler, lane FROM r) u " \
     "  CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_lanes y " \
     "    WHERE y.handler = u.handler AND y.lane = u.lane OFFSET 0) x), " \
-    "by_id AS (DELETE FROM @S@.relaybus_deliveries d USING r, l " \
-    "  WHERE d.id BETWEEN (SELECT min(i) FROM unnest($6::bigint[]) i) AND (SELECT max(i) FROM unnest($6::bigint[]) i) " \
-    "    AND d.id = r.id AND d.event_id = r.event_id COLLATE \"C\" AND d.handler = r.handler COLLATE \"C\" " \
-    COMPLETE_FENCE "    AND l.in_flight @> ARRAY[d.id] " COMPLETE_RETURNING ", " \
+    "f AS MATERIALIZED (SELECT r.ord, d.t, d.id FROM r " \
+    "  CROSS JOIN LATERAL (SELECT dd.ctid AS t, dd.id FROM @S@.relaybus_deliveries dd " \
+    "    WHERE dd.id = r.id AND dd.event_id = r.event_id COLLATE \"C\" AND dd.handler = r.handler COLLATE \"C\" " \
+    "      AND dd.lane = r.lane AND dd.claims = r.claims AND dd.status = 'pending' OFFSET 0) d " \
+    "  JOIN l ON l.handler = r.handler AND l.lane = r.lane AND l.epoch = r.epoch AND l.in_flight @> ARRAY[d.id]), " \
+    "by_id AS (DELETE FROM @S@.relaybus_deliveries d " \
+    "  WHERE d.ctid = ANY (ARRAY(SELECT f.t FROM f)) AND d.status = 'pending' " \
+    "  RETURNING NULL::bigint AS ord, d.id, d.event_id, d.handler, d.attempts), " \
     "by_key AS (DELETE FROM @S@.relaybus_deliveries d USING r, l " \
     "  WHERE r.id IS NULL AND d.id = ANY (l.in_flight) AND d.event_id = r.event_id " \
-    "    AND d.handler = r.handler " COMPLETE_FENCE COMPLETE_RETURNING ", " \
+    "    AND d.handler = r.handler " COMPLETE_FENCE \
+    "  RETURNING r.ord, NULL::bigint AS id, d.event_id, d.handler, d.attempts), " \
     "del AS (SELECT * FROM by_id UNION ALL SELECT * FROM by_key) "
-const char pg_tmpl_complete[] = COMPLETE_CTE "SELECT ord FROM del";
+const char pg_tmpl_complete[] = COMPLETE_CTE "SELECT ord, id FROM del UNION ALL SELECT ord, id FROM f";
 const char pg_tmpl_complete_hist[] = COMPLETE_CTE
     ", hist AS (INSERT INTO @S@.relaybus_completions (event_id, handler, attempts) "
     "  SELECT event_id, handler, attempts + 1 FROM del) "
-    "SELECT ord FROM del";
+    "SELECT ord, id FROM del UNION ALL SELECT ord, id FROM f";
 const char pg_tmpl_fail[] =
     "SELECT ord, outcome, attempts, missing FROM @S@.relaybus_fail($1::text[], $2::text[], "
     "$3::smallint[], $4::bigint[], $5::integer[], $6::text[], $7::bigint[], $8::text[], "
@@ -86,7 +96,7 @@ const char pg_tmpl_lock_lane[] =
 /* (the same for a worker role, store_pg_claim.c: relaybus_complete_batch
  * writes the history rows itself when the schema keeps them) */
 const char pg_tmpl_w_complete[] =
-    "SELECT ord FROM @S@.relaybus_complete_batch($1::text[], $2::text[], $3::smallint[], $4::bigint[], "
+    "SELECT ord, id FROM @S@.relaybus_complete_batch($1::text[], $2::text[], $3::smallint[], $4::bigint[], "
     "$5::integer[], $6::bigint[])";
 const char pg_tmpl_w_fail[] =
     "SELECT ord, outcome, attempts, missing FROM @S@.relaybus_worker_fail($1::text[], $2::text[], "
@@ -207,9 +217,24 @@ lost_gone(struct rb_store *s, PGconn *c, struct rb_result *r, struct rb_error *e
 	return 0;
 }
 
+/* a row pg_tmpl_complete deleted by id, and whether a result took it */
+struct deleted_id {
+	long long	 id;
+	bool		 paired;
+};
+
+static int
+deleted_cmp(const void *a, const void *b)
+{
+	long long x = ((const struct deleted_id *)a)->id, y = ((const struct deleted_id *)b)->id;
+
+	return (x > y) - (x < y);
+}
+
 /*
  * The outcomes of a completion statement (res: the positions of the rows
- * it deleted, 1-based in the order of idx): completed or lost, and
+ * it deleted, 1-based in the order of idx; or pg_tmpl_complete's pairs,
+ * above): completed or lost, and
  * missing when a lost delivery is gone.  idx: the results' places in v,
  * or NULL for 0..n-1.
  */
@@ -217,14 +242,38 @@ static int
 complete_outcomes(struct rb_store *s, PGconn *c, struct rb_result *v, const size_t *idx, size_t n,
     PGresult *res, struct rb_error *err)
 {
+	int rows = PQntuples(res);
+	size_t nd = 0;
+	struct deleted_id *deleted = NULL;
+
 	for (size_t k = 0; k < n; k++)
 		v[idx != NULL ? idx[k] : k].outcome = RB_OUTCOME_LOST;
-	for (int i = 0; i < PQntuples(res); i++) {
+	/* (two columns, pg_tmpl_complete's: the ids it deleted, then each
+	 * result's by its id, one result a row deleted) */
+	if (PQnfields(res) >= 2) {
+		deleted = xcalloc((size_t)rows + 1, sizeof *deleted);
+		for (int i = 0; i < rows; i++)
+			if (PQgetisnull(res, i, 0) && !PQgetisnull(res, i, 1))
+				deleted[nd++].id = strtoll(PQgetvalue(res, i, 1), NULL, 10);
+		qsort(deleted, nd, sizeof *deleted, deleted_cmp);
+	}
+	for (int i = 0; i < rows; i++) {
+		if (PQgetisnull(res, i, 0))
+			continue;
 		long ord = strtol(PQgetvalue(res, i, 0), NULL, 10);
 
+		if (deleted != NULL && !PQgetisnull(res, i, 1)) {
+			struct deleted_id key = { .id = strtoll(PQgetvalue(res, i, 1), NULL, 10) };
+			struct deleted_id *hit = bsearch(&key, deleted, nd, sizeof *deleted, deleted_cmp);
+
+			if (hit == NULL || hit->paired)
+				continue;
+			hit->paired = true;
+		}
 		if (ord >= 1 && (size_t)ord <= n)
 			v[idx != NULL ? idx[ord - 1] : (size_t)ord - 1].outcome = RB_OUTCOME_COMPLETED;
 	}
+	free(deleted);
 	for (size_t k = 0; k < n; k++) {
 		struct rb_result *r = &v[idx != NULL ? idx[k] : k];
 
@@ -449,6 +498,14 @@ fenced(struct rb_store *s, PGresult *res, struct rb_result *r)
 		return -1;
 	}
 	n = PQntuples(res);
+	/* (pg_tmpl_complete's pairs: the rows it deleted, by id or by lane) */
+	if (PQnfields(res) >= 2) {
+		int rows = n;
+
+		n = 0;
+		for (int i = 0; i < rows; i++)
+			n += PQgetisnull(res, i, 0) || PQgetisnull(res, i, 1);
+	}
 	PQclear(res);
 	if (n == 0) {
 		pg_rollback_quietly(s);
