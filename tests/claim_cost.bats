@@ -14,7 +14,7 @@ setup() {
   fi
 }
 
-teardown() { drop_schema; }
+teardown() { kill_pids_drop_schema; }
 
 publish() {  # n prefix handler
   awk -v n="$1" -v p="$2" -v h="$3" 'BEGIN {
@@ -140,4 +140,28 @@ idx_fetched() {
   [ "$status" -eq 0 ]
   [ "$stderr" = "rb-complete: stdin:2: delivery $first of dd does not exist (completed elsewhere, or never published): not applied" ]
   [ "$(q "SELECT count(*) FROM $RB_SCHEMA.relaybus_deliveries WHERE handler = 'dd'")" = 0 ]
+}
+
+@test "a completion that waits on a takeover's charge of its delivery (claims one up): not applied, the row as the charge left it" {
+  pg_only
+  need_pg
+  publish 1 w ch
+  rb-claim -q -H ch --batch 10 >"$BATS_TEST_TMPDIR/lines"
+  local id p
+  id=$(jq -r .delivery_id "$BATS_TEST_TMPDIR/lines")
+  # the charge of a takeover (relaybus_claim_charge), not committed yet
+  session rbcharge
+  echo "BEGIN; UPDATE relaybus_deliveries SET claims = claims + 1, attempts = attempts + 1 WHERE id = $id;" >&7
+  wait_for 10 '[ "$(q "SELECT count(*) FROM pg_stat_activity WHERE application_name = '"'rbcharge'"' AND state = '"'idle in transaction'"'")" = 1 ]'
+  # the completion finds the row, then waits for the charge's lock on it
+  jq -c '. + {ok: true}' "$BATS_TEST_TMPDIR/lines" | rb-complete -o >"$BATS_TEST_TMPDIR/out" 2>"$BATS_TEST_TMPDIR/err" &
+  p=$!
+  PIDS="$PIDS $p"
+  wait_for 10 '[ "$(q "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = '"'Lock'"' AND application_name <> '"'rbcharge'"'")" -ge 1 ]'
+  echo "COMMIT;" >&7
+  wait "$p"
+  cat "$BATS_TEST_TMPDIR/out"
+  [ "$(jq -r .outcome "$BATS_TEST_TMPDIR/out")" = lost ]
+  [ ! -s "$BATS_TEST_TMPDIR/err" ]
+  [ "$(q "SELECT claims || ' ' || attempts || ' ' || status FROM $RB_SCHEMA.relaybus_deliveries WHERE id = $id")" = "1 1 pending" ]
 }
