@@ -1961,7 +1961,10 @@ CREATE OR REPLACE VIEW @S@.relaybus_worker_events WITH (security_barrier) AS
 
 -- The delivery path's statements, as functions (a worker role has no table
 -- privilege).  Each is the statement store_pg.c runs in the owner's
--- sessions (store_pg_claim.c, store_pg_complete.c), unchanged.
+-- sessions (store_pg_claim.c, store_pg_complete.c), unchanged (the
+-- completion's history rows, which the owner's statement writes in a CTE,
+-- are written here by a second statement: a schema without the table never
+-- plans it).
 -- Complete (rb-dispatch, rb-complete): one statement, fenced by lane epoch,
 -- in_flight membership and the claims counter, and writes the history rows
 -- of the deliveries it deleted when the schema keeps a completion history
