@@ -315,12 +315,16 @@ main(int argc, char **argv)
 	/* pg_stat_activity tells the dispatchers apart (PGAPPNAME still wins) */
 	opt.common.app = app_name = xasprintf("rb-dispatch/%s", opt.dispatch.handler);
 	dp = dispatcher_new(&opt.dispatch);
+	/* handlers that are processes die with rb-dispatch, however it dies */
+	if (opt.dispatch.kind != &handler_sql)
+		guard_start();
 	setup_signals();
 	{
 		/* a connection lost while it starts is made again, as later */
 		const struct rb_cli_again again = { .stop = dispatch_stopping, .level = RB_LOG_WARN };
 
 		if ((store = rb_cli_open_again(&opt.common, &again)) == NULL) {
+			guard_stop();
 			dispatcher_free(dp);
 			free(app_name);
 			return RB_EXIT_OK;
@@ -345,6 +349,7 @@ main(int argc, char **argv)
 		}
 	}
 	exit_code = dispatcher_run(dp, store);
+	guard_stop();
 	rb_store_close(store);
 	dispatcher_free(dp);
 	free(app_name);

@@ -150,6 +150,32 @@ order_violations() {  # file [strict]
   [ "$(awk '$4 == 2' "$b" | wc -l)" = "$(lines "$a")" ]
 }
 
+# whether process PID is there and not a zombie (whose parent has not reaped it yet)
+running() { [ -r "/proc/$1/stat" ] && [ "$(sed 's/.*) //' "/proc/$1/stat" | cut -d' ' -f1)" != Z ]; }
+
+@test "kill -9 of a dispatcher: its --exec and --pipe handlers die with it, children too, not to run on beside the takeover" {
+  need_pg
+  local h=$BATS_TEST_TMPDIR/h pids=$BATS_TEST_TMPDIR/pids d pid
+  # a handler that runs a child of its own for long and says the child's pid
+  printf '#!/bin/sh\nsleep 600 &\necho $! >>%s\nwait\n' "$pids" >"$h"
+  chmod +x "$h"
+  publish 1 e orphan
+  for kind in --exec --pipe; do
+    : >"$pids"
+    rb-dispatch -H orphan "$kind" "$h" 2>/dev/null 3>&- & d=$!
+    PIDS="${PIDS:-} $d"
+    wait_for 20 '[ -s "$pids" ]'
+    pid=$(head -1 "$pids")
+    PIDS="$PIDS $pid"
+    running "$pid"
+    kill -9 "$d"
+    # gone within seconds, not when its 600 s are over
+    wait_for 10 '! running "$pid"' || { echo "$kind: the handler's child ($pid) runs on"; false; }
+  done
+  # the delivery is still there, for the takeover
+  [ "$(pending orphan)" = 1 ]
+}
+
 # Run rb-dispatch (ARGS...) again and again while event EV of HANDLER is
 # pending, at most 60 times: a dispatcher whose handler kills it, restarted.
 restart_while_pending() {  # handler ev args...

@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdbool.h>
@@ -16,6 +17,7 @@
 #include <unistd.h>
 
 #include "rb_env.h"
+#include "rb_log.h"
 #include "rb_util.h"
 
 #include "dispatch.h"
@@ -26,6 +28,142 @@ void
 set_nonblock(int fd)
 {
 	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+}
+
+/*
+ * The guard: a child of rb-dispatch's (forked before any connection is
+ * made) that lives as long as rb-dispatch does.  rb-dispatch tells it
+ * through a pipe the process group of each handler it starts (+pid) and of
+ * each it reaps (-pid); when the pipe ends, because rb-dispatch exited or
+ * was killed (kill -9 too), it kills the groups still there (SIGKILL) and
+ * exits.  So a handler never runs on after its dispatcher, beside the
+ * takeover that runs its delivery again and then the key's next ones.  It
+ * ignores the signals a terminal or a supervisor sends the whole group (it
+ * ends with rb-dispatch, not before), and holds none of its descriptors.
+ */
+static int	guard_fd = -1;
+static pid_t	guard_pid;
+
+static _Noreturn void
+guard_run(int rfd)
+{
+	pid_t *g = NULL;
+	size_t n = 0, cap = 0;
+	int32_t m;
+	ssize_t r;
+
+	/* every signal but a fault's (a bug), SIGCHLD's (it has none) and those
+	 * that cannot be */
+	for (int sig = 1; sig < NSIG; sig++)
+		if (sig != SIGKILL && sig != SIGSTOP && sig != SIGCHLD && sig != SIGSEGV && sig != SIGBUS &&
+		    sig != SIGFPE && sig != SIGILL && sig != SIGABRT && sig != SIGTRAP && sig != SIGSYS)
+			signal(sig, SIG_IGN);
+	for (;;) {
+		r = read(rfd, &m, sizeof m);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r != (ssize_t)sizeof m)
+			break;		/* the end: rb-dispatch is gone */
+		if (m > 0) {
+			if (n == cap) {
+				pid_t *ng = realloc(g, (cap = cap * 2 + 64) * sizeof *g);
+
+				if (ng == NULL)
+					continue;
+				g = ng;
+			}
+			g[n++] = (pid_t)m;
+		} else
+			for (size_t i = 0; i < n; i++)
+				if (g[i] == (pid_t)-m) {
+					g[i] = g[--n];
+					break;
+				}
+	}
+	for (size_t i = 0; i < n; i++)
+		kill(-g[i], SIGKILL);
+	free(g);
+	_exit(0);	/* (not exit: nothing of rb-dispatch's to flush or to check) */
+}
+
+void
+guard_start(void)
+{
+	int p[2], nul;
+	long max = sysconf(_SC_OPEN_MAX);
+	pid_t pid;
+
+	if (pipe2(p, O_CLOEXEC) < 0) {
+		rb_warn("cannot start the handlers' guard (pipe: %s): a kill -9 would leave them running",
+		    strerror(errno));
+		return;
+	}
+	if ((pid = fork()) < 0) {
+		rb_warn("cannot start the handlers' guard (fork: %s): a kill -9 would leave them running",
+		    strerror(errno));
+		close(p[0]);
+		close(p[1]);
+		return;
+	}
+	if (pid == 0) {
+		/* nothing of rb-dispatch's open here: whoever reads its output
+		 * sees the end when it ends */
+		if ((nul = open("/dev/null", O_RDWR)) >= 0) {
+			dup2(nul, STDIN_FILENO);
+			dup2(nul, STDOUT_FILENO);
+			dup2(nul, STDERR_FILENO);
+		}
+		for (int fd = 3; fd < (max > 0 && max < 65536 ? max : 65536); fd++)
+			if (fd != p[0])
+				close(fd);
+		guard_run(p[0]);
+	}
+	close(p[0]);
+	guard_fd = p[1];
+	guard_pid = pid;
+}
+
+static void
+guard_tell(int32_t m)
+{
+	ssize_t r;
+
+	if (guard_fd < 0)
+		return;
+	do
+		r = write(guard_fd, &m, sizeof m);
+	while (r < 0 && errno == EINTR);
+	if (r != (ssize_t)sizeof m) {	/* it is gone */
+		close(guard_fd);
+		guard_fd = -1;
+	}
+}
+
+void
+guard_stop(void)
+{
+	if (guard_fd >= 0)
+		close(guard_fd);
+	guard_fd = -1;
+	if (guard_pid > 0)
+		while (waitpid(guard_pid, NULL, 0) < 0 && errno == EINTR)
+			;
+	guard_pid = 0;
+}
+
+bool
+guard_reaped(pid_t pid)
+{
+	if (pid == guard_pid && guard_pid > 0) {
+		rb_warn("the handlers' guard ended: a kill -9 would leave them running");
+		if (guard_fd >= 0)
+			close(guard_fd);
+		guard_fd = -1;
+		guard_pid = 0;
+		return true;
+	}
+	guard_tell(-(int32_t)pid);
+	return false;
 }
 
 /*
@@ -104,6 +242,7 @@ spawn_env(const char *cmd, int in_fd, int out_fd, char *const *extra)
 		errno = rc;
 		return -1;
 	}
+	guard_tell((int32_t)pid);
 	return pid;
 }
 

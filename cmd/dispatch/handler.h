@@ -92,6 +92,13 @@ pid_t	spawn(const char *cmd, int in_fd, int out_fd);
 /* spawn with the delivery's own environment entries (NULL-ended): TRACEPARENT, TRACESTATE */
 pid_t	spawn_env(const char *cmd, int in_fd, int out_fd, char *const *extra);
 char	*line_text(const struct rb_dl *d, size_t *len);
+/* the handlers' guard (handler.c): kills the handlers' process groups when
+ * rb-dispatch ends, even by kill -9; started before any connection */
+void	guard_start(void);
+/* at the end: the guard told, and gone before rb-dispatch is */
+void	guard_stop(void);
+/* a child reaped: true if it was the guard (then there is none) */
+bool	guard_reaped(pid_t pid);
 /* "cannot run the handler: exit 127 (command not found)" for the shell's
  * exit statuses 126 and 127 (POSIX 2.8.2), else NULL */
 const char *cannot_run(int status);

@@ -112,7 +112,7 @@ reap(struct dispatcher *dp)
 
 	got_child = 0;
 	while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
-		if (dp->opt.kind->exited != NULL)
+		if (!guard_reaped(pid) && dp->opt.kind->exited != NULL)
 			dp->opt.kind->exited(dp, pid, status);
 }
 
