@@ -150,9 +150,6 @@ order_violations() {  # file [strict]
   [ "$(awk '$4 == 2' "$b" | wc -l)" = "$(lines "$a")" ]
 }
 
-# whether process PID is there and not a zombie (whose parent has not reaped it yet)
-running() { [ -r "/proc/$1/stat" ] && [ "$(sed 's/.*) //' "/proc/$1/stat" | cut -d' ' -f1)" != Z ]; }
-
 @test "kill -9 of a dispatcher: its --exec and --pipe handlers die with it, children too, not to run on beside the takeover" {
   need_pg
   local h=$BATS_TEST_TMPDIR/h pids=$BATS_TEST_TMPDIR/pids d pid

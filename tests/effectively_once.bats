@@ -152,23 +152,27 @@ pipeline() {  # handler-name cmd out
   publish 12 k1
   local a b n
   # A dies after the COMMIT of the first delivery it runs (before the
-  # answer), B while the transaction of its first one is open (the handler
-  # goes on and commits under B's lease, which no one took over); one
-  # delivery at a time, so that what a dead dispatcher leaves is its lanes
+  # answer), B while the transaction of its first one is open (its guard
+  # kills the handler with it: the transaction rolls back, and the next
+  # dispatcher runs that delivery again); one delivery at a time, so that
+  # what a dead dispatcher leaves is its lanes
   EO_KILL_DISP_AFTER=ANY run -137 timeout 60 rb-dispatch -H k1 --pipe rb-test-eo-psql --lease 2s --chain 1 --batch 1 -c 1
   a=$(cat "$EO_MARK/any.disp_after")
   [ "$(attempt_of k1 "$a")" = 1 ]
   sleep 2.5	# (A's lanes free up: its lease ends)
   EO_KILL_DISP_BEFORE=ANY run -137 timeout 60 rb-dispatch -H k1 --pipe rb-test-eo-psql --lease 2s --chain 1 --batch 1 -c 1
   b=$(cat "$EO_MARK/any.disp_before")
-  wait_for 10 '[ "$(attempt_of k1 "$b")" = 1 ]'
+  # B's handler died with B, its transaction rolled back: no row of b
+  wait_for 10 '! running "$(cat "$EO_MARK/disp_before.handler")"'
+  [ "$(attempt_of k1 "$b")" = "" ]
   sleep 2.5	# (B's lanes free up)
   run -0 --separate-stderr timeout 120 rb-dispatch -v -H k1 --pipe rb-test-eo-psql --settle --lease 2s
   exactly_once 12 k1
-  [ "$(attempt_of k1 "$a"),$(attempt_of k1 "$b")" = 1,1 ]
-  # the last one ran the other ten (after taking the lanes over), all
+  # b again, on the attempt the takeover charged
+  [ "$(attempt_of k1 "$a"),$(attempt_of k1 "$b")" = 1,2 ]
+  # the last one ran the other eleven (after taking the lanes over), all
   # completed by the handler, nothing lost
-  [[ "$stderr" == *" 10 completed, "*", 0 lost, 10 completed by the handler"* ]]
+  [[ "$stderr" == *" 11 completed, "*", 0 lost, 11 completed by the handler"* ]]
 }
 
 @test "a takeover while the handler's transaction is open: a stale completion rolls back; a locked lane waits" {
@@ -177,12 +181,14 @@ pipeline() {  # handler-name cmd out
   publish 4 t1
   local a b
   # 1. A's handler is inside e1's transaction, before relaybus_complete,
-  # when A dies; B takes the lanes over and runs e1; A's handler then
-  # completes with its stale lease: lost, rolled back
+  # when A stops (SIGSTOP: a paused machine; its handler goes on, as a
+  # dead dispatcher's would not, its guard killing them); B takes the
+  # lanes over and runs e1; A's handler then completes with its stale
+  # lease: lost, rolled back
   EO_HOLD_EARLY=e1 rb-dispatch -q -H t1 --pipe rb-test-eo-psql --lease 1s 2>/dev/null 3>&- & a=$!
   PIDS=$a
   wait_for 20 '[ -e "$EO_MARK/e1.early" ]'
-  kill -9 $a
+  kill -STOP $a
   sleep 1.5	# (A's lease ends)
   run -0 --separate-stderr timeout 60 rb-dispatch -v -H t1 --pipe rb-test-eo-psql --settle --lease 1s
   [ "$(attempt_of t1 e1)" = 2 ]
@@ -192,7 +198,7 @@ pipeline() {  # handler-name cmd out
   [ "$(grep "^e1 " "$EO_MARK/eo.log" | awk '{ print $3 }' | tr '\n' ' ')" = "completed lost " ]
   exactly_once 4 t1
   # 2. A's handler has called relaybus_complete (the lane row locked FOR
-  # KEY SHARE) when A dies: B cannot take that lane over until it commits
+  # KEY SHARE) when A stops: B cannot take that lane over until it commits
   # (the ids e1..e4 again, for t2: the events of part 1, all done, go
   # first, or the same ids would be duplicates, which reach no handler
   # their name is not subscribed to)
@@ -201,13 +207,13 @@ pipeline() {  # handler-name cmd out
   export EO_MARK=$BATS_TEST_TMPDIR/2
   mkdir "$EO_MARK"
   EO_HOLD=e1 rb-dispatch -q -H t2 --pipe rb-test-eo-psql --lease 1s --chain 1 2>/dev/null 3>&- & a=$!
-  PIDS=$a
+  PIDS="$PIDS $a"
   wait_for 20 '[ -e "$EO_MARK/e1.held" ]'
   local lane epoch
   lane=$(q "SELECT lane || ' ' || epoch FROM relaybus_lanes WHERE handler = 't2' AND lane = (SELECT lane FROM relaybus_deliveries WHERE handler = 't2' AND event_id = 'e1')")
-  kill -9 $a
+  kill -STOP $a
   rb-dispatch -v -H t2 --pipe rb-test-eo-psql --lease 1s 2>"$BATS_TEST_TMPDIR/b.err" 3>&- & b=$!
-  PIDS=$b
+  PIDS="$PIDS $b"
   # the other events go through B; e1's lane stays A's, at its epoch
   wait_for 30 '[ "$(q "SELECT count(*) FROM eo_rows WHERE handler = '"'"'t2'"'"'")" = 3 ]'
   sleep 2

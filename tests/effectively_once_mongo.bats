@@ -120,12 +120,13 @@ attempt_of() { rbq find eo_docs "{\"handler\":\"$1\",\"event_id\":\"$2\"}" attem
   publish 4 t1
   local a
   # A's handler is inside e1's transaction (its business document written,
-  # not completed) when A dies; B takes the lanes over and runs e1; A's
-  # handler then completes with its stale lease: lost, aborted
+  # not completed) when A stops (SIGSTOP: a paused machine; a dead
+  # dispatcher's guard would kill its handlers); B takes the lanes over and
+  # runs e1; A's handler then completes with its stale lease: lost, aborted
   EO_HOLD_EARLY=e1 rb-dispatch -q -H t1 --pipe rb-test-eo-mongo --lease 1s 2>/dev/null 3>&- & a=$!
   PIDS=$a
   wait_for 20 '[ -e "$EO_MARK/e1.early" ]'
-  kill -9 $a
+  kill -STOP $a
   sleep 1.5	# (A's lease ends)
   run -0 --separate-stderr timeout 60 rb-dispatch -v -H t1 --pipe rb-test-eo-mongo --settle --lease 1s
   [ "$(attempt_of t1 e1)" = 2 ]

@@ -249,6 +249,9 @@ gen_events() {  # n name [keys]
   }'
 }
 
+# whether process PID is there and not a zombie (whose parent has not reaped it yet)
+running() { [ -r "/proc/$1/stat" ] && [ "$(sed 's/.*) //' "/proc/$1/stat" | cut -d' ' -f1)" != Z ]; }
+
 # wait up to SECS for a shell condition (checked every 50 ms)
 wait_for() {  # secs cond...
   local end=$(( $(date +%s) + $1 )); shift
