@@ -48,7 +48,9 @@ EOF
   [[ "$output" == *"# watch: hang.bats still running after 6 s; its processes:"* ]]
   # the process it waits on, with its kernel wait
   printf '%s\n' "$output" | grep -E "^# watch: .*nanosleep +sleep $mark\$"
-  [ "${lines[${#lines[@]}-1]}" = "Bail out! hang.bats did not finish within 6 s (RELAYBUS_TEST_FILE_TIMEOUT): stopped; what it waited on is above (# watch:)" ]
+  # the last lines: the bail-out, then the file's time
+  [[ "${lines[${#lines[@]}-1]}" == "# time: hang.bats "*" s" ]]
+  [ "${lines[${#lines[@]}-2]}" = "Bail out! hang.bats did not finish within 6 s (RELAYBUS_TEST_FILE_TIMEOUT): stopped; what it waited on is above (# watch:)" ]
   [[ "$output" != *"never reached"* ]]
   if [ -n "${RELAYBUS_TEST_PG_URL:-}" ]; then
     # the database session, its wait event and its query
@@ -58,16 +60,19 @@ EOF
   ! pgrep -f "sleep $mark"
 }
 
-@test "a file that ends: its TAP lines and exit status as bats gives them" {
+@test "a file that ends: its TAP lines and exit status as bats gives them, then its wall time" {
   bats_file two.bats <<'EOF'
 %test "passes" { true; }
-%test "fails" { false; }
+%test "fails" { sleep 1; false; }
 EOF
   run --separate-stderr bats --tap two.bats
   want_status=$status want_output=$output
   run --separate-stderr env RELAYBUS_TEST_FILE_TIMEOUT=60 bash "$watch" bats --tap two.bats
   [ "$status" = "$want_status" ] && [ "$status" = 1 ]
-  [ "$output" = "$want_output" ]
+  # bats's lines, then the file's wall time (a second at least: the sleep)
+  [ "${output%$'\n'*}" = "$want_output" ]
+  [[ "${lines[${#lines[@]}-1]}" =~ ^"# time: two.bats "([0-9]+)" s"$ ]]
+  [ "${BASH_REMATCH[1]}" -ge 1 ]
   [[ "$output" != *"# watch:"* ]]
 }
 
