@@ -1,16 +1,17 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * handler.c: what the handler kinds that run processes share: /bin/sh -c
- * in its own process group, and the delivery's line as text.
+ * in its own process group, the guard that kills those groups when
+ * rb-dispatch dies, and the delivery's line as text.
  */
 #include "config.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <stdint.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
