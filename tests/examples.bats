@@ -15,7 +15,7 @@ setup() {
 # the application's tables the pages name are in the connection's default
 # schema (public), where --sql statements run, not in RELAYBUS_SCHEMA
 teardown() {
-  q 'DROP TABLE IF EXISTS public.totals, public.audit' 2>/dev/null || true
+  q "SET lock_timeout = '30s'; DROP TABLE IF EXISTS public.totals, public.audit" 2>/dev/null || true
   kill_pids_drop_schema
 }
 
@@ -37,9 +37,11 @@ orders() {  # n prefix
 
 pending() { q "SELECT count(*) FROM relaybus_deliveries WHERE handler = '$1'"; }
 
-# a long-running example (one command): started, given DUR to do its work, stopped by SIGTERM
+# a long-running example (one command): started, given DUR to do its work,
+# stopped by SIGTERM (status 124); one that SIGTERM does not end within a
+# minute is killed (137), so the test fails, saying so, instead of waiting
 until_stopped() {  # dur file
-  timeout -s TERM "$1" sh -c "exec $(cat "$2")"
+  timeout -k 60 -s TERM "$1" sh -c "exec $(cat "$2")"
 }
 
 @test "rb-claim(1) EXAMPLES, pasted, with examples/send-mail: the cron forms complete every delivery, the --follow form until stopped" {
@@ -54,7 +56,7 @@ until_stopped() {  # dur file
     [ "$(pending mailer)" = 0 ] || { echo "ex$n: $(cat ex$n)"; false; }
   done
   orders 3 c3-
-  run -124 --separate-stderr timeout -s TERM 5 bash -c "$(cat ex3)"
+  run -124 --separate-stderr timeout -k 60 -s TERM 5 bash -c "$(cat ex3)"
   [ "$(pending mailer)" = 0 ]
 }
 
