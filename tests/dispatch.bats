@@ -383,29 +383,39 @@ own_server() {
 }
 
 # Drain N with -c 20 -b 10 (and args) while the backend that runs the
-# statement starting with prefix is cut three times: the dispatcher
+# statement starting with prefix is cut, three times: the dispatcher
 # reconnects each time, and every delivery ran once, in key order.  (N: a
 # drain that lasts well beyond three cuts: a cut of an idle connection is
 # only seen at its next statement, and a drain that ends first never
-# reconnects.)
+# reconnects.)  Each cut waits for the reconnection of the one before: the
+# dispatcher reconnects all its connections at once, so two cuts before it
+# noticed the first (an idle connection whose last statement matches, then
+# another) made one reconnection, not two (it failed so under ASan).
 drain_cutting() {  # handler statement-prefix n [rb-dispatch args]
-  local h=$1 like=$2 total=$3 out=$BATS_TEST_TMPDIR/$1.out cut=0 n url
+  local h=$1 like=$2 total=$3 out=$BATS_TEST_TMPDIR/$1.out cut=0 n url before end
+  local err=$BATS_TEST_TMPDIR/$1.err
   shift 3
   # only this dispatcher's connections: the other test files run beside
   # this one, against the same server (rb-complete sends the same statement)
   case $RELAYBUS_URL in *\?*) url="$RELAYBUS_URL&application_name=rb$h" ;; *) url="$RELAYBUS_URL?application_name=rb$h" ;; esac
   publish "$total" "$h" "$h" 20
   rb-dispatch --db "$url" -H "$h" --pipe "rb-test-pipe $out" --drain -c 20 -b 10 "$@" \
-    2>"$BATS_TEST_TMPDIR/$h.err" 3>&- & PIDS=$!
-  while kill -0 "$PIDS" 2>/dev/null && [ "$cut" -lt 3 ]; do
+    2>"$err" 3>&- & PIDS=$!
+  while kill -0 "$PIDS" 2>/dev/null && [ "$(grep -c reconnected "$err")" -lt 3 ]; do
+    before=$(grep -c reconnected "$err" || true)
     n=$(q "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
            WHERE application_name = 'rb$h' AND query LIKE '$like%' AND pid <> pg_backend_pid()")
     cut=$((cut + n))
+    if [ "$n" -gt 0 ]; then
+      end=$(( $(date +%s) + 60 ))
+      while kill -0 "$PIDS" 2>/dev/null && [ "$(grep -c reconnected "$err")" -le "$before" ] &&
+        [ "$(date +%s)" -lt "$end" ]; do sleep 0.05; done
+    fi
     sleep 0.2
   done
   wait "$PIDS"
   [ "$cut" -ge 3 ]
-  [ "$(grep -c reconnected "$BATS_TEST_TMPDIR/$h.err")" -ge 3 ]
+  [ "$(grep -c reconnected "$err")" -ge 3 ]
   [ "$(pending "$h")" = 0 ]
   [ "$(cut -d' ' -f1 "$out" | sort -u | wc -l)" = "$total" ]
   [ "$(wc -l <"$out")" = "$total" ]
