@@ -157,17 +157,26 @@ order_violations() {  # file [strict]
   printf '#!/bin/sh\nsleep 600 &\necho $! >>%s\nwait\n' "$pids" >"$h"
   chmod +x "$h"
   publish 1 e orphan
+  # killed alone, and with its process group (setsid: an operator's or a
+  # supervisor's kill -9 -- -PGID, which reaches the guard too unless it
+  # has a group of its own; the handlers' groups are their own)
   for kind in --exec --pipe; do
-    : >"$pids"
-    rb-dispatch -H orphan "$kind" "$h" 2>/dev/null 3>&- & d=$!
-    PIDS="${PIDS:-} $d"
-    wait_for 20 '[ -s "$pids" ]'
-    pid=$(head -1 "$pids")
-    PIDS="$PIDS $pid"
-    running "$pid"
-    kill -9 "$d"
-    # gone within seconds, not when its 600 s are over
-    wait_for 10 '! running "$pid"' || { echo "$kind: the handler's child ($pid) runs on"; false; }
+    for how in process group; do
+      : >"$pids"
+      if [ "$how" = group ]; then
+        setsid rb-dispatch -H orphan "$kind" "$h" 2>/dev/null 3>&- & d=$!
+      else
+        rb-dispatch -H orphan "$kind" "$h" 2>/dev/null 3>&- & d=$!
+      fi
+      PIDS="${PIDS:-} $d"
+      wait_for 20 '[ -s "$pids" ]'
+      pid=$(head -1 "$pids")
+      PIDS="$PIDS $pid"
+      running "$pid"
+      if [ "$how" = group ]; then kill -9 -- "-$d"; else kill -9 "$d"; fi
+      # gone within seconds, not when its 600 s are over
+      wait_for 10 '! running "$pid"' || { echo "$kind, kill -9 of its $how: the handler's child ($pid) runs on"; false; }
+    done
   done
   # the delivery is still there, for the takeover
   [ "$(pending orphan)" = 1 ]

@@ -39,8 +39,9 @@ set_nonblock(int fd)
  * was killed (kill -9 too), it kills the groups still there (SIGKILL) and
  * exits.  So a handler never runs on after its dispatcher, beside the
  * takeover that runs its delivery again and then the key's next ones.  It
- * ignores the signals a terminal or a supervisor sends the whole group (it
- * ends with rb-dispatch, not before), and holds none of its descriptors.
+ * has a process group of its own, so that a kill of rb-dispatch's group
+ * does not reach it, ignores the signals it is sent (it ends with
+ * rb-dispatch, not before), and holds none of its descriptors.
  */
 static int	guard_fd = -1;
 static pid_t	guard_pid;
@@ -107,6 +108,10 @@ guard_start(void)
 		return;
 	}
 	if (pid == 0) {
+		/* a process group of its own: a kill -9 of rb-dispatch's
+		 * group (an operator's kill -- -PGID) must not take it along,
+		 * since the handlers, in groups of their own, would run on */
+		setpgid(0, 0);
 		/* nothing of rb-dispatch's open here: whoever reads its output
 		 * sees the end when it ends */
 		if ((nul = open("/dev/null", O_RDWR)) >= 0) {
