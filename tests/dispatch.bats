@@ -401,7 +401,7 @@ own_server() {
 # noticed the first (an idle connection whose last statement matches, then
 # another) made one reconnection, not two (it failed so under ASan).
 drain_cutting() {  # handler statement-prefix n [rb-dispatch args]
-  local h=$1 like=$2 total=$3 out=$BATS_TEST_TMPDIR/$1.out cut=0 n url before end
+  local h=$1 like=$2 total=$3 out=$BATS_TEST_TMPDIR/$1.out cut=0 n url before
   local err=$BATS_TEST_TMPDIR/$1.err
   shift 3
   # only this dispatcher's connections: the other test files run beside
@@ -416,9 +416,7 @@ drain_cutting() {  # handler statement-prefix n [rb-dispatch args]
            WHERE application_name = 'rb$h' AND query LIKE '$like%' AND pid <> pg_backend_pid()")
     cut=$((cut + n))
     if [ "$n" -gt 0 ]; then
-      end=$(( $(date +%s) + 60 ))
-      while kill -0 "$PIDS" 2>/dev/null && [ "$(grep -c reconnected "$err")" -le "$before" ] &&
-        [ "$(date +%s)" -lt "$end" ]; do sleep 0.05; done
+      wait_for 60 '! kill -0 "$PIDS" 2>/dev/null || [ "$(grep -c reconnected "$err")" -gt "$before" ]' || true
     fi
     sleep 0.2
   done
