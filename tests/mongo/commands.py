@@ -94,6 +94,14 @@ def hello(ctx, db, cmd, legacy=False):
     return doc
 
 
+def sleep(ctx, db, cmd):
+    """mongod's test command {sleep: 1, millis: N}: holds the whole engine
+    (as mongod's lock: "w") for N milliseconds (at most 60 s)."""
+    ms = _nonneg(cmd, 'millis', 100)
+    time.sleep(min(ms, 60000) / 1000.0)
+    return {'ok': 1.0}
+
+
 def build_info(ctx, db, cmd):
     return {'version': VERSION, 'gitVersion': 'relaybus-mongo-test-server', 'versionArray': [6, 0, 0, 0],
             'bits': 64, 'debug': False, 'maxBsonObjectSize': MAX_BSON_SIZE, 'modules': [],
@@ -109,7 +117,7 @@ def server_status(ctx, db, cmd):
             'connections': {'current': e.connections, 'available': 1000, 'totalCreated': e.connections_total},
             'transactions': {'currentOpen': len(e.active), 'totalStarted': e.counts['started'],
                              'totalCommitted': e.counts['committed'], 'totalAborted': e.counts['aborted']},
-            'opcounters': {k: Int64(v) for k, v in e.opcounters.items()},
+            'opcounters': {k: Int64(v + (e.handshakes if k == 'command' else 0)) for k, v in e.opcounters.items()},
             'metrics': {'document': {k: Int64(v) for k, v in e.documents.items()}},
             'ok': 1.0}
 
@@ -582,6 +590,7 @@ COMMANDS = {
     'isMaster': lambda ctx, db, cmd: hello(ctx, db, cmd, legacy=True),
     'ismaster': lambda ctx, db, cmd: hello(ctx, db, cmd, legacy=True),
     'ping': simple_ok,
+    'sleep': sleep,
     'buildInfo': build_info,
     'buildinfo': build_info,
     'connectionStatus': connection_status,

@@ -117,6 +117,10 @@ class Engine:
         # getMore (not of listCollections and listIndexes)
         self.opcounters = {'insert': 0, 'query': 0, 'update': 0, 'delete': 0, 'getmore': 0, 'command': 0}
         self.documents = {'inserted': 0, 'updated': 0, 'deleted': 0, 'returned': 0}
+        # hellos answered without the lock (tests/mongo/server.py): counted
+        # as commands, under a lock of their own
+        self.handshakes = 0
+        self.handshakes_lock = threading.Lock()
         self.connections = 0
         self.connections_total = 0
 

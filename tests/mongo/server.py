@@ -29,11 +29,16 @@ sys.dont_write_bytecode = True
 
 import commands  # noqa: E402
 from commands import Conn, execute  # noqa: E402
-from engine import Engine  # noqa: E402
+from engine import Ctx, Engine  # noqa: E402
 from errors import CmdError  # noqa: E402
 import wire  # noqa: E402
 
 HANDSHAKE = {'isMaster', 'ismaster', 'hello', 'ping', 'buildInfo', 'buildinfo'}
+# answered without the engine's lock, as mongod answers a hello while a long
+# write runs: a client's server selection (5 s in relaybus) must not wait for
+# another connection's command, which here can take seconds (a batch of
+# thousands of updates evaluated by mongomock)
+LOCK_FREE = {'isMaster', 'ismaster', 'hello'}
 
 
 def log(msg):
@@ -89,7 +94,7 @@ class Server:
 
     def connection(self, sock, cid):
         conn = Conn(cid, self.me)
-        with self.engine.lock:
+        with self.clients_lock:  # (not the engine's: a connection opens while a command runs)
             self.engine.connections += 1
             self.engine.connections_total += 1
         try:
@@ -123,7 +128,6 @@ class Server:
         finally:
             with self.clients_lock:
                 self.clients.pop(cid, None)
-            with self.engine.lock:
                 self.engine.connections -= 1
             sock.close()
 
@@ -131,8 +135,15 @@ class Server:
         t0 = time.monotonic()
         name = next(iter(cmd), '')
         try:
-            with self.engine.lock:
-                reply = execute(self.engine, db, cmd, conn)
+            if name in LOCK_FREE:
+                with self.engine.handshakes_lock:
+                    self.engine.handshakes += 1
+                ctx = Ctx(self.engine, None, None, None, None)
+                ctx.conn = conn
+                reply = commands.hello(ctx, db, cmd, legacy=name != 'hello')
+            else:
+                with self.engine.lock:
+                    reply = execute(self.engine, db, cmd, conn)
         except CmdError as e:
             reply = e.reply()
         except Exception as e:  # noqa: BLE001 - a bug here must not kill the connection

@@ -302,6 +302,33 @@ def run(port):
     ok(d1['returned'] - d0['returned'] == 7,
        'metrics.document.returned: documents of find, getMore and aggregate batches (%d)'
        % (d1['returned'] - d0['returned']))
+
+    # ---- a hello is answered while another connection's command runs ----
+    # (mongod answers it during a long write; here a batch of thousands of
+    # updates can hold the engine for seconds, and a new client's server
+    # selection, 5 s in relaybus, waited for it)
+    o0, _ = ops()
+    done = []
+    t = threading.Thread(target=lambda: done.append(c1.admin.command('sleep', 1, millis=4000)))
+    t0 = time.monotonic()
+    t.start()
+    time.sleep(0.5)  # (the sleep command is running: it holds the engine)
+    c3 = pymongo.MongoClient(url, serverSelectionTimeoutMS=3000, connect=False)
+    try:
+        hello = c3.admin.command('hello')
+    except pymongo.errors.PyMongoError as e:
+        hello = {'error': str(e)}
+    answered = time.monotonic() - t0
+    t.join()
+    slept = time.monotonic() - t0
+    c3.close()
+    ok(hello.get('isWritablePrimary') is True and answered < slept / 2,
+       'a new client connects and its hello is answered while a 4-s sleep holds the engine '
+       '(hello after %.1f s of %.1f; %s)' % (answered, slept, hello.get('error', 'ok')))
+    o1, _ = ops()
+    # the sleep, the hello, the two serverStatus (c3's monitor may add hellos)
+    ok(o1['command'] - o0['command'] >= 3, 'a hello answered without the lock is counted as a command (%d)'
+       % (o1['command'] - o0['command']))
     c1.close()
     c2.close()
 
