@@ -75,38 +75,45 @@ now_ms() { date +%s%3N; }
   [ "$(cut -d' ' -f1 "$b" | sort -u | wc -l)" = 8 ]
 }
 
-@test "the backends of one of two dispatchers terminated twice a second while they drain: exact, no attempt charged, no takeover" {
+@test "the backends of one of two dispatchers terminated up to twice a second while they drain: exact, no attempt charged, no takeover" {
   pg_only
   need_pg
-  local out=$BATS_TEST_TMPDIR/t.out url cut=0 n p1 p2
+  local out=$BATS_TEST_TMPDIR/t.out err=$BATS_TEST_TMPDIR/t1.err url cut=0 n p1 p2 before
   case $RELAYBUS_URL in *\?*) url="$RELAYBUS_URL&application_name=rbtermcut" ;; *) url="$RELAYBUS_URL?application_name=rbtermcut" ;; esac
   publish_for 300 t termcut
   rb-dispatch --db "$url" -H termcut --lease 30s -c 4 --drain --exec "rb-test-exec $out sleep:0.05" \
-    2>"$BATS_TEST_TMPDIR/t1.err" 3>&- & p1=$!
+    2>"$err" 3>&- & p1=$!
   # the other one, never cut, looks for lanes every 50 ms: it finds the
   # first one's liveness lock free between a cut and its reconnect
   rb-dispatch -H termcut --lease 30s -c 4 --drain --poll 50ms --exec "rb-test-exec $out sleep:0.05" \
     2>"$BATS_TEST_TMPDIR/t2.err" 3>&- & p2=$!
   PIDS="$p1 $p2"
-  while kill -0 "$p1" 2>/dev/null || kill -0 "$p2" 2>/dev/null; do
+  # A cut holder keeps its lanes when it takes its liveness lock again
+  # within the grace (1.5 s) of the other's cut of its leases: each cut
+  # waits for its reconnection before the next (on a loaded machine a
+  # reconnection can take longer than 0.5 s, and cuts in a row without one
+  # made a takeover: a delivery ran twice in CI's loaded stage)
+  while kill -0 "$p1" 2>/dev/null && [ "$(grep -c reconnected "$err")" -lt 5 ]; do
+    before=$(grep -c reconnected "$err" || true)
     n=$(q "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
            WHERE application_name = 'rbtermcut' AND pid <> pg_backend_pid()")
     cut=$((cut + n))
+    if [ "$n" -gt 0 ]; then
+      wait_for 60 '! kill -0 "$p1" 2>/dev/null || [ "$(grep -c reconnected "$err")" -gt "$before" ]' || true
+    fi
     sleep 0.5
   done
   wait "$p1"
   wait "$p2"
   echo "$cut backends terminated" >&3
   # (shown if the test fails: each delivery that ran more than once, with
-  # its attempt, and what the two dispatchers said; it failed once in CI's
-  # loaded stage with a delivery run twice, 14 cuts, and did not in 12
-  # runs beside two and four busy loops)
+  # its attempt, and what the two dispatchers said)
   echo "deliveries run more than once (event key seq attempt):"
   awk '{ n[$1]++; l[$1] = l[$1] "\n  " $0 } END { for (e in n) if (n[e] > 1) print substr(l[e], 2) }' "$out"
-  echo "the cut dispatcher said:"; tail -n 40 "$BATS_TEST_TMPDIR/t1.err"
+  echo "the cut dispatcher said:"; tail -n 40 "$err"
   echo "the other one said:"; tail -n 20 "$BATS_TEST_TMPDIR/t2.err"
   [ "$cut" -ge 3 ]
-  [ "$(grep -c reconnected "$BATS_TEST_TMPDIR/t1.err")" -ge 3 ]
+  [ "$(grep -c reconnected "$err")" -ge 3 ]
   [ "$(pending termcut)" = 0 ]
   [ "$(cut -d' ' -f1 "$out" | sort -u | wc -l)" = 300 ]
   # each ran once, on its first attempt: no lane was taken over
