@@ -201,6 +201,8 @@ done" ] || { echo "$seen"; false; }
   echo "idle: $base claims in $base_ms ms; flood: $busy claims in $busy_ms ms"
   # the idle rate plus 10 a second (the hold-back of 100 ms), with room
   [ "$busy" -le $(( (base * 1000 / base_ms + 20) * busy_ms / 1000 + 5 )) ]
+  # which is the guard at work: -vv says when it holds wake-ups back
+  grep -q 'a wake-up found nothing, nor did any claim since the one before: the next is held back 100ms' "$log"
   # and a real publish is still taken at once
   printf '{"id":"fl-1","name":"b.x","payload":{}}\n' | rb-publish -q
   wait_for 10 "[ \"\$(q \"SELECT count(*) FROM relaybus_deliveries WHERE event_id = 'fl-1'\")\" = 0 ]"

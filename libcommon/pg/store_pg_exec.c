@@ -533,6 +533,9 @@ pg_wake_claimed(struct pg_be *be, int claimed)
 		return;
 	be->wake_check = false;
 	be->wake_quiet_until = be->wake_found == 0 ? rb_mono_ms() + PG_WAKE_QUIET_MS : 0;
+	if (be->wake_found == 0)
+		rb_debug("a wake-up found nothing, nor did any claim since the one before: "
+		    "the next is held back %dms", PG_WAKE_QUIET_MS);
 	be->wake_found = claimed;
 }
 
