@@ -701,7 +701,7 @@ def _in_transaction(engine, db, cmd, name, session, deadline, conn):
         raise CmdError(72, 'Cannot set write concern after starting a transaction.')
     if txn.view is not None and 'readConcern' in cmd:
         raise CmdError(72, 'Only the first command in a transaction may specify a readConcern')
-    engine.begin(txn)
+    engine.begin(txn, db)
     target = _target(name, cmd)
     if target:
         txn.touched.add((db, target))

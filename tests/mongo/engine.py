@@ -6,6 +6,8 @@ Everything here runs under Engine.lock (one global lock around the store).
 Transactions (snapshot isolation, "first updater wins", as MongoDB):
 - at its first operation a transaction takes a snapshot: a private Store that
   shares the committed documents (Store.snapshot) and then holds its own writes;
+  it holds the database of that operation, and another database when the
+  transaction first uses it (as of then: relaybus's transactions use one);
 - every document a statement changes is a *resource* ('d', db, coll, _id), and so
   is every unique-index key it adds or removes ('u', db, coll, index, key), and
   the creation of a collection ('c', db, coll);
@@ -42,6 +44,7 @@ class Txn:
         self.number = number
         self.state = 'in_progress'
         self.view = None        # the snapshot, taken at the first operation
+        self.view_dbs = set()   # the databases in it (Engine.begin)
         self.snap_seq = None
         self.resources = set()  # held (locked) resources
         self.written = {}       # (db, coll) -> doc keys written
@@ -182,12 +185,18 @@ class Engine:
             raise CmdError(256, 'Transaction %d has been committed.' % n)
         return t
 
-    def begin(self, txn):
-        """The snapshot, at the transaction's first operation."""
+    def begin(self, txn, db):
+        """The snapshot, at the transaction's first operation: of the database
+        it names; another database the transaction uses later is added to the
+        view at its first operation there."""
         if txn.view is None:
-            txn.view = self.base.snapshot()
+            txn.view = self.base.snapshot(db)
+            txn.view_dbs = {db}
             txn.snap_seq = self.seq
             self.active.add(txn)
+        elif db not in txn.view_dbs:
+            self.base.snapshot(db, into=txn.view)
+            txn.view_dbs.add(db)
 
     def _end(self, txn, state):
         txn.state = state

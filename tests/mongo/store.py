@@ -32,6 +32,19 @@ def doc_key(_id):
     return helpers.hashdict(_id) if isinstance(_id, dict) else _id
 
 
+def _id_equal(q):
+    """The _id a filter asks equality with, when it is a plain value (a
+    string, a number, an ObjectId) that finds at most the document filed
+    under it; else None.  The document found still goes through the whole
+    filter, so the rest of it, and MongoDB's equality, decide."""
+    v = q.get('_id') if isinstance(q, dict) else None
+    if isinstance(v, dict) and list(v) == ['$eq']:
+        v = v['$eq']
+    if isinstance(v, bool) or not isinstance(v, (str, int, ObjectId)):
+        return None
+    return v
+
+
 def norm(v):
     """A hashable value with MongoDB's equality (1 == 1.0, True != 1)."""
     if isinstance(v, bool):
@@ -260,15 +273,21 @@ class Store:
     def collections(self, db):
         return sorted(name for d, name in self.meta if d == db)
 
-    def snapshot(self):
-        """A private copy for a transaction: documents shared until written."""
-        s = Store()
-        for (db, name), m in self.meta.items():
+    def snapshot(self, db, into=None):
+        """A private copy of database db for a transaction (into: the view it
+        adds to, else a new one): documents shared until written.  Only the
+        databases a transaction uses: a copy of the whole server made each
+        transaction cost what every other test's data weighs (4 ms a
+        transaction, 66 ms beside 100,000 documents in another database)."""
+        s = Store() if into is None else into
+        for (d, name), m in self.meta.items():
+            if d != db:
+                continue
             cs = CollectionStore(name)
-            cs._documents = collections.OrderedDict(self.cs(db, name)._documents)
+            cs._documents = collections.OrderedDict(self.cs(d, name)._documents)
             cs._is_force_created = True
-            s.server[db]._collections[name] = cs
-            s.meta[(db, name)] = m.clone()
+            s.server[d]._collections[name] = cs
+            s.meta[(d, name)] = m.clone()
         return s
 
     # ---- statements (each returns (Pending, result)) ----------------------
@@ -288,6 +307,14 @@ class Store:
         if sort:
             keys = [doc_key(d['_id']) for d in self.coll(db, name).find(q, {'_id': 1}, sort=list(sort.items()))]
             return keys[:1] if first else keys
+        ident = _id_equal(q)
+        if ident is not None:
+            # (a filter that names one _id: that document or none, not a scan
+            # of the collection: a batch of updates by _id was quadratic, 2.3 s
+            # for 2,500 of them, all that time holding the engine)
+            k = doc_key(ident)
+            d = self.cs(db, name)._documents.get(k)
+            return [k] if d is not None and filtering.filter_applies(q, d) else []
         keys = []
         for k, d in self.cs(db, name)._documents.items():
             if filtering.filter_applies(q, d):

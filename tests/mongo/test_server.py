@@ -329,6 +329,62 @@ def run(port):
     # the sleep, the hello, the two serverStatus (c3's monitor may add hellos)
     ok(o1['command'] - o0['command'] >= 3, 'a hello answered without the lock is counted as a command (%d)'
        % (o1['command'] - o0['command']))
+
+    # ---- a transaction's snapshot holds the databases it uses, not the server ----
+    # (a copy of every database each transaction made it cost what all the
+    # other tests' data weighs: 4 ms, then 66 ms beside 100,000 documents in
+    # another database; a preload of 500 events a transaction outlived the
+    # transaction lifetime in CI)
+    def txn_ms(n=40):
+        t0 = time.monotonic()
+        with c1.start_session() as s:
+            for i in range(n):
+                with s.start_transaction():
+                    c1.tsnap.x.insert_one({'i': i}, session=s)
+        return (time.monotonic() - t0) * 1000 / n
+    txn_ms(5)
+    alone = txn_ms()
+    for k in range(5):
+        c1.filler['c%d' % k].insert_many([{'i': i, 'p': 'x' * 50} for i in range(20000)])
+        c1.filler['c%d' % k].create_index('i', unique=True)
+    beside = txn_ms()
+    ok(beside < 3 * alone, 'a transaction beside 100,000 documents in another database costs about what it '
+       'did without them (%.1f ms against %.1f)' % (beside, alone))
+    c1.drop_database('filler')
+    # one that writes to two databases: both, or neither
+    with c1.start_session() as s:
+        with s.start_transaction():
+            c1.tsnap.y.insert_one({'_id': 'both'}, session=s)
+            c1.tsnap2.y.insert_one({'_id': 'both'}, session=s)
+        s.start_transaction()
+        c1.tsnap.y.insert_one({'_id': 'neither'}, session=s)
+        c1.tsnap2.y.insert_one({'_id': 'neither'}, session=s)
+        seen_outside = c2.tsnap2.y.find_one({'_id': 'neither'})
+        s.abort_transaction()
+    ok([d['_id'] for d in c2.tsnap.y.find()] == ['both'] and [d['_id'] for d in c2.tsnap2.y.find()] == ['both']
+       and seen_outside is None,
+       'a transaction over two databases commits both, and its writes to the second are not seen before')
+
+    # ---- a filter on one _id finds its document without a scan ----
+    db3 = c1.tid
+    db3.n.insert_many([{'_id': 1.0, 'k': 1}, {'_id': 'a', 'k': 1}, {'_id': Int64(7), 'k': 1}])
+    found = (db3.n.find_one({'_id': 1}), db3.n.find_one({'_id': {'$eq': 7}}), db3.n.find_one({'_id': 'a', 'k': 2}),
+             db3.n.count_documents({'_id': 'a', 'k': 1}), db3.n.update_one({'_id': 7}, {'$inc': {'k': 1}}).modified_count)
+    ok(found == ({'_id': 1.0, 'k': 1}, {'_id': 7, 'k': 1}, None, 1, 1),
+       'an _id filter: 1 finds 1.0, $eq, the rest of the filter still decides (%s)' % (found,))
+
+    def bulk_s(n):
+        db3.b.drop()
+        db3.b.insert_many([{'_id': 'd%d' % i, 'v': 0} for i in range(n)])
+        t0 = time.monotonic()
+        db3.b.bulk_write([pymongo.UpdateOne({'_id': 'd%d' % i}, {'$set': {'v': 1}}) for i in range(n)])
+        return time.monotonic() - t0
+    # (the better of two each: a loaded machine's stall is not the server's;
+    # a square grows 100 times, 65 measured before the change)
+    few, many = min(bulk_s(400), bulk_s(400)), min(bulk_s(4000), bulk_s(4000))
+    ok(db3.b.count_documents({'v': 1}) == 4000 and many < 40 * few,
+       'a batch of updates by _id grows with its size, not its square (400: %.2f s, 4,000: %.2f s)' % (few, many))
+    c1.drop_database('tid')
     c1.close()
     c2.close()
 
