@@ -15,6 +15,11 @@ setup() {
 }
 
 ok_all() { jq -c '. + {ok: true}'; }
+# the server's operations so far: serverStatus opcounters, summed
+server_ops() {
+  /usr/bin/python3 -c 'import sys, pymongo
+print(sum(pymongo.MongoClient(sys.argv[1]).admin.command("serverStatus")["opcounters"].values()))' "$(mongo_file_url)"
+}
 field() { jq -r ".$1"; }
 
 @test "rb-setup: the collections, 256 lanes per subscribed handler, idempotent and concurrent" {
@@ -294,4 +299,33 @@ q2 Q 2 1" ]
   [ "$(jq -r '.owner' <<<"$output")" = w1 ]
   run -0 rb-admin --json subscriptions
   [ "$(jq -r '.handler + ":" + .pattern' <<<"$output" | tr '\n' ' ')" = "h1:job.* k:keyed.* " ]
+}
+
+@test "rb-admin stats on MongoDB: events without deliveries, their ids interleaved with the others' in byte order" {
+  # odd ids have a delivery (job.x: h1), even ones none (a name nobody
+  # subscribed); é sorts after every ASCII id, as MongoDB orders bytes
+  local i
+  for i in 1 2 3 4 5 6 7 8 9 10 11; do
+    printf '{"id":"e%d","name":"%s","payload":{}}\n' "$i" "$( ((i % 2)) && echo job.x || echo none.x)"
+  done | rb-publish -q
+  printf '{"id":"%s","name":"%s","payload":{}}\n' "é" none.x "éz" job.x "A" none.x "e1x" none.x | rb-publish -q
+  # the reference: each event's deliveries counted one by one
+  local want=0 id
+  for id in $(rbq find events '{}' _id); do
+    [ "$(rbq count deliveries "{\"eventId\":\"$id\"}")" = 0 ] && want=$((want + 1))
+  done
+  [ "$want" = 8 ]
+  run -0 rb-admin --json stats
+  [ "$(jq -r 'select(.handler == null) | .events_without_deliveries' <<<"$output")" = "$want" ]
+  # and it reads them in a few commands, not one an event (serverStatus'
+  # opcounters are the server's: another test beside this one adds some)
+  awk 'BEGIN { for (i = 1; i <= 2000; i++) printf "{\"id\":\"n%d\",\"name\":\"%s\",\"payload\":{}}\n", i, (i % 2 ? "none.x" : "job.x") }' |
+    rb-publish -q
+  local ops0 ops1
+  ops0=$(server_ops)
+  run -0 rb-admin --json stats
+  ops1=$(server_ops)
+  [ "$(jq -r 'select(.handler == null) | .events_without_deliveries' <<<"$output")" = $((want + 1000)) ]
+  echo "stats: $((ops1 - ops0)) operations for 2,015 events"
+  [ $((ops1 - ops0)) -lt 1000 ]
 }

@@ -137,6 +137,82 @@ cmp_handler(const void *a, const void *b)
 	    json_string_value(json_object_get(*(json_t *const *)b, "handler")));
 }
 
+/* Whether an event with this (not a string) id has a delivery: a count. */
+static int
+has_delivery(struct rb_store *s, mongoc_collection_t *dc, const bson_t *ev, struct rb_error *err)
+{
+	bson_t dq = BSON_INITIALIZER;
+	bson_iter_t it;
+	bson_error_t e;
+	int64_t n;
+
+	if (bson_iter_init_find(&it, ev, "_id"))
+		bson_append_iter(&dq, "eventId", -1, &it);
+	n = mongoc_collection_count_documents(dc, &dq, NULL, NULL, NULL, &e);
+	bson_destroy(&dq);
+	return n < 0 ? mg_err(s, &e, "stats", err) : n > 0;
+}
+
+/*
+ * Events without deliveries: the events in _id order merged with the
+ * deliveries' event ids in the same order (both through an index: _id, and
+ * event_handler, which covers the second).  Two reads, where a count an
+ * event made stats a round trip an event (rb-setup's line after an upgrade
+ * of 2,500 events: 60 s on the test server).  MongoDB orders strings by
+ * their bytes, as strcmp does; an id that is not a string is counted alone.
+ */
+static int
+count_orphans(struct rb_store *s, int64_t *orphans, struct rb_error *err)
+{
+	mongoc_collection_t *ec = mg_coll(s, "events"), *dc = mg_coll(s, "deliveries");
+	bson_t q = BSON_INITIALIZER;
+	bson_t *eo = BCON_NEW("projection", "{", "_id", BCON_INT32(1), "}", "sort", "{", "_id", BCON_INT32(1), "}");
+	bson_t *dopts = BCON_NEW("projection", "{", "_id", BCON_INT32(0), "eventId", BCON_INT32(1), "}",
+	    "sort", "{", "eventId", BCON_INT32(1), "handler", BCON_INT32(1), "}");
+	mongoc_cursor_t *ce = mongoc_collection_find_with_opts(ec, &q, eo, NULL);
+	mongoc_cursor_t *cd = mongoc_collection_find_with_opts(dc, &q, dopts, NULL);
+	const bson_t *d, *x;
+	char *at = NULL;	/* the deliveries' event id in hand; NULL: none left */
+	bool more = true;
+	bson_error_t e;
+	int rc = 0;
+
+	while (rc == 0 && mongoc_cursor_next(ce, &d)) {
+		const char *id = mg_get_str(d, "_id");
+
+		if (id == NULL) {
+			rc = has_delivery(s, dc, d, err);
+			*orphans += rc == 0;
+			rc = rc < 0 ? -1 : 0;
+			continue;
+		}
+		while (more && (at == NULL || strcmp(at, id) < 0)) {
+			const char *v;
+
+			if (!mongoc_cursor_next(cd, &x)) {
+				more = false;
+				free(at);
+				at = NULL;
+			} else if ((v = mg_get_str(x, "eventId")) != NULL) {
+				free(at);
+				at = xstrdup(v);
+			}
+		}
+		if (at == NULL || strcmp(at, id) != 0)
+			(*orphans)++;
+	}
+	if (rc == 0 && (mongoc_cursor_error(ce, &e) || mongoc_cursor_error(cd, &e)))
+		rc = mg_err(s, &e, "stats", err);
+	free(at);
+	mongoc_cursor_destroy(ce);
+	mongoc_cursor_destroy(cd);
+	bson_destroy(eo);
+	bson_destroy(dopts);
+	mongoc_collection_destroy(ec);
+	mongoc_collection_destroy(dc);
+	return rc;
+}
+
 int
 mg_admin_stats(struct rb_store *s, json_t **out, struct rb_error *err)
 {
@@ -227,26 +303,8 @@ mg_admin_stats(struct rb_store *s, json_t **out, struct rb_error *err)
 		mongoc_collection_destroy(c);
 	}
 	/* events without deliveries */
-	if (rc == 0) {
-		mongoc_collection_t *ec = mg_coll(s, "events"), *dc = mg_coll(s, "deliveries");
-		mongoc_cursor_t *ce = mongoc_collection_find_with_opts(ec, &q, NULL, NULL);
-
-		while (rc == 0 && mongoc_cursor_next(ce, &d)) {
-			bson_t *dq = BCON_NEW("eventId", BCON_UTF8(mg_get_str(d, "_id") ? mg_get_str(d, "_id") : ""));
-			int64_t n = mongoc_collection_count_documents(dc, dq, NULL, NULL, NULL, &e);
-
-			bson_destroy(dq);
-			if (n < 0)
-				rc = mg_err(s, &e, "stats", err);
-			else if (n == 0)
-				orphans++;
-		}
-		if (rc == 0 && mongoc_cursor_error(ce, &e))
-			rc = mg_err(s, &e, "stats", err);
-		mongoc_cursor_destroy(ce);
-		mongoc_collection_destroy(ec);
-		mongoc_collection_destroy(dc);
-	}
+	if (rc == 0)
+		rc = count_orphans(s, &orphans, err);
 	bson_destroy(&q);
 	flights_free(&fl);
 	if (rc < 0) {
