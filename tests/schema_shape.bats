@@ -2,7 +2,8 @@
 # The shape of the installed PostgreSQL schema as a newcomer reads it: no
 # relaybus PL/pgSQL function longer than one sitting's worth (the claim is
 # a driver and its steps, doc/claim.md), the steps taking one named state,
-# and a set-up that replaces a state of another shape.
+# a set-up that replaces a state of another shape, and event ids, keys and
+# handler names compared as bytes (relaybus(7), TABLES).
 
 load test_helper
 
@@ -59,4 +60,34 @@ longer_than() {
   run rb-claim -H h
   [ "$status" -eq 0 ]
   [ "$(jq -r .event_id <<<"$output")" = s1 ]
+}
+
+@test "a new schema compares event ids, keys and handler names as bytes, in its tables and indexes; a key differing only in case keeps its own order" {
+  # the columns an index holds them in: COLLATE "C" (bench/README.md, "Ids compared as bytes")
+  local cols="('relaybus_events', 'id'), ('relaybus_deliveries', 'event_id'), ('relaybus_deliveries', 'handler'),
+              ('relaybus_deliveries', 'key'), ('relaybus_lanes', 'handler'), ('relaybus_keys', 'key')"
+  run q "SELECT string_agg(c.relname || '.' || a.attname || '=' || coalesce(l.collname, '-'), ' ' ORDER BY c.relname, a.attname)
+           FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+           LEFT JOIN pg_collation l ON l.oid = a.attcollation
+          WHERE c.relnamespace = '$RB_SCHEMA'::regnamespace AND (c.relname, a.attname) IN ($cols)"
+  echo "$output"
+  [ "$output" = "relaybus_deliveries.event_id=C relaybus_deliveries.handler=C relaybus_deliveries.key=C relaybus_events.id=C relaybus_keys.key=C relaybus_lanes.handler=C" ]
+  # and every index over them (indexes on such a column: some, and none under the database's collation)
+  run q "SELECT count(*) || ' ' || count(*) FILTER (WHERE k.coll <> 'pg_catalog.\"C\"'::regcollation)
+           FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid
+          CROSS JOIN LATERAL unnest(i.indkey::smallint[], i.indcollation::oid[]) k(attnum, coll)
+           JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+          WHERE c.relnamespace = '$RB_SCHEMA'::regnamespace AND (c.relname, a.attname) IN ($cols)"
+  echo "index columns, of them not C: $output"
+  [ "${output#* }" = 0 ]
+  [ "${output% *}" -ge 6 ]
+  # equality is unchanged: keys that differ only in case are two keys, each in
+  # its own order, and an event found again by its id (inbox dedup)
+  rb-setup -q -s 'hc:ec.*'
+  printf '%s\n' '{"id":"Cs-1","name":"ec.a","key":"Kc","payload":{}}' '{"id":"cs-1","name":"ec.a","key":"kc","payload":{}}' \
+    '{"id":"Cs-2","name":"ec.a","key":"Kc","payload":{}}' '{"id":"Cs-1","name":"ec.a","key":"Kc","payload":{}}' | rb-publish -q
+  [ "$(q "SELECT string_agg(event_id || ':' || key || ':' || sequence, ' ' ORDER BY event_id) FROM relaybus_deliveries WHERE handler = 'hc'")" = "Cs-1:Kc:1 Cs-2:Kc:2 cs-1:kc:1" ]
+  run rb-claim -H hc --batch 10
+  [ "$status" -eq 0 ]
+  [ "$(jq -r .event_id <<<"$output" | LC_ALL=C sort | tr '\n' ' ')" = "Cs-1 cs-1 " ]
 }
