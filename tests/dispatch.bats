@@ -182,6 +182,25 @@ order_violations() {  # file [strict]
   [ "$(pending orphan)" = 1 ]
 }
 
+@test "the handlers' guard keeps nothing of rb-dispatch's open: /dev/null on 0-2 and its pipe" {
+  need_pg
+  local d g fds
+  publish 1 e guardfd
+  rb-dispatch -q -H guardfd --pipe "cat >/dev/null" 2>/dev/null 3>&- & d=$!
+  PIDS="${PIDS:-} $d"
+  # the guard: rb-dispatch's child that runs no program of its own
+  wait_for 10 '[ -n "$(pgrep -P "$d" -x rb-dispatch)" ]'
+  g=$(pgrep -P "$d" -x rb-dispatch)
+  fds=$(cd "/proc/$g/fd" && for f in *; do printf '%s:%s\n' "$f" "$(readlink "$f")"; done)
+  echo "$fds"
+  # the PostgreSQL connections, the LISTEN socket, the handler's pipes
+  # and whatever rb-dispatch inherited are closed there: a reader of
+  # rb-dispatch's output sees the end when rb-dispatch ends
+  [ "$(echo "$fds" | grep -c ':/dev/null$')" = 3 ]
+  [ "$(echo "$fds" | grep -c ':pipe:')" = 1 ]
+  [ "$(echo "$fds" | wc -l)" = 4 ]
+}
+
 # Run rb-dispatch (ARGS...) again and again while event EV of HANDLER is
 # pending, at most 60 times: a dispatcher whose handler kills it, restarted.
 restart_while_pending() {  # handler ev args...
