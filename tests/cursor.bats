@@ -259,6 +259,28 @@ EOF
   [ -n "$(q "SELECT backend_xmin FROM pg_stat_activity WHERE application_name = 'rbanalyze$$'")" ]
 }
 
+@test "a session plans the claim's statements once: its second claim already runs the plan it keeps (parameters, not the call's values)" {
+  local plans
+  events 40 g v 0 | rb-publish -q
+  # (auto_explain, for this session only, says the plans of the second
+  # claim's statements: a custom plan has the call's values in it, 'v'
+  # for the handler; the generic plan a session keeps has parameters)
+  plans=$(sql 2>&1 <<'EOF'
+SELECT count(*) FROM relaybus_claim_ids('v', 'A', 4, 60000, 5, NULL, true, 1, NULL);
+LOAD 'auto_explain';
+SET auto_explain.log_min_duration = 0;
+SET auto_explain.log_nested_statements = on;
+SET auto_explain.log_level = notice;
+SET client_min_messages = notice;
+SELECT count(*) FROM relaybus_claim_ids('v', 'A', 4, 60000, 5, NULL, true, 1, NULL);
+EOF
+)
+  echo "$plans" | grep -E "Index Cond: .*handler = " | sed 's/^ *//' | cut -c1-100 | sort | uniq -c | sort -rn | head -5
+  # the picks of the lanes held and the lanes' cursors, by parameter
+  [ "$(echo "$plans" | grep -cE 'Index Cond: \(\(handler = \$[0-9]+\)')" -gt 0 ]
+  [ "$(echo "$plans" | grep -c "handler = 'v'::text")" = 0 ]
+}
+
 @test "rb-dispatch --drain exits on the 'nothing' of a claim without cursors: a delivery its cursors are past is run before it exits" {
   local out=$BATS_TEST_TMPDIR/dr.runs p
   events 200 d- dr 10 | rb-publish -q

@@ -781,7 +781,13 @@ $$;
 -- them (relaybus_apply_grants revokes every relaybus function from PUBLIC):
 -- a worker role reaches them through relaybus_worker_claim(_ids) only.
 -- They run with the driver's settings (enable_seqscan, enable_sort and jit
--- off), which each also sets for itself.
+-- off, plan_cache_mode force_generic_plan), which each also sets for
+-- itself.  force_generic_plan: a session plans each statement of the
+-- claim once, not again at each of its first five claims (PostgreSQL's
+-- custom plans, after which it keeps the generic one anyway: the picks'
+-- statement of the search took 5.5 ms to plan, the held lanes' 2.2; a
+-- two-dispatcher drain of 50,000 spent 3 us a delivery planning;
+-- bench/README.md, "The claim planned once a session").
 --
 -- The state.  Arrays "by lane" are indexed by the lane number, 0 to 255;
 -- the picks are parallel arrays, element by element, in the order taken.
@@ -834,7 +840,8 @@ END $claim_state$;
 CREATE OR REPLACE FUNCTION @S@.relaybus_claim_tick(s @S@.relaybus_claim_state,
     p_ticks_c timestamptz[], p_ticks_x xid8[], p_cl smallint[], p_cu timestamptz[], p_ck timestamptz[])
 RETURNS @S@.relaybus_claim_state
-LANGUAGE plpgsql SET enable_seqscan = off SET enable_sort = off SET jit = off SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SET enable_seqscan = off SET enable_sort = off SET jit = off SET plan_cache_mode = force_generic_plan
+    SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_ucur timestamptz[] := s.ucur;
     v_kcur timestamptz[] := s.kcur;
@@ -875,7 +882,8 @@ END $$;
 CREATE OR REPLACE FUNCTION @S@.relaybus_claim_read_lanes(s @S@.relaybus_claim_state,
     p_mine smallint[], p_others smallint[], p_mine_t tid[])
 RETURNS @S@.relaybus_claim_state
-LANGUAGE plpgsql SET enable_seqscan = off SET enable_sort = off SET jit = off SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SET enable_seqscan = off SET enable_sort = off SET jit = off SET plan_cache_mode = force_generic_plan
+    SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     -- what is left of a lease whose holder's liveness lock is free
     c_grace CONSTANT interval := interval '1500 milliseconds';
@@ -947,7 +955,8 @@ END $$;
 CREATE OR REPLACE FUNCTION @S@.relaybus_claim_held(s @S@.relaybus_claim_state,
     p_live bigint[], p_live_lanes smallint[])
 RETURNS @S@.relaybus_claim_state
-LANGUAGE plpgsql SET enable_seqscan = off SET enable_sort = off SET jit = off SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SET enable_seqscan = off SET enable_sort = off SET jit = off SET plan_cache_mode = force_generic_plan
+    SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     -- at most this many picks per lane and pass (the top-up is a second
     -- pass): keeps in_flight arrays small, so that lane rows stay small
@@ -1083,7 +1092,8 @@ END $$;
 -- pass later.
 CREATE OR REPLACE FUNCTION @S@.relaybus_claim_cut_dead(s @S@.relaybus_claim_state)
 RETURNS @S@.relaybus_claim_state
-LANGUAGE plpgsql SET enable_seqscan = off SET enable_sort = off SET jit = off SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SET enable_seqscan = off SET enable_sort = off SET jit = off SET plan_cache_mode = force_generic_plan
+    SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     c_grace CONSTANT interval := interval '1500 milliseconds';
     l       record;
@@ -1133,7 +1143,8 @@ END $$;
 -- or other claim of the lane's deliveries runs meanwhile.
 CREATE OR REPLACE FUNCTION @S@.relaybus_claim_charge(p_lease_owner text, p_in_flight bigint[],
     p_chain_early boolean, p_max_attempts integer, p_now timestamptz, OUT failed bigint, OUT buried bigint)
-LANGUAGE plpgsql SET enable_seqscan = off SET enable_sort = off SET jit = off SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SET enable_seqscan = off SET enable_sort = off SET jit = off SET plan_cache_mode = force_generic_plan
+    SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     WITH c AS (
     UPDATE @S@.relaybus_deliveries d
@@ -1161,7 +1172,8 @@ END $$;
 -- versions in s.lt.
 CREATE OR REPLACE FUNCTION @S@.relaybus_claim_search(s @S@.relaybus_claim_state)
 RETURNS @S@.relaybus_claim_state
-LANGUAGE plpgsql SET enable_seqscan = off SET enable_sort = off SET jit = off SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SET enable_seqscan = off SET enable_sort = off SET jit = off SET plan_cache_mode = force_generic_plan
+    SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     c_per_lane CONSTANT integer := 32;   -- (see relaybus_claim_held)
     c_walk_max CONSTANT integer := 1024;
@@ -1317,7 +1329,8 @@ END $$;
 -- The driver runs it when the batch is short and some lane gave its share.
 CREATE OR REPLACE FUNCTION @S@.relaybus_claim_top_up(s @S@.relaybus_claim_state)
 RETURNS @S@.relaybus_claim_state
-LANGUAGE plpgsql SET enable_seqscan = off SET enable_sort = off SET jit = off SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SET enable_seqscan = off SET enable_sort = off SET jit = off SET plan_cache_mode = force_generic_plan
+    SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     c_per_lane CONSTANT integer := 32;   -- (see relaybus_claim_held)
     v_room     integer[] := s.room;
@@ -1363,7 +1376,8 @@ END $$;
 -- there.
 CREATE OR REPLACE FUNCTION @S@.relaybus_claim_record(s @S@.relaybus_claim_state)
 RETURNS @S@.relaybus_claim_state
-LANGUAGE plpgsql SET enable_seqscan = off SET enable_sort = off SET jit = off SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SET enable_seqscan = off SET enable_sort = off SET jit = off SET plan_cache_mode = force_generic_plan
+    SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_lt     tid[] := s.lt;
     v_epoch  bigint[] := array_fill(-1::bigint, ARRAY[256], ARRAY[0]);  -- (no NULLs: O(1) lookups)
@@ -1463,7 +1477,8 @@ END $$;
 -- and in how many ms the first lease of another's that was cut ends.
 CREATE OR REPLACE FUNCTION @S@.relaybus_claim_cursors(s @S@.relaybus_claim_state)
 RETURNS TABLE (c_name text, c_value text)
-LANGUAGE plpgsql SET enable_seqscan = off SET enable_sort = off SET jit = off SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SET enable_seqscan = off SET enable_sort = off SET jit = off SET plan_cache_mode = force_generic_plan
+    SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_g    timestamptz := s.gcur;
     v_ucur timestamptz[] := s.ucur;
@@ -1563,7 +1578,8 @@ RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigi
 -- bench/recovery --full --only hold from 80 s into the hold on.  Bitmap
 -- scans stay: the pass over the lane rows reads each page once with one,
 -- and five times as many buffers without)
-LANGUAGE plpgsql SET enable_seqscan = off SET enable_sort = off SET jit = off SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SET enable_seqscan = off SET enable_sort = off SET jit = off SET plan_cache_mode = force_generic_plan
+    SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     s       @S@.relaybus_claim_state;   -- the claim's state, step to step (doc/claim.md)
     v_start integer;
