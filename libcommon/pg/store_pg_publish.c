@@ -118,19 +118,33 @@ defer_wake(struct rb_store *s, struct rb_error *err)
  * costs only the wake-up (the publish is committed): it is not reported.
  * Its result is not awaited: the caller has its acks one round trip
  * sooner, and the next statement on the connection (every one is sent with
- * PQexec*, which discards a result nobody read) finds it done. */
+ * PQexec*, which discards a result nobody read) finds it done.  Each set
+ * of handlers is sent once (the events of a batch mostly share one: the
+ * server read a JSON array of them all, 1.2 us an event at batch 100),
+ * compared with the last WAKE_SETS sent (a set sent twice is harmless). */
+#define WAKE_SETS 8
 static void
 wake(struct rb_store *s, PGresult *res, const struct rb_publish_acks *acks)
 {
 	struct pg_be *be = pg_be(s);
 	struct rb_sbuf w = { 0 };
-	const char *params[1];
+	const char *params[1], *sent[WAKE_SETS];
+	size_t nsent = 0;
 
 	for (size_t i = 0; i < acks->n; i++) {
+		const char *h = acks->v[i].handlers;
+		size_t k;
+
 		if (acks->v[i].deliveries == 0 || PQgetvalue(res, (int)i, 4)[0] != 't')
 			continue;
+		for (k = 0; k < nsent && k < WAKE_SETS; k++)
+			if (strcmp(sent[k], h) == 0)
+				break;
+		if (k < nsent && k < WAKE_SETS)
+			continue;
+		sent[nsent++ % WAKE_SETS] = h;
 		rb_sb_putn(&w, w.len == 0 ? "[" : ",", 1);
-		rb_sb_puts(&w, acks->v[i].handlers);
+		rb_sb_puts(&w, h);
 	}
 	if (w.len == 0)
 		return;
