@@ -82,13 +82,17 @@ now_ms() { date +%s%3N; }
   case $RELAYBUS_URL in *\?*) url="$RELAYBUS_URL&application_name=rbtermcut" ;; *) url="$RELAYBUS_URL?application_name=rbtermcut" ;; esac
   publish_for 300 t termcut
   # (JSON diagnostics: each line's time, for the reconnections below)
-  RELAYBUS_LOG_FORMAT=json rb-dispatch --db "$url" -H termcut --lease 30s -c 4 --drain --exec "rb-test-exec $out sleep:0.05" \
-    2>"$err" 3>&- & p1=$!
+  RELAYBUS_LOG_FORMAT=json rb-dispatch --db "$url" -H termcut --owner cutA --lease 30s -c 4 --drain \
+    --exec "rb-test-exec $out sleep:0.05" 2>"$err" 3>&- & p1=$!
   # the other one, never cut, looks for lanes every 50 ms: it finds the
   # first one's liveness lock free between a cut and its reconnect
   rb-dispatch -H termcut --lease 30s -c 4 --drain --poll 50ms --exec "rb-test-exec $out sleep:0.05" \
     2>"$BATS_TEST_TMPDIR/t2.err" 3>&- & p2=$!
   PIDS="$p1 $p2"
+  # The cuts begin once the first one holds lanes: a cut while it is still
+  # starting is a failed start, tried again without a "reconnected" line
+  # (the ASan stage of CI cut it there once, and then waited for that line)
+  wait_for 30 '[ "$(q "SELECT count(*) FROM relaybus_lanes WHERE handler = '"'termcut'"' AND lease_owner LIKE '"'cutA%'"'")" -gt 0 ]'
   # A cut holder keeps its lanes when it takes its liveness lock again
   # within the grace (1.5 s) of the other's cut of its leases: each cut
   # waits for its reconnection before the next (cuts in a row without one
