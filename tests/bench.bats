@@ -85,6 +85,10 @@ load test_helper
   [[ "$output" == *"### pg: the curve"* ]]
   [[ "$output" == *"| 1 | "*" -> **"*"x) | "*"| VALID |"* ]]
   [[ "$output" == *"| 2 | "*" -> **"*"x) | "*"| VALID |"* ]]
+  # beside each, the minimal at-least-once outbox drained the same events, exactly
+  [[ "$output" == *"minimal at-least-once outbox (its ratio to the limit)"* ]]
+  [ "$(jq -sc 'map(select(.scenario == "curve" and .kind == "txlock" and .valid == "VALID")) | map(.P) | sort' \
+    "$BATS_TEST_TMPDIR/out/results.jsonl")" = '[1,2]' ]
   [[ "$output" == *"| backlog 300 -> 1,200 (1 process) | "*"| VALID |"* ]]
   [[ "$output" == *"| subscribed handlers 1 -> 5 "*"| VALID |"* ]]
   [[ "$output" == *"| a held snapshot "*"| VALID |"* ]]
