@@ -182,20 +182,35 @@ CREATE FUNCTION public.get_byte(bytea, integer) RETURNS integer LANGUAGE plpgsql
   $f$ BEGIN PERFORM public.took('get_byte'); RETURN pg_catalog.get_byte($1, $2); END $f$;
 CREATE FUNCTION public.length(bytea) RETURNS integer LANGUAGE plpgsql AS
   $f$ BEGIN PERFORM public.took('length'); RETURN pg_catalog.length($1); END $f$;
+CREATE FUNCTION public.sr8(bigint, integer) RETURNS bigint LANGUAGE plpgsql AS
+  $f$ BEGIN PERFORM public.took('>>'); RETURN $1 OPERATOR(pg_catalog.>>) $2; END $f$;
+CREATE OPERATOR public.>> (LEFTARG = bigint, RIGHTARG = integer, FUNCTION = public.sr8);
+CREATE FUNCTION public.a8(bigint, bigint) RETURNS bigint LANGUAGE plpgsql AS
+  $f$ BEGIN PERFORM public.took('&8'); RETURN $1 OPERATOR(pg_catalog.&) $2; END $f$;
+CREATE OPERATOR public.& (LEFTARG = bigint, RIGHTARG = bigint, FUNCTION = public.a8);
 SQL
   # live: the planter's own session binds them
-  [ "$(psql_as "$R_EVIL" "$DB1" -c "SET search_path = public, pg_catalog" -c "SELECT 3 # 5, length('ab'::bytea)")" = "6|2" ]
-  [ "$(psql_as postgres "$DB1" -c "SELECT string_agg(DISTINCT op, ' ' ORDER BY op) FROM public.loot WHERE op IN ('#', 'length')")" = "# length" ]
+  [ "$(psql_as "$R_EVIL" "$DB1" -c "SET search_path = public, pg_catalog" -c "SELECT 3 # 5, length('ab'::bytea), (23::bigint >> 1) & 7::bigint")" = "6|2|3" ]
+  [ "$(psql_as postgres "$DB1" -c "SELECT string_agg(DISTINCT op, ' ' ORDER BY op) FROM public.loot WHERE op IN ('#', 'length', '>>', '&8')")" = "# &8 >> length" ]
   # the owner's session that puts public first: the lanes of the C code
   # (rb_lane: publish.bats), and a publish by it
   [ "$(psql_as "$R_OWN" "$DB1" -c "SET search_path = public, pg_catalog" \
         -c "SELECT bus.relaybus_lane('foobar'), bus.relaybus_lane('a')")" = "104|44" ]
+  # the tail of the hash that the publish of ids it makes inlines (lane_pg.sql): the
+  # lane of 'foo' and the six hex digits of 0xba12ef is that of 'foo' || 'ba12ef'
+  [ "$(psql_as "$R_OWN" "$DB1" -c "SET search_path = public, pg_catalog" \
+        -c "SELECT bus.relaybus_lane_tail(bus.relaybus_lane('foo'), 12194543) = bus.relaybus_lane('fooba12ef')")" = t ]
+  printf '{"name":"a.x","payload":{"t":"tail"}}\n{"name":"a.x","payload":{"t":"tail"}}\n' |
+    PGOPTIONS="-c search_path=public,pg_catalog" rb-publish -q --db "$own" --schema bus --batch 2
+  [ "$(psql_as postgres "$DB1" -c "SELECT count(*) FILTER (WHERE d.lane = bus.relaybus_lane(d.event_id)) || '/' || count(*)
+        FROM bus.relaybus_deliveries d JOIN bus.relaybus_events e ON e.id = d.event_id WHERE e.payload = '{\"t\": \"tail\"}'")" = 2/2 ]
   printf '{"id":"foobar","name":"a.x","payload":{}}\n' |
     PGOPTIONS="-c search_path=public,pg_catalog" rb-publish -q --db "$own" --schema bus
   [ "$(psql_as postgres "$DB1" -c "SELECT lane FROM bus.relaybus_deliveries WHERE event_id = 'foobar'")" = 104 ]
   [ "$(loot_by_others "$DB1")" = - ]
   psql_as postgres "$DB1" -c "DROP OPERATOR public.# (integer, integer); DROP OPERATOR public.* (integer, integer);
-    DROP FUNCTION public.x4, public.m4, public.get_byte(bytea, integer), public.length(bytea); DELETE FROM public.loot"
+    DROP OPERATOR public.>> (bigint, integer); DROP OPERATOR public.& (bigint, bigint);
+    DROP FUNCTION public.x4, public.m4, public.sr8, public.a8, public.get_byte(bytea, integer), public.length(bytea); DELETE FROM public.loot"
 }
 
 @test "--sql still resolves the caller's own names through the session's search_path" {

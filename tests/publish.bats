@@ -178,6 +178,25 @@ EOF2
   [ "$(q "SELECT lane FROM relaybus_deliveries WHERE event_id = 'z' AND handler = 'mail'")" = 44 ]
 }
 
+@test "events without an id get distinct version 4 UUIDs, and each delivery is in the lane of its id" {
+  # a batch of 300 without ids or keys (ids past position 255 included), then
+  # one that mixes them with keyed and named events (the function's other path)
+  for i in $(seq 1 300); do printf '{"name":"order.created","payload":%d}\n' "$i"; done | rb-publish -q --batch 300
+  { for i in $(seq 1 100); do
+      printf '{"name":"order.created","payload":%d}\n{"name":"order.created","key":"k%d","payload":0}\n' "$i" "$((i % 7))"
+    done
+    printf '{"id":"named-1","name":"order.created","payload":0}\n'; } | rb-publish -q --batch 300
+  [ "$(count relaybus_events)" = 501 ]
+  [ "$(q "SELECT count(DISTINCT id) FROM relaybus_events WHERE id <> 'named-1'
+           AND id ~ '^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$'")" = 500 ]
+  # the lane of each delivery: FNV-1a of its key, else of its event id (both handlers of each event)
+  [ "$(q "SELECT count(*) FROM relaybus_deliveries")" = 1002 ]
+  [ "$(q "SELECT count(*) FROM relaybus_deliveries WHERE lane = relaybus_lane(coalesce(key, event_id))")" = 1002 ]
+  # and the lanes spread: a batch's 300 unkeyed events over more than 150 lanes
+  [ "$(q "SELECT count(DISTINCT d.lane) > 150 FROM relaybus_deliveries d JOIN relaybus_events e ON e.id = d.event_id
+           WHERE d.handler = 'mail' AND e.key IS NULL AND d.id <= (SELECT min(id) + 599 FROM relaybus_deliveries)")" = t ]
+}
+
 @test "delay_ms and available_at make a delivery due later" {
   printf '%s\n' '{"id":"later","name":"invoice.paid","payload":1,"delay_ms":600000}' \
     '{"id":"past","name":"invoice.paid","payload":1,"available_at":"2020-01-01T00:00:00Z"}' \

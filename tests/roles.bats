@@ -107,10 +107,10 @@ tables_of() {
   [ "$(q "SELECT string_agg(DISTINCT p.proname || '=' || p.prosecdef, ' ' ORDER BY p.proname || '=' || p.prosecdef) FROM pg_proc p
            WHERE p.pronamespace = '$RB_SCHEMA'::regnamespace AND p.proname IN ('relaybus_claim', 'relaybus_claim_ids', 'relaybus_fail')")" = "relaybus_claim=false relaybus_claim_ids=false relaybus_fail=false" ]
   # every relaybus function resolves names in pg_catalog only, definer or not (but the two
-  # that are inlined into the claim's statements and the lane hash, whose every name is
-  # qualified: hijack.bats)
+  # that are inlined into the claim's statements, the lane hash and its tail, inlined into
+  # the publish, whose every name is qualified: hijack.bats)
   [ "$(q "SELECT string_agg(p.proname, ' ' ORDER BY p.proname) FROM pg_proc p WHERE p.pronamespace = '$RB_SCHEMA'::regnamespace
-           AND NOT coalesce('search_path=pg_catalog, pg_temp' = ANY (p.proconfig), false)")" = "relaybus_lane relaybus_lane_candidates relaybus_ts" ]
+           AND NOT coalesce('search_path=pg_catalog, pg_temp' = ANY (p.proconfig), false)")" = "relaybus_lane relaybus_lane_candidates relaybus_lane_tail relaybus_ts" ]
   [ "$(executes "$R_PUB")" = "relaybus_publish relaybus_publish_batch" ]
   [ "$(executes "$R_WRK")" = "relaybus_allowed relaybus_complete relaybus_complete_batch relaybus_delivery_exists relaybus_delivery_state relaybus_extend relaybus_hold relaybus_lock_lane relaybus_relinquish relaybus_relinquish_leases relaybus_relinquish_owner relaybus_worker_claim relaybus_worker_claim_ids relaybus_worker_done relaybus_worker_fail" ]
   [ "$(executes "$R_WM")" = "$(executes "$R_WRK")" ]

@@ -445,14 +445,24 @@ DECLARE
     v_max   interval;
     r       record;
     v_clock timestamptz;
+    -- the ids of the events that have none: this UUID with its last six
+    -- hex digits the event's position (98 random bits a batch, each id
+    -- still a version 4 UUID), whose lane relaybus_lane_tail finds from
+    -- v_h, the hash of the first 30 characters (lane_pg.sql); an event at
+    -- a position past 16^6 - 1 gets a UUID of its own
+    v_pre   text := left(gen_random_uuid()::text, 30);
+    v_h     integer;
 BEGIN
+    v_h := @S@.relaybus_lane(v_pre);
     -- the claim cursors' rule (relaybus_claim_ids): the transaction's xid
     -- first, then the clock, and nothing due before it
     PERFORM pg_current_xact_id();
     v_clock := clock_timestamp();
     IF NOT jsonb_path_exists(p_events, '$[*] ? (exists (@.id) || exists (@.key))') THEN
         WITH src AS (
-            SELECT x.o::integer AS ord, gen_random_uuid()::text AS id, x.e->>'name' AS name, x.e->'payload' AS payload,
+            SELECT x.o::integer AS ord,
+                   CASE WHEN x.o < 16777216 THEN v_pre || lpad(to_hex(x.o), 6, '0') ELSE gen_random_uuid()::text END AS id,
+                   x.e->>'name' AS name, x.e->'payload' AS payload,
                    CASE WHEN jsonb_typeof(x.e->'headers') = 'object' THEN nullif(x.e->'headers', '{}') END AS headers,
                    greatest(coalesce((x.e->>'available_at')::timestamptz,
                             v_clock + coalesce((x.e->>'delay_ms')::bigint, 0) * interval '1 millisecond'), v_clock) AS at,
@@ -469,7 +479,8 @@ BEGIN
             SELECT id, name, payload, headers, hs FROM routed ORDER BY ord
         ), del AS (
             INSERT INTO @S@.relaybus_deliveries (event_id, handler, lane, available_at, created_at)
-            SELECT r.id, h, @S@.relaybus_lane(r.id), r.at, nullif(v_clock, r.at) FROM routed r, unnest(r.hs) h
+            SELECT r.id, h, CASE WHEN r.ord < 16777216 THEN @S@.relaybus_lane_tail(v_h, r.ord) ELSE @S@.relaybus_lane(r.id) END,
+                   r.at, nullif(v_clock, r.at) FROM routed r, unnest(r.hs) h
              ORDER BY h, r.ord
             RETURNING handler, available_at
         )
@@ -484,7 +495,9 @@ BEGIN
           FROM routed f;
     ELSE
     WITH src AS (
-        SELECT x.o::integer AS ord, coalesce(x.e->>'id', gen_random_uuid()::text) AS id,
+        SELECT x.o::integer AS ord,
+               coalesce(x.e->>'id', CASE WHEN x.o < 16777216 THEN v_pre || lpad(to_hex(x.o), 6, '0')
+                                         ELSE gen_random_uuid()::text END) AS id,
                x.e->>'id' IS NOT NULL AS named,
                x.e->>'name' AS name, x.e->>'key' AS key, x.e->'payload' AS payload,
                CASE WHEN jsonb_typeof(x.e->'headers') = 'object' THEN nullif(x.e->'headers', '{}') END AS headers,
@@ -536,7 +549,9 @@ BEGIN
         -- dirtied first costs a full-page image: 7,205 B of WAL a delivery
         -- against 247 for one handler of 50, bench/README.md)
         INSERT INTO @S@.relaybus_deliveries (event_id, handler, lane, key, sequence, available_at, created_at)
-        SELECT n.id, h, @S@.relaybus_lane(coalesce(n.key, n.id)), n.key, n.sequence, n.at, nullif(v_clock, n.at)
+        SELECT n.id, h, CASE WHEN n.key IS NULL AND NOT n.named AND n.ord < 16777216 THEN @S@.relaybus_lane_tail(v_h, n.ord)
+                             ELSE @S@.relaybus_lane(coalesce(n.key, n.id)) END,
+               n.key, n.sequence, n.at, nullif(v_clock, n.at)
           FROM numbered n, unnest(n.hs) h
          ORDER BY h, n.ord
         RETURNING handler, available_at
