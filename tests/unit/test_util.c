@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "rb_store.h"
 #include "rb_trace.h"
@@ -249,6 +250,29 @@ test_trace(void)
 	ok(rb_parse_iso_ms("1970-01-01T00:00:01.500Z") == 1500, "ISO time with ms");
 	ok(rb_parse_iso_ms("2026-12-05T16:08:43Z") == INT64_C(1796486923000), "ISO time without ms");
 	ok(rb_parse_iso_ms("yesterday") == -1 && rb_parse_iso_ms(NULL) == -1, "not an ISO time");
+	ok(rb_parse_iso_ms("2026-12-05T16:08:43.5Z") == INT64_C(1796486923500)
+	    && rb_parse_iso_ms("2026-12-05T16:08:43.51Z") == INT64_C(1796486923510)
+	    && rb_parse_iso_ms("2026-12-05T16:08:43.5129Z") == INT64_C(1796486923512), "one to four digits of a second");
+	ok(rb_parse_iso_ms("2026-12-05T16:08") == -1 && rb_parse_iso_ms("2026-") == -1
+	    && rb_parse_iso_ms("2026-12-05 16:08:43Z") == -1, "cut short or another layout");
+	/* every day from 1970 to 2104 at 23:59:59.999, and the first and
+	 * the last days past their month's end, against timegm */
+	{
+		int differ = 0;
+
+		for (int y = 1970; y < 2105; y++)
+			for (int m = 1; m <= 12; m++)
+				for (int d = 1; d <= 32; d++) {
+					struct tm tm = { .tm_year = y - 1900, .tm_mon = m - 1, .tm_mday = d,
+						.tm_hour = 23, .tm_min = 59, .tm_sec = 59 };
+					char buf[40];
+
+					snprintf(buf, sizeof buf, "%04d-%02d-%02dT23:59:59.999Z", y, m, d);
+					if (rb_parse_iso_ms(buf) != (int64_t)timegm(&tm) * 1000 + 999)
+						differ++;
+				}
+		ok(differ == 0, "every day of 135 years as timegm says (%d differ)", differ);
+	}
 }
 
 int
