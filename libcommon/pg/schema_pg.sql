@@ -428,6 +428,39 @@ END $$;
 -- Either statement reads the subscriptions once for each name of the batch
 -- (rt), not once an event: a batch's events mostly share a few names, and
 -- the routing subquery cost 2-3 us an event.
+-- The ids of the events that have none: one UUID a batch (v_pre, its
+-- first 30 characters: 98 random bits), with each event's position as its
+-- last six hex digits (still a version 4 UUID), and their lanes from v_h,
+-- the hash of v_pre, continued over the six digits (relaybus_lane_tail,
+-- lane_pg.sql): no UUID and no 36-byte hash an event (bench/README.md, "A
+-- batch's ids from one UUID").  An event past position 16^6 - 1 (a jsonb
+-- array of 256 MB holds fewer) would get a UUID of its own.
+-- The rows of the ids that existed, or came twice in the batch (usually
+-- none), in batch order: each through relaybus_publish, its dedup rule.
+CREATE OR REPLACE FUNCTION @S@.relaybus_publish_rest(p_events jsonb, p_ords integer[])
+RETURNS TABLE (ord integer, event_id text, deliveries integer, duplicate boolean, handlers text[],
+               due boolean)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN
+        SELECT x.o::integer AS o, x.e FROM jsonb_array_elements(p_events) WITH ORDINALITY AS x(e, o)
+         WHERE NOT (x.o::integer = ANY (coalesce(p_ords, '{}')))
+         ORDER BY x.o
+    LOOP
+        RETURN QUERY
+            SELECT r.o, p.event_id, p.deliveries, p.duplicate, p.handlers,
+                   coalesce((r.e->>'available_at')::timestamptz,
+                            now() + coalesce((r.e->>'delay_ms')::bigint, 0) * interval '1 millisecond') <= now()
+              FROM @S@.relaybus_publish(
+                r.e->>'name', r.e->'payload', r.e->>'key', r.e->>'id',
+                CASE WHEN jsonb_typeof(r.e->'headers') = 'object' THEN r.e->'headers' END,
+                (r.e->>'available_at')::timestamptz, (r.e->>'delay_ms')::bigint,
+                CASE WHEN r.e ? 'handlers' THEN ARRAY(SELECT jsonb_array_elements_text(r.e->'handlers')) END) p;
+    END LOOP;
+END $$;
+
 DROP FUNCTION IF EXISTS @S@.relaybus_publish_batch(jsonb);
 CREATE FUNCTION @S@.relaybus_publish_batch(p_events jsonb)
 RETURNS TABLE (ord integer, event_id text, deliveries integer, duplicate boolean, handlers text[],
@@ -445,15 +478,9 @@ DECLARE
     v_max   interval;
     r       record;
     v_clock timestamptz;
-    -- the ids of the events that have none: this UUID with its last six
-    -- hex digits the event's position (98 random bits a batch, each id
-    -- still a version 4 UUID), whose lane relaybus_lane_tail finds from
-    -- v_h, the hash of the first 30 characters (lane_pg.sql); an event at
-    -- a position past 16^6 - 1 gets a UUID of its own
     v_pre   text := left(gen_random_uuid()::text, 30);
-    v_h     integer;
+    v_h     integer := @S@.relaybus_lane(v_pre);
 BEGIN
-    v_h := @S@.relaybus_lane(v_pre);
     -- the claim cursors' rule (relaybus_claim_ids): the transaction's xid
     -- first, then the clock, and nothing due before it
     PERFORM pg_current_xact_id();
@@ -596,24 +623,9 @@ BEGIN
         SELECT u.o, u.i, jsonb_array_length(u.h), false, ARRAY(SELECT jsonb_array_elements_text(u.h)), u.d
           FROM unnest(v_ords, v_ids, v_hs, v_due) AS u(o, i, h, d);
     -- the others: ids that existed, or came twice in this batch (usually none)
-    IF coalesce(cardinality(v_ords), 0) = jsonb_array_length(p_events) THEN
-        RETURN;
+    IF coalesce(cardinality(v_ords), 0) < jsonb_array_length(p_events) THEN
+        RETURN QUERY SELECT * FROM @S@.relaybus_publish_rest(p_events, v_ords);
     END IF;
-    FOR r IN
-        SELECT x.o::integer AS o, x.e FROM jsonb_array_elements(p_events) WITH ORDINALITY AS x(e, o)
-         WHERE NOT (x.o::integer = ANY (coalesce(v_ords, '{}')))
-         ORDER BY x.o
-    LOOP
-        RETURN QUERY
-            SELECT r.o, p.event_id, p.deliveries, p.duplicate, p.handlers,
-                   coalesce((r.e->>'available_at')::timestamptz,
-                            now() + coalesce((r.e->>'delay_ms')::bigint, 0) * interval '1 millisecond') <= now()
-              FROM @S@.relaybus_publish(
-                r.e->>'name', r.e->'payload', r.e->>'key', r.e->>'id',
-                CASE WHEN jsonb_typeof(r.e->'headers') = 'object' THEN r.e->'headers' END,
-                (r.e->>'available_at')::timestamptz, (r.e->>'delay_ms')::bigint,
-                CASE WHEN r.e ? 'handlers' THEN ARRAY(SELECT jsonb_array_elements_text(r.e->'handlers')) END) p;
-    END LOOP;
 END $$;
 
 -- The ids of an event's deliveries (of p_handler, or of every handler),
