@@ -265,7 +265,7 @@ test_trace(void)
 				for (int d = 1; d <= 32; d++) {
 					struct tm tm = { .tm_year = y - 1900, .tm_mon = m - 1, .tm_mday = d,
 						.tm_hour = 23, .tm_min = 59, .tm_sec = 59 };
-					char buf[40];
+					char buf[64];
 
 					snprintf(buf, sizeof buf, "%04d-%02d-%02dT23:59:59.999Z", y, m, d);
 					if (rb_parse_iso_ms(buf) != (int64_t)timegm(&tm) * 1000 + 999)
