@@ -103,6 +103,24 @@ in_xact() { q "SELECT count(*) FROM pg_stat_activity WHERE application_name = '$
 # (its backends flushed their statistics when they exited)
 read_buffers() { q "SELECT coalesce(sum(heap_blks_hit + heap_blks_read + coalesce(idx_blks_hit, 0) + coalesce(idx_blks_read, 0)), 0)
                     FROM pg_statio_user_tables WHERE schemaname = '$RB_SCHEMA' AND relname = 'relaybus_deliveries'"; }
+# The count once every backend of application APP has gone and what they
+# read has reached the views: the same twice, half a second apart (a
+# backend flushes its statistics when it exits, a moment after its client;
+# on a busy machine a fixed wait can end before, and the reads would land
+# in the next drain's count)
+settled_buffers() {  # app
+  local a b i
+  wait_for 30 '[ "$(q "SELECT count(*) FROM pg_stat_activity WHERE application_name = '"'$1'"'")" = 0 ]'
+  a=$(read_buffers)
+  for i in $(seq 1 40); do
+    sleep 0.5
+    b=$(read_buffers)
+    [ "$a" != "$b" ] || { echo "$b"; return; }
+    a=$b
+  done
+  echo "the statistics of $1 never settled" >&2
+  return 1
+}
 
 # A steady load's drain: ROUNDS times publish 60 events (half keyed over 20
 # keys) and wait until they ran, with one rb-dispatch; prints the buffers
@@ -111,17 +129,19 @@ steady() {  # handler rescan rounds
   local h=$1 out=$BATS_TEST_TMPDIR/$1.runs b0 b1 r
   b0=$(read_buffers)
   events 60 "$h-1-" "$h" 20 | rb-publish -q
-  RELAYBUS_PG_RESCAN=$2 rb-dispatch -H "$h" --pipe "rb-test-pipe $out" 3>&- 7>&- &
-  local dp=$!
+  PGAPPNAME=rbsteady-$h RELAYBUS_PG_RESCAN=$2 rb-dispatch -vv -H "$h" --pipe "rb-test-pipe $out" \
+    3>&- 7>&- 2>"$BATS_TEST_TMPDIR/$h.log" &
+  local dp=$! t0
+  t0=$(date +%s%3N)
   for r in $(seq 1 "$3"); do
     [ "$r" = 1 ] || events 60 "$h-$r-" "$h" 20 | rb-publish -q
     wait_for 20 '[ "$(lines_of "$out")" = $((r * 60)) ]'
   done
-  kill -TERM "$dp"
-  wait "$dp" || true
-  # (the statistics of the exited backends reach the views soon after)
-  sleep 1.5
-  b1=$(read_buffers)
+  # (what the reads are made of, for a run that reads more than it should:
+  # how long, how many claims, how many found nothing or read held lanes only)
+  kill -TERM "$dp"; wait "$dp" || true
+  echo "# $h: drained in $(($(date +%s%3N) - t0)) ms; claims $(grep -c ': claimed ' "$BATS_TEST_TMPDIR/$h.log"), of them empty $(grep -c ': claimed 0 ' "$BATS_TEST_TMPDIR/$h.log"), held lanes only $(grep -c 'held lanes only)' "$BATS_TEST_TMPDIR/$h.log")" >&3
+  b1=$(settled_buffers "rbsteady-$h")
   [ -z "$(cut -d' ' -f1 "$out" | sort | uniq -d)" ]
   echo $((b1 - b0))
 }
