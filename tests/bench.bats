@@ -161,3 +161,28 @@ load test_helper
   [ "$status" -eq 64 ]
   [[ "$output" == "usage: bench/publish-fn [--rounds N] OLD_BINDIR NEW_BINDIR" ]]
 }
+
+@test "bench/drain-cost --events 400 --reps 1: the limit, the minimal at-least-once outbox and the build each drain every delivery, a line and their statements each, its server stopped" {
+  need_pg
+  pg_only "bench/drain-cost runs its own PostgreSQL"
+  [ -x /usr/bin/time ] || skip "/usr/bin/time is not installed"
+  local before
+  before=$(ls -d /tmp/relaybus-bench-pg.* 2>/dev/null | wc -l)
+  run --separate-stderr env RB_BINDIR="$RB_BINDIR" "$RB_SRCDIR/bench/drain-cost" --events 400 --reps 1 "$RB_BINDIR/rb-dispatch"
+  echo "$stderr" | tail -n 20 >&2
+  [ "$status" -eq 0 ]
+  # each drain's line: its server CPU a delivery (a number: 400 deliveries
+  # may take less than a clock tick of the server's)
+  for l in "plain-SQL limit (fused DELETE, batch 100)" "minimal at-least-once outbox (sqlloop txlock, batch 100)" \
+           "round 1, 1: $RB_BINDIR/rb-dispatch"; do
+    echo "$output" | grep -A1 -xF "$l" | awk 'NR == 2 && $2 == "server" && $3 ~ /^[0-9]+\.[0-9]$/ && $4 == "us" { ok = 1 } END { exit !ok }'
+  done
+  # the statements of each: the fused DELETE; the lock and read, the
+  # delete; the claim, the fetch, the completion
+  for k in fused lock+read delete claim fetch complete; do
+    echo "$output" | awk -v k="$k" '$1 == k && $3 == "calls/1000" { ok = 1 } END { exit !ok }'
+  done
+  [ "$(ls -d /tmp/relaybus-bench-pg.* 2>/dev/null | wc -l)" = "$before" ]
+  run "$RB_SRCDIR/bench/drain-cost" --reps x "$RB_BINDIR/rb-dispatch"
+  [ "$status" -eq 64 ]
+}
