@@ -136,11 +136,21 @@ steady() {  # handler rescan rounds
   for r in $(seq 1 "$3"); do
     [ "$r" = 1 ] || events 60 "$h-$r-" "$h" 20 | rb-publish -q
     wait_for 20 '[ "$(lines_of "$out")" = $((r * 60)) ]'
+    # (every tenth round, the other sessions that hold an xid or a
+    # snapshot: an xid older than a claim's tick keeps its cursors back)
+    [ $((r % 10)) != 5 ] || q "SELECT application_name || ' (' || state || CASE WHEN backend_xid IS NOT NULL
+                                  THEN ', an xid' ELSE '' END || ')|' || round(extract(epoch FROM now() - xact_start))
+                             FROM pg_stat_activity WHERE pid <> pg_backend_pid()
+                              AND (backend_xid IS NOT NULL OR backend_xmin IS NOT NULL)
+                             UNION ALL SELECT 'prepared ' || gid || '|0' FROM pg_prepared_xacts" >>"$BATS_TEST_TMPDIR/$h.xids"
   done
   # (what the reads are made of, for a run that reads more than it should:
-  # how long, how many claims, how many found nothing or read held lanes only)
+  # how long, how many claims, how many found nothing or read held lanes
+  # only, which sessions held an xid or a snapshot)
   kill -TERM "$dp"; wait "$dp" || true
   echo "# $h: drained in $(($(date +%s%3N) - t0)) ms; claims $(grep -c ': claimed ' "$BATS_TEST_TMPDIR/$h.log"), of them empty $(grep -c ': claimed 0 ' "$BATS_TEST_TMPDIR/$h.log"), held lanes only $(grep -c 'held lanes only)' "$BATS_TEST_TMPDIR/$h.log")" >&3
+  echo "# $h: sessions with an xid or a snapshot (rounds seen of 10, oldest transaction):$(awk -F'|' '{ n[$1]++; if ($2 > a[$1]) a[$1] = $2 }
+    END { for (k in n) printf " %s: %d, %d s;", k, n[k], a[k] }' "$BATS_TEST_TMPDIR/$h.xids" 2>/dev/null)" >&3
   b1=$(settled_buffers "rbsteady-$h")
   [ -z "$(cut -d' ' -f1 "$out" | sort | uniq -d)" ]
   echo $((b1 - b0))
