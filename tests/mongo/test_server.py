@@ -342,14 +342,16 @@ def run(port):
                 with s.start_transaction():
                     c1.tsnap.x.insert_one({'i': i}, session=s)
         return (time.monotonic() - t0) * 1000 / n
+    # (the least of five rounds each: a round beside another test's busy
+    # moment took 2.3 ms against 0.7 in CI; the copy made it 16x)
     txn_ms(5)
-    alone = txn_ms()
+    alone = min(txn_ms() for _ in range(5))
     for k in range(5):
         c1.filler['c%d' % k].insert_many([{'i': i, 'p': 'x' * 50} for i in range(20000)])
         c1.filler['c%d' % k].create_index('i', unique=True)
-    beside = txn_ms()
+    beside = min(txn_ms() for _ in range(5))
     ok(beside < 3 * alone, 'a transaction beside 100,000 documents in another database costs about what it '
-       'did without them (%.1f ms against %.1f)' % (beside, alone))
+       'did without them (%.1f ms against %.1f, the least of five rounds each)' % (beside, alone))
     c1.drop_database('filler')
     # one that writes to two databases: both, or neither
     with c1.start_session() as s:
