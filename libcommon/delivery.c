@@ -122,6 +122,7 @@ rb_dl_new(const struct rb_delivery_fields *c)
 	memset(d, 0, sizeof *d);
 	d->id = strtoll(c->id, NULL, 10);
 	d->lease = (struct rb_lease){ .lane = c->lane, .epoch = c->epoch, .claims = c->claims };
+	d->addr = c->addr;
 	d->attempt = c->attempts + 1;
 	memcpy(p, c->event_id, le);
 	d->event_id = p;
@@ -172,6 +173,7 @@ rb_dl_again(struct rb_dl *d, int attempts)
 
 	d->attempt = attempts + 1;
 	d->lease.claims++;
+	d->addr = 0;	/* (the failure rewrote its row) */
 	if (!d->fetched)
 		return;
 	/* (the last attempt member: the payload and headers, written before
@@ -220,7 +222,7 @@ struct rb_result
 rb_result_of(const struct rb_dl *d, enum rb_verdict verdict)
 {
 	return (struct rb_result){ .event_id = d->event_id, .handler = d->handler, .lease = d->lease,
-	    .delivery_id = d->id, .verdict = verdict, .retry_ms = -1, .outcome = RB_OUTCOME_LOST,
+	    .delivery_id = d->id, .addr = d->addr, .verdict = verdict, .retry_ms = -1, .outcome = RB_OUTCOME_LOST,
 	    .attempts = -1 };
 }
 

@@ -44,6 +44,8 @@ struct rb_delivery_fields {
 	const char	*id, *event_id, *handler, *name, *key, *sequence, *payload, *headers, *created_at;
 	int		 lane, attempts;	/* attempts so far (the line says attempts + 1) */
 	int64_t		 epoch, claims;
+	uint64_t	 addr;		/* the row's address in the store, as the claim read it
+					 * (the backend's own; 0: none), never in the line */
 };
 
 /**

@@ -278,6 +278,8 @@ struct rb_lease {
 struct rb_dl {
 	int64_t		 id;		/* delivery_id */
 	struct rb_lease	 lease;
+	uint64_t	 addr;		/* where the claim read its row (a backend's own
+					 * address, for the completion; 0: not known) */
 	int		 attempt;	/* this attempt: attempts so far + 1 */
 	const char	*event_id, *handler;
 	const char	*sequence;	/* as text; NULL: none */
@@ -330,6 +332,7 @@ struct rb_result {
 	const char	*event_id, *handler;
 	struct rb_lease	 lease;
 	int64_t		 delivery_id;	/* 0: not known (found by event_id and handler) */
+	uint64_t	 addr;		/* rb_dl.addr (0: not known: found by delivery_id) */
 	enum rb_verdict	 verdict;
 	const char	*error;		/* why it failed; NULL: "handler failed" (no reason for OK) */
 	int64_t		 retry_ms;	/* FAIL: retry after this; < 0: the backoff's delay */

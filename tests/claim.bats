@@ -372,6 +372,37 @@ claim8() {  # owner batch live search chain
   [ "$output" = "a3:1:0:$e a1:2:2:$e a2:3:0:$e" ]
 }
 
+@test "claimed apart: each row comes with its address; the completion deletes there, else through its id, and never the row at a wrong address" {
+  printf '{"id":"x%d","name":"job.x","payload":%d}\n' 1 1 2 2 3 3 4 4 | rb-publish -q
+  q "CREATE TABLE claimed AS SELECT * FROM relaybus_claim_ids('h1', 'A', 10, 60000, 5, '{}', true, 1, NULL)"
+  # the address of each row as the claim read it
+  [ "$(q "SELECT count(*) FROM claimed c JOIN relaybus_deliveries d ON d.id = c.id AND d.ctid = c.addr")" = 4 ]
+  # x2's row rewritten since (as a failure kept in flight is): its address is stale
+  q "UPDATE relaybus_deliveries SET attempts = attempts WHERE event_id = 'x2' AND handler = 'h1'"
+  [ "$(q "SELECT count(*) FROM claimed c JOIN relaybus_deliveries d ON d.id = c.id AND d.ctid = c.addr")" = 3 ]
+  # x1 at its address, x2 at its old one, x3 at x4's, x4 with a claims count that is not its own
+  complete() {  # WHERE over claimed c: the results; ADDR: each one's address
+    q "SELECT string_agg(coalesce(b.ord::text, '-') || ':' || coalesce(b.id::text, '-'), ' ' ORDER BY b.ord, b.id)
+         FROM (SELECT array_agg(c.event_id ORDER BY c.event_id) ev, array_agg(c.handler ORDER BY c.event_id) h,
+                      array_agg(c.lane ORDER BY c.event_id) l, array_agg(c.epoch ORDER BY c.event_id) e,
+                      array_agg(c.claims + CASE WHEN c.event_id = 'x4' THEN 1 ELSE 0 END ORDER BY c.event_id) cl,
+                      array_agg(c.id ORDER BY c.event_id) i, array_agg($2 ORDER BY c.event_id) a
+                 FROM claimed c WHERE $1) x,
+              relaybus_complete_batch(x.ev, x.h, x.l, x.e, x.cl, x.i, x.a) b"
+  }
+  id() { q "SELECT id FROM claimed WHERE event_id = '$1'"; }
+  run -0 complete "c.event_id <> 'x4'" "CASE c.event_id WHEN 'x3' THEN (SELECT addr FROM claimed WHERE event_id = 'x4') ELSE c.addr END"
+  # x1 deleted at its address (ord 1, no id); x2 and x3 through their ids:
+  # the row each result found (ord:id), the row deleted (-:id)
+  [ "$output" = "1:- 2:$(id x2) 3:$(id x3) -:$(id x2) -:$(id x3)" ]
+  [ "$(q "SELECT string_agg(event_id, ' ') FROM relaybus_deliveries WHERE handler = 'h1'")" = x4 ]
+  # x4 at its own address, fenced out by its claims count: nothing deleted
+  run -0 complete "c.event_id = 'x4'" "c.addr"
+  [ "$output" = "" ]
+  [ "$(q "SELECT string_agg(event_id, ' ') FROM relaybus_deliveries WHERE handler = 'h1'")" = x4 ]
+  q "DROP TABLE claimed"
+}
+
 @test "a held lane gets no more than fills it to 32 in flight, when the caller gives the lanes of what it runs" {
   # 100 unkeyed deliveries, all in lane 7
   q "SELECT 'e' || g FROM generate_series(1, 40000) g WHERE relaybus_lane('e' || g) = 7 LIMIT 100" |

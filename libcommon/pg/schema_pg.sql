@@ -716,7 +716,7 @@ CREATE FUNCTION @S@.relaybus_lane_candidates(
     p_handler text, p_lane smallint, p_now timestamptz, p_live bigint[], p_limit integer,
     p_chain integer, p_ucur timestamptz DEFAULT '-infinity', p_kcur timestamptz DEFAULT '-infinity')
 RETURNS TABLE (id bigint, event_id text, claims integer, attempts integer, sequence bigint,
-               created_at timestamptz, key text)
+               created_at timestamptz, key text, addr tid)
 -- LANGUAGE sql, STABLE, no SET clause: the planner inlines it into the
 -- claim's statements, whose functions pin search_path to pg_catalog (its
 -- operators all have exact matches there; its one polymorphic call,
@@ -730,7 +730,7 @@ RETURNS TABLE (id bigint, event_id text, claims integer, attempts integer, seque
 -- (Debian's PostgreSQL 15 has jit on)
 LANGUAGE sql STABLE AS $$
     (SELECT d.id, d.event_id, d.claims, d.attempts, d.sequence, coalesce(d.created_at, d.available_at) AS created_at,
-            NULL::text AS key
+            NULL::text AS key, d.ctid AS addr
        FROM @S@.relaybus_deliveries d
       WHERE d.handler = p_handler AND d.lane = p_lane AND d.status = 'pending' AND d.key IS NULL
         AND d.available_at >= p_ucur AND d.available_at <= p_now
@@ -773,12 +773,12 @@ LANGUAGE sql STABLE AS $$
             ) SELECT * FROM sk) s
          WHERE p_kcur = '-infinity' OR (SELECT count(*) FROM kd) >= 64
      )
-     SELECT c.id, c.event_id, c.claims, c.attempts, c.sequence, c.created_at, h.key FROM heads h
+     SELECT c.id, c.event_id, c.claims, c.attempts, c.sequence, c.created_at, h.key, c.addr FROM heads h
       CROSS JOIN LATERAL (
-        SELECT r.id, r.event_id, r.claims, r.attempts, r.sequence, r.created_at FROM (
+        SELECT r.id, r.event_id, r.claims, r.attempts, r.sequence, r.created_at, r.addr FROM (
             SELECT x.*, bool_and(x.available_at <= p_now) OVER (ORDER BY x.sequence) AS due
               FROM (SELECT d.id, d.event_id, d.claims, d.attempts, d.sequence,
-                           coalesce(d.created_at, d.available_at) AS created_at, d.available_at
+                           coalesce(d.created_at, d.available_at) AS created_at, d.available_at, d.ctid AS addr
                       FROM @S@.relaybus_deliveries d
                      WHERE d.handler = p_handler AND d.lane = p_lane AND d.key = h.key
                        AND d.key IS NOT NULL AND d.status = 'pending' AND d.sequence >= h.sequence
@@ -838,7 +838,7 @@ DECLARE
         'lc integer[], room integer[], scanned smallint[], '
         -- the picks (every step that picks)
         'pick_id bigint[], pick_lane smallint[], pick_event text[], pick_claims integer[], '
-        'pick_attempts integer[], pick_seq bigint[], pick_created timestamp with time zone[], '
+        'pick_attempts integer[], pick_seq bigint[], pick_created timestamp with time zone[], pick_addr tid[], '
         -- 2. the lanes taken (relaybus_claim_search)
         'free_lanes smallint[], acquired smallint[], charged smallint[], charged_failed bigint[], '
         'charged_buried bigint[], searched boolean, '
@@ -1072,9 +1072,9 @@ BEGIN
     SELECT coalesce(array_agg(t.id), '{}'), coalesce(array_agg(t.lane), '{}'), max(t.o),
            coalesce(array_agg(t.event_id), '{}'), coalesce(array_agg(t.claims), '{}'),
            coalesce(array_agg(t.attempts), '{}'), coalesce(array_agg(t.sequence), '{}'),
-           coalesce(array_agg(t.created_at), '{}')
+           coalesce(array_agg(t.created_at), '{}'), coalesce(array_agg(t.addr), '{}')
       INTO s.pick_id, s.pick_lane, v_last, s.pick_event, s.pick_claims, s.pick_attempts, s.pick_seq,
-           s.pick_created
+           s.pick_created, s.pick_addr
       FROM (SELECT c.*, hl.lane, hl.o FROM unnest(s.held) WITH ORDINALITY hl(lane, o)
             CROSS JOIN LATERAL @S@.relaybus_lane_candidates(s.handler, hl.lane, s.now, s.live,
                 least(s.batch, c_per_lane, v_room[hl.lane]), s.chain,
@@ -1333,8 +1333,10 @@ BEGIN
                s.pick_claims || coalesce(array_agg(t.claims), '{}'),
                s.pick_attempts || coalesce(array_agg(t.attempts), '{}'),
                s.pick_seq || coalesce(array_agg(t.sequence), '{}'),
-               s.pick_created || coalesce(array_agg(t.created_at), '{}')
-          INTO s.pick_id, s.pick_lane, s.pick_event, s.pick_claims, s.pick_attempts, s.pick_seq, s.pick_created
+               s.pick_created || coalesce(array_agg(t.created_at), '{}'),
+               s.pick_addr || coalesce(array_agg(t.addr), '{}')
+          INTO s.pick_id, s.pick_lane, s.pick_event, s.pick_claims, s.pick_attempts, s.pick_seq, s.pick_created,
+               s.pick_addr
           FROM (SELECT c.*, hl.lane FROM unnest(v_new) hl(lane)
                 CROSS JOIN LATERAL @S@.relaybus_lane_candidates(s.handler, hl.lane, s.now, '{}',
                     least(s.batch - cardinality(s.pick_id), c_per_lane), s.chain,
@@ -1374,8 +1376,10 @@ BEGIN
            s.pick_claims || coalesce(array_agg(t.claims), '{}'),
            s.pick_attempts || coalesce(array_agg(t.attempts), '{}'),
            s.pick_seq || coalesce(array_agg(t.sequence), '{}'),
-           s.pick_created || coalesce(array_agg(t.created_at), '{}')
-      INTO s.pick_id, s.pick_lane, s.pick_event, s.pick_claims, s.pick_attempts, s.pick_seq, s.pick_created
+           s.pick_created || coalesce(array_agg(t.created_at), '{}'),
+           s.pick_addr || coalesce(array_agg(t.addr), '{}')
+      INTO s.pick_id, s.pick_lane, s.pick_event, s.pick_claims, s.pick_attempts, s.pick_seq, s.pick_created,
+           s.pick_addr
       FROM (SELECT c.*, hl.lane FROM unnest(s.held) hl(lane)
             CROSS JOIN LATERAL @S@.relaybus_lane_candidates(s.handler, hl.lane, s.now, s.live || s.pick_id,
                 least(s.batch - cardinality(s.pick_id), c_per_lane, v_room[hl.lane]), s.chain,
@@ -1575,7 +1579,9 @@ END $$;
 -- when it ends and are taken over like any expired lane.
 --
 -- relaybus_claim_ids returns the claimed delivery rows with their lane's
--- epoch, in the order to start them (each lane's together, a key's in
+-- epoch and their addresses as the claim read them (addr, a ctid, which
+-- the completion deletes at when the row is still there: relaybus_complete_batch),
+-- in the order to start them (each lane's together, a key's in
 -- sequence order), but not their events: rb-dispatch reads those on a
 -- connection of its own, beside the next claim (a random probe of the
 -- events' text key each, the largest part of a claim).  relaybus_claim does
@@ -1587,6 +1593,20 @@ DROP FUNCTION IF EXISTS @S@.relaybus_claim_ids(text, text, integer, bigint, inte
 DROP FUNCTION IF EXISTS @S@.relaybus_claim_ids(text, text, integer, bigint, integer, bigint[], boolean, integer, smallint[], bigint, boolean, boolean);
 DROP FUNCTION IF EXISTS @S@.relaybus_claim_ids(text, text, integer, bigint, integer, bigint[], boolean, integer, smallint[], bigint, boolean, boolean,
     timestamptz[], xid8[], smallint[], timestamptz[], timestamptz[], timestamptz, smallint[], smallint[]);
+-- (and those of this schema before the claim returned its rows' addresses:
+-- a return type is not replaced, the worker door's with it)
+DO $drop_claim_ids$
+DECLARE
+    c_args CONSTANT text := '(text, text, integer, bigint, integer, bigint[], boolean, integer, smallint[], bigint, '
+        'boolean, boolean, timestamptz[], xid8[], smallint[], timestamptz[], timestamptz[], timestamptz, '
+        'smallint[], smallint[], tid[])';
+BEGIN
+    IF pg_catalog.pg_get_function_result(pg_catalog.to_regprocedure('@S@.relaybus_claim_ids' || c_args))
+       NOT LIKE '%addr tid%' THEN
+        EXECUTE 'DROP FUNCTION @S@.relaybus_claim_ids' || c_args;
+        EXECUTE 'DROP FUNCTION IF EXISTS @S@.relaybus_worker_claim_ids' || c_args;
+    END IF;
+END $drop_claim_ids$;
 CREATE OR REPLACE FUNCTION @S@.relaybus_claim_ids(
     p_handler text, p_owner text, p_batch integer, p_lease_ms bigint, p_max_attempts integer,
     p_live bigint[], p_search boolean, p_chain integer, p_live_lanes smallint[],
@@ -1595,7 +1615,7 @@ CREATE OR REPLACE FUNCTION @S@.relaybus_claim_ids(
     p_cu timestamptz[] DEFAULT NULL, p_ck timestamptz[] DEFAULT NULL, p_g timestamptz DEFAULT NULL,
     p_mine smallint[] DEFAULT NULL, p_others smallint[] DEFAULT NULL, p_mine_t tid[] DEFAULT NULL)
 RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigint, claims integer,
-               attempts integer, sequence bigint, created_at text)
+               attempts integer, sequence bigint, created_at text, addr tid)
 -- (no sort where an index gives the order: with the statistics an
 -- analyze took under a held snapshot the planner read a lane's keyed
 -- cursor, "the first pending keyed entry from p_kcur", as a bitmap scan of
@@ -1632,7 +1652,7 @@ BEGIN
     -- nothing held, picked, taken or written yet
     s.held0 := '{}'; s.scanned := '{}'; s.acquired := '{}'; s.charged := '{}'; s.backed := '{}';
     s.pick_id := '{}'; s.pick_lane := '{}'; s.pick_event := '{}'; s.pick_claims := '{}';
-    s.pick_attempts := '{}'; s.pick_seq := '{}'; s.pick_created := '{}';
+    s.pick_attempts := '{}'; s.pick_seq := '{}'; s.pick_created := '{}'; s.pick_addr := '{}';
     -- this claim's tick and the lanes' cursors (a claimer with cursors)
     IF s.cursors THEN
         s := @S@.relaybus_claim_tick(s, p_ticks_c, p_ticks_x, p_cl, p_cu, p_ck);
@@ -1680,15 +1700,15 @@ BEGIN
     -- the picks of the lanes written (in the order the passes took them: each lane's together, a key's in
     -- sequence order; a key is never in two passes, its head being live)
     RETURN QUERY
-        SELECT u.i, u.ev, p_handler, u.ln, s.epoch[u.ln], u.cl, u.att, u.seq, @S@.relaybus_ts(u.cat)
+        SELECT u.i, u.ev, p_handler, u.ln, s.epoch[u.ln], u.cl, u.att, u.seq, @S@.relaybus_ts(u.cat), u.a
           FROM unnest(s.pick_id, s.pick_event, s.pick_lane, s.pick_claims, s.pick_attempts, s.pick_seq,
-                      s.pick_created) u(i, ev, ln, cl, att, seq, cat)
+                      s.pick_created, s.pick_addr) u(i, ev, ln, cl, att, seq, cat, a)
          WHERE s.epoch[u.ln] >= 0;
     -- the cursors for the next claim, in rows without an id: handler
     -- names the value, event_id holds it as text
     IF s.cursors THEN
         RETURN QUERY SELECT NULL::bigint, c.c_value, c.c_name, NULL::smallint, NULL::bigint, NULL::integer,
-                            NULL::integer, NULL::bigint, NULL::text
+                            NULL::integer, NULL::bigint, NULL::text, NULL::tid
           FROM @S@.relaybus_claim_cursors(s) c;
     END IF;
 END $$;
@@ -1729,7 +1749,7 @@ BEGIN
                                   p_live, p_search, p_chain, p_live_lanes, p_holder,
                                   p_chain_early, p_holder_live, p_ticks_c, p_ticks_x, p_cl, p_cu,
                                   p_ck, p_g, p_mine, p_others, p_mine_t) WITH ORDINALITY c(id, event_id, handler,
-                                  lane, epoch, claims, attempts, sequence, created_at, o);
+                                  lane, epoch, claims, attempts, sequence, created_at, addr, o);
     -- (the cursors' rows, which have no id, first)
     RETURN QUERY
         SELECT NULL::bigint, c.event_id, c.handler, NULL::smallint, NULL::bigint, NULL::integer, NULL::integer,
@@ -1981,7 +2001,7 @@ CREATE OR REPLACE FUNCTION @S@.relaybus_worker_claim_ids(
     p_cu timestamptz[] DEFAULT NULL, p_ck timestamptz[] DEFAULT NULL, p_g timestamptz DEFAULT NULL,
     p_mine smallint[] DEFAULT NULL, p_others smallint[] DEFAULT NULL, p_mine_t tid[] DEFAULT NULL)
 RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigint, claims integer,
-               attempts integer, sequence bigint, created_at text)
+               attempts integer, sequence bigint, created_at text, addr tid)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM @S@.relaybus_check('{worker}', ARRAY[p_handler]);
@@ -2021,7 +2041,14 @@ CREATE OR REPLACE VIEW @S@.relaybus_worker_events WITH (security_barrier) AS
 -- Complete (rb-dispatch, rb-complete): one statement, fenced by lane epoch,
 -- in_flight membership and the claims counter, and writes the history rows
 -- of the deliveries it deleted when the schema keeps a completion history
--- (decided here, not by the caller).  A result with its delivery id finds
+-- (decided here, not by the caller).  A result with its row's address
+-- (p_addrs: the ctid the claim read it at, relaybus_claim_ids' addr) is
+-- deleted there, its fence checked on the row itself (by_addr: a TID scan
+-- a result, no index: a completion reads 3 buffers a delivery where the
+-- probe below reads 6); the address of a row rewritten since (a failure
+-- kept in flight, a takeover's charge) holds a dead version or, once
+-- vacuumed, another row or none, and the id and the fence fail there.
+-- Every result by_addr did not delete, and one with its delivery id only, finds
 -- its row through the primary key, a probe a result (LATERAL and fenced
 -- with OFFSET 0: no statistics turn it into a scan; event_id and handler
 -- only checked, compared under "C" so that the planner cannot take the
@@ -2036,15 +2063,16 @@ CREATE OR REPLACE VIEW @S@.relaybus_worker_events WITH (security_barrier) AS
 -- once a result (a group of 200 has some 20 lanes; 7% less time a result).
 -- The rows returned: (NULL, id) a delivery deleted by id, (ord, id) the
 -- result at position ord found that row, (ord, NULL) a result's delivery
--- deleted through its lane; the caller pairs them (store_pg_complete.c:
+-- deleted at its address (by_addr) or through its lane; the caller pairs them (store_pg_complete.c:
 -- a join of the two here is left to estimates a generic plan may make a
 -- nested loop of, 800 x 800).  A row that changed between the probe and
 -- the deletion (a takeover's charge) has a new address and is not deleted,
 -- as its fence would have failed.
 DROP FUNCTION IF EXISTS @S@.relaybus_complete_batch(text[], text[], smallint[], bigint[], integer[], bigint[]);
+DROP FUNCTION IF EXISTS @S@.relaybus_complete_batch(text[], text[], smallint[], bigint[], integer[], bigint[], tid[]);
 CREATE FUNCTION @S@.relaybus_complete_batch(
     p_event_ids text[], p_handlers text[], p_lanes smallint[], p_epochs bigint[],
-    p_claims integer[], p_ids bigint[])
+    p_claims integer[], p_ids bigint[], p_addrs tid[] DEFAULT NULL)
 RETURNS TABLE (ord bigint, id bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
@@ -2052,18 +2080,27 @@ DECLARE
     v_ord bigint[]; v_id bigint[]; v_ev text[]; v_h text[]; v_att integer[];
 BEGIN
     PERFORM @S@.relaybus_check('{worker}', p_handlers);
-    WITH r AS (SELECT * FROM unnest(p_event_ids, p_handlers, p_lanes, p_epochs, p_claims, p_ids)
-               WITH ORDINALITY AS r(event_id, handler, lane, epoch, claims, id, ord)),
-    l AS (SELECT x.handler, x.lane, x.epoch, x.in_flight FROM (SELECT DISTINCT handler, lane FROM r) u
+    WITH r AS (SELECT * FROM unnest(p_event_ids, p_handlers, p_lanes, p_epochs, p_claims, p_ids,
+                                    coalesce(p_addrs, '{}'))
+               WITH ORDINALITY AS r(event_id, handler, lane, epoch, claims, id, addr, ord)),
+    l AS MATERIALIZED (SELECT x.handler, x.lane, x.epoch, x.in_flight FROM (SELECT DISTINCT handler, lane FROM r) u
           CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_lanes y
                                WHERE y.handler = u.handler AND y.lane = u.lane OFFSET 0) x),
+    by_addr AS (DELETE FROM @S@.relaybus_deliveries d USING r, l
+                 WHERE r.addr IS NOT NULL AND d.ctid = r.addr AND d.id + 0 = r.id
+                   AND d.event_id = r.event_id COLLATE "C" AND d.handler = r.handler COLLATE "C"
+                   AND d.lane = r.lane AND d.claims = r.claims AND d.status = 'pending'
+                   AND l.handler = r.handler AND l.lane = r.lane AND l.epoch = r.epoch
+                   AND l.in_flight @> ARRAY[d.id]
+                RETURNING r.ord, NULL::bigint AS id, d.event_id, d.handler, d.attempts),
     f AS MATERIALIZED (SELECT r.ord, d.t, d.id FROM r
           CROSS JOIN LATERAL (SELECT dd.ctid AS t, dd.id FROM @S@.relaybus_deliveries dd
                                WHERE dd.id = r.id AND dd.event_id = r.event_id COLLATE "C"
                                  AND dd.handler = r.handler COLLATE "C" AND dd.lane = r.lane
                                  AND dd.claims = r.claims AND dd.status = 'pending' OFFSET 0) d
           JOIN l ON l.handler = r.handler AND l.lane = r.lane AND l.epoch = r.epoch
-                AND l.in_flight @> ARRAY[d.id]),
+                AND l.in_flight @> ARRAY[d.id]
+         WHERE r.ord NOT IN (SELECT b.ord FROM by_addr b)),
     by_id AS (DELETE FROM @S@.relaybus_deliveries d
                WHERE d.ctid = ANY (ARRAY(SELECT f.t FROM f)) AND d.status = 'pending'
               RETURNING NULL::bigint AS ord, d.id, d.event_id, d.handler, d.attempts),
@@ -2075,7 +2112,7 @@ BEGIN
                RETURNING r.ord, NULL::bigint AS id, d.event_id, d.handler, d.attempts)
     SELECT array_agg(x.ord), array_agg(x.id), array_agg(x.event_id), array_agg(x.handler), array_agg(x.attempts)
       INTO v_ord, v_id, v_ev, v_h, v_att
-      FROM (SELECT * FROM by_id UNION ALL SELECT * FROM by_key
+      FROM (SELECT * FROM by_addr UNION ALL SELECT * FROM by_id UNION ALL SELECT * FROM by_key
             UNION ALL SELECT f.ord, f.id, NULL, NULL, NULL FROM f) x;
     -- (the history: the rows deleted, those with an event_id; the table is
     -- named only in this branch, which a schema without it never plans)

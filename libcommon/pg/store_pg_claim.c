@@ -47,8 +47,8 @@ const char pg_tmpl_claim[] =
     "payload::text, headers::text, created_at "
     "FROM @S@.relaybus_claim" PG_CLAIM_ARGS;
 /* the claim without events, for the second connection to read them */
-const char pg_tmpl_claim_ids[] = "SELECT id, event_id, handler, lane, epoch, claims, attempts, sequence, created_at "
-    "FROM @S@.relaybus_claim_ids" PG_CLAIM_ARGS;
+const char pg_tmpl_claim_ids[] = "SELECT id, event_id, handler, lane, epoch, claims, attempts, sequence, created_at, "
+    "addr FROM @S@.relaybus_claim_ids" PG_CLAIM_ARGS;
 /* the events of what a claim took, on the second connection, by the
  * position of their event id in $1 (the connection runs with
  * enable_seqscan off, as the claim does: young tables have no
@@ -94,8 +94,8 @@ const char pg_tmpl_w_claim[] =
     "SELECT id, event_id, handler, lane, epoch, claims, attempts, name, key, sequence, "
     "payload::text, headers::text, created_at "
     "FROM @S@.relaybus_worker_claim" PG_CLAIM_ARGS;
-const char pg_tmpl_w_claim_ids[] = "SELECT id, event_id, handler, lane, epoch, claims, attempts, sequence, created_at "
-    "FROM @S@.relaybus_worker_claim_ids" PG_CLAIM_ARGS;
+const char pg_tmpl_w_claim_ids[] = "SELECT id, event_id, handler, lane, epoch, claims, attempts, sequence, created_at, "
+    "addr FROM @S@.relaybus_worker_claim_ids" PG_CLAIM_ARGS;
 const char pg_tmpl_w_fetch[] =
     "SELECT p.o, e.name, e.key, e.payload::text, e.headers::text "
     "FROM unnest($1::text[]) WITH ORDINALITY p(eid, o) "
@@ -259,6 +259,7 @@ claimed_dls(PGresult *res, int *np)
 			.epoch = strtoll(PQgetvalue(res, i, 4), NULL, 10),
 			.claims = strtoll(PQgetvalue(res, i, 5), NULL, 10), .attempts = atoi(PQgetvalue(res, i, 6)),
 			.sequence = pg_col(res, i, 7), .created_at = PQgetvalue(res, i, 8),
+			.addr = pg_addr(pg_col(res, i, 9)),
 		};
 
 		v[k++] = rb_dl_new(&c);

@@ -27,7 +27,13 @@
 #include "store_pg_steps.h"
 
 /*
- * The completion: a result with its delivery_id finds its row through the
+ * The completion: a result with its row's address (rb_result.addr, from
+ * the claim: relaybus_claim_ids' addr) is deleted there when the row at
+ * that address is its delivery and passes the fence (by_addr: a TID scan
+ * a result; d.id + 0, so that the primary key is not probed instead); 3.1
+ * buffers a delivery where the probe below read 6.1 (bench/drain-cost).
+ * Each other result with its delivery_id (a row rewritten since the
+ * claim, a line rb-complete read) finds its row through the
  * primary key (event_id and handler only checked, compared under "C");
  * there in_flight is tested with @> so that it cannot become an index
  * condition (d.id = ANY (l.in_flight) made the planner read every
@@ -59,18 +65,25 @@
  * PostgreSQL 17 (issue 43).  A row that changed in between (a takeover's
  * charge) has a new address and is not deleted, as its fence would have
  * failed.  The rows: (NULL, id) deleted by id, (ord, id) a result's row
- * found by id, (ord, NULL) deleted through the lane) */
+ * found by id, (ord, NULL) deleted at its address (by_addr, below) or
+ * through the lane) */
 #define COMPLETE_CTE \
     "WITH r AS (SELECT * FROM unnest($1::text[], $2::text[], $3::smallint[], $4::bigint[], $5::integer[], " \
-    "  $6::bigint[]) WITH ORDINALITY AS r(event_id, handler, lane, epoch, claims, id, ord)), " \
-    "l AS (SELECT x.handler, x.lane, x.epoch, x.in_flight FROM (SELECT DISTINCT handler, lane FROM r) u " \
+    "  $6::bigint[], $7::tid[]) WITH ORDINALITY AS r(event_id, handler, lane, epoch, claims, id, addr, ord)), " \
+    "l AS MATERIALIZED (SELECT x.handler, x.lane, x.epoch, x.in_flight FROM (SELECT DISTINCT handler, lane FROM r) u " \
     "  CROSS JOIN LATERAL (SELECT * FROM @S@.relaybus_lanes y " \
     "    WHERE y.handler = u.handler AND y.lane = u.lane OFFSET 0) x), " \
+    "by_addr AS (DELETE FROM @S@.relaybus_deliveries d USING r, l " \
+    "  WHERE r.addr IS NOT NULL AND d.ctid = r.addr AND d.id + 0 = r.id " \
+    "    AND d.event_id = r.event_id COLLATE \"C\" AND d.handler = r.handler COLLATE \"C\" " COMPLETE_FENCE \
+    "    AND l.in_flight @> ARRAY[d.id] " \
+    "  RETURNING r.ord, NULL::bigint AS id, d.event_id, d.handler, d.attempts), " \
     "f AS MATERIALIZED (SELECT r.ord, d.t, d.id FROM r " \
     "  CROSS JOIN LATERAL (SELECT dd.ctid AS t, dd.id FROM @S@.relaybus_deliveries dd " \
     "    WHERE dd.id = r.id AND dd.event_id = r.event_id COLLATE \"C\" AND dd.handler = r.handler COLLATE \"C\" " \
     "      AND dd.lane = r.lane AND dd.claims = r.claims AND dd.status = 'pending' OFFSET 0) d " \
-    "  JOIN l ON l.handler = r.handler AND l.lane = r.lane AND l.epoch = r.epoch AND l.in_flight @> ARRAY[d.id]), " \
+    "  JOIN l ON l.handler = r.handler AND l.lane = r.lane AND l.epoch = r.epoch AND l.in_flight @> ARRAY[d.id] " \
+    "  WHERE r.ord NOT IN (SELECT b.ord FROM by_addr b)), " \
     "by_id AS (DELETE FROM @S@.relaybus_deliveries d " \
     "  WHERE d.ctid = ANY (ARRAY(SELECT f.t FROM f)) AND d.status = 'pending' " \
     "  RETURNING NULL::bigint AS ord, d.id, d.event_id, d.handler, d.attempts), " \
@@ -78,7 +91,7 @@
     "  WHERE r.id IS NULL AND d.id = ANY (l.in_flight) AND d.event_id = r.event_id " \
     "    AND d.handler = r.handler " COMPLETE_FENCE \
     "  RETURNING r.ord, NULL::bigint AS id, d.event_id, d.handler, d.attempts), " \
-    "del AS (SELECT * FROM by_id UNION ALL SELECT * FROM by_key) "
+    "del AS (SELECT * FROM by_addr UNION ALL SELECT * FROM by_id UNION ALL SELECT * FROM by_key) "
 const char pg_tmpl_complete[] = COMPLETE_CTE "SELECT ord, id FROM del UNION ALL SELECT ord, id FROM f";
 const char pg_tmpl_complete_hist[] = COMPLETE_CTE
     ", hist AS (INSERT INTO @S@.relaybus_completions (event_id, handler, attempts) "
@@ -97,7 +110,7 @@ const char pg_tmpl_lock_lane[] =
  * writes the history rows itself when the schema keeps them) */
 const char pg_tmpl_w_complete[] =
     "SELECT ord, id FROM @S@.relaybus_complete_batch($1::text[], $2::text[], $3::smallint[], $4::bigint[], "
-    "$5::integer[], $6::bigint[])";
+    "$5::integer[], $6::bigint[], $7::tid[])";
 const char pg_tmpl_w_fail[] =
     "SELECT ord, outcome, attempts, missing FROM @S@.relaybus_worker_fail($1::text[], $2::text[], "
     "$3::smallint[], $4::bigint[], $5::integer[], $6::text[], $7::bigint[], $8::text[], "
@@ -107,11 +120,14 @@ const char pg_tmpl_w_lock_lane[] = "SELECT 1 WHERE @S@.relaybus_lock_lane($1, $2
 /* ---- the fence arrays ------------------------------------------------------ */
 
 struct pg_fence {
-	struct rb_sbuf ev, h, lane, epoch, claims, id;
+	struct rb_sbuf ev, h, lane, epoch, claims, id, addr;
 };
 
 /* (every array has one element per result, in the results' order) */
-#define FENCE_ARRAYS(a)	{ &(a)->ev, &(a)->h, &(a)->lane, &(a)->epoch, &(a)->claims, &(a)->id }
+#define FENCE_ARRAYS(a)	{ &(a)->ev, &(a)->h, &(a)->lane, &(a)->epoch, &(a)->claims, &(a)->id, &(a)->addr }
+/* pg_tmpl_complete's parameters, of a struct pg_fence */
+#define COMPLETE_NPARAMS	7
+#define COMPLETE_PARAMS(a)	{ (a).ev.s, (a).h.s, (a).lane.s, (a).epoch.s, (a).claims.s, (a).id.s, (a).addr.s }
 
 static void
 fa_init(struct pg_fence *a)
@@ -136,6 +152,7 @@ fa_add(struct pg_fence *a, const struct rb_result *r)
 		pg_arr_int(&a->id, r->delivery_id);
 	else
 		pg_arr_text(&a->id, NULL);
+	pg_arr_addr(&a->addr, r->delivery_id > 0 ? r->addr : 0);
 }
 
 static void
@@ -297,9 +314,9 @@ complete_ok(struct rb_store *s, struct rb_result *v, const size_t *idx, size_t n
 	for (size_t k = 0; k < n; k++)
 		fa_add(&a, &v[idx[k]]);
 	fa_close(&a);
-	const char *params[6] = { a.ev.s, a.h.s, a.lane.s, a.epoch.s, a.claims.s, a.id.s };
+	const char *params[COMPLETE_NPARAMS] = COMPLETE_PARAMS(a);
 
-	res = pg_run(s, hist ? pg_be(s)->q_complete_hist : pg_be(s)->q_complete, 6, params,
+	res = pg_run(s, hist ? pg_be(s)->q_complete_hist : pg_be(s)->q_complete, COMPLETE_NPARAMS, params,
 	    PGRES_TUPLES_OK, "complete", true, err);
 	fa_free(&a);
 	if (res == NULL)
@@ -348,9 +365,9 @@ static int
 complete_send(struct pg_be *be, PGconn *c)
 {
 	const struct pg_fence *a = be->complete_fa;
-	const char *params[6] = { a->ev.s, a->h.s, a->lane.s, a->epoch.s, a->claims.s, a->id.s };
+	const char *params[COMPLETE_NPARAMS] = COMPLETE_PARAMS(*a);
 
-	return pg_send(be, c, be->complete_hist ? be->q_complete_hist : be->q_complete, 6, params);
+	return pg_send(be, c, be->complete_hist ? be->q_complete_hist : be->q_complete, COMPLETE_NPARAMS, params);
 }
 
 bool
@@ -590,8 +607,8 @@ complete_sql(struct rb_store *s, const struct rb_complete_opts *o, struct rb_res
 		fa_init(&a);
 		fa_add(&a, r);
 		fa_close(&a);
-		const char *params[6] = { a.ev.s, a.h.s, a.lane.s, a.epoch.s, a.claims.s, a.id.s };
-		res = pg_run(s, hist ? be->q_complete_hist : be->q_complete, 6, params,
+		const char *params[COMPLETE_NPARAMS] = COMPLETE_PARAMS(a);
+		res = pg_run(s, hist ? be->q_complete_hist : be->q_complete, COMPLETE_NPARAMS, params,
 		    PGRES_TUPLES_OK, "complete", false, err);
 		fa_free(&a);
 	}

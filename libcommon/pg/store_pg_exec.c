@@ -112,6 +112,45 @@ pg_arr_int(struct rb_sbuf *b, int64_t v)
 }
 
 void
+pg_arr_addr(struct rb_sbuf *b, uint64_t addr)
+{
+	char t[48];
+	size_t n = 0;
+
+	if (addr == 0) {
+		pg_arr_text(b, NULL);
+		return;
+	}
+	if (b->len > 1)
+		t[n++] = ',';
+	t[n++] = '"';
+	t[n++] = '(';
+	n += rb_fmt_int(t + n, (int64_t)(addr >> 16));
+	t[n++] = ',';
+	n += rb_fmt_int(t + n, (int64_t)(addr & 0xffff));
+	t[n++] = ')';
+	t[n++] = '"';
+	rb_sb_putn(b, t, n);
+}
+
+uint64_t
+pg_addr(const char *v)
+{
+	unsigned long long blk, off;
+	char *e;
+
+	if (v == NULL || *v++ != '(')
+		return 0;
+	blk = strtoull(v, &e, 10);
+	if (e == v || *e++ != ',' || blk > 0xffffffffULL)
+		return 0;
+	off = strtoull(v = e, &e, 10);
+	if (e == v || *e != ')' || off == 0 || off > 0xffff)
+		return 0;
+	return (uint64_t)blk << 16 | off;
+}
+
+void
 pg_arr_end(struct rb_sbuf *b)
 {
 	rb_sb_putn(b, "}", 1);

@@ -198,6 +198,10 @@ char	*pg_render(const char *tmpl, const char *schema);
 void	pg_arr_start(struct rb_sbuf *b);
 void	pg_arr_text(struct rb_sbuf *b, const char *v);
 void	pg_arr_int(struct rb_sbuf *b, int64_t v);
+/** A row's address (rb_dl.addr: block << 16 | offset) as a tid element; 0 gives NULL. */
+void	pg_arr_addr(struct rb_sbuf *b, uint64_t addr);
+/** A tid's text, "(block,offset)", as rb_dl.addr; 0 for NULL or anything else. */
+uint64_t pg_addr(const char *v);
 void	pg_arr_end(struct rb_sbuf *b);
 
 /* ---- store_pg_exec.c: errors ------------------------------------------- */
