@@ -234,10 +234,11 @@ lost_gone(struct rb_store *s, PGconn *c, struct rb_result *r, struct rb_error *e
 	return 0;
 }
 
-/* a row pg_tmpl_complete deleted by id, and whether a result took it */
+/* a row pg_tmpl_complete deleted by id, and the first result (by its
+ * position: 1-based, 0 none) that found it */
 struct deleted_id {
 	long long	 id;
-	bool		 paired;
+	long		 ord;
 };
 
 static int
@@ -274,22 +275,29 @@ complete_outcomes(struct rb_store *s, PGconn *c, struct rb_result *v, const size
 				deleted[nd++].id = strtoll(PQgetvalue(res, i, 1), NULL, 10);
 		qsort(deleted, nd, sizeof *deleted, deleted_cmp);
 	}
+	/* (a row deleted by id goes to the first of the results that found
+	 * it, whatever the order of the statement's rows: the same delivery's
+	 * result twice in a batch completes the first, the second is lost) */
 	for (int i = 0; i < rows; i++) {
 		if (PQgetisnull(res, i, 0))
 			continue;
 		long ord = strtol(PQgetvalue(res, i, 0), NULL, 10);
 
+		if (ord < 1 || (size_t)ord > n)
+			continue;
 		if (deleted != NULL && !PQgetisnull(res, i, 1)) {
 			struct deleted_id key = { .id = strtoll(PQgetvalue(res, i, 1), NULL, 10) };
 			struct deleted_id *hit = bsearch(&key, deleted, nd, sizeof *deleted, deleted_cmp);
 
-			if (hit == NULL || hit->paired)
-				continue;
-			hit->paired = true;
+			if (hit != NULL && (hit->ord == 0 || ord < hit->ord))
+				hit->ord = ord;
+			continue;
 		}
-		if (ord >= 1 && (size_t)ord <= n)
-			v[idx != NULL ? idx[ord - 1] : (size_t)ord - 1].outcome = RB_OUTCOME_COMPLETED;
+		v[idx != NULL ? idx[ord - 1] : (size_t)ord - 1].outcome = RB_OUTCOME_COMPLETED;
 	}
+	for (size_t k = 0; k < nd; k++)
+		if (deleted[k].ord > 0)
+			v[idx != NULL ? idx[deleted[k].ord - 1] : (size_t)deleted[k].ord - 1].outcome = RB_OUTCOME_COMPLETED;
 	free(deleted);
 	for (size_t k = 0; k < n; k++) {
 		struct rb_result *r = &v[idx != NULL ? idx[k] : k];
