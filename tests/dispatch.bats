@@ -412,34 +412,54 @@ own_server() {
 
 # Drain N with -c 20 -b 10 (and args) while the backend that runs the
 # statement starting with prefix is cut, three times: the dispatcher
-# reconnects each time, and every delivery ran once, in key order.  (N: a
-# drain that lasts well beyond three cuts: a cut of an idle connection is
-# only seen at its next statement, and a drain that ends first never
-# reconnects.)  Each cut waits for the reconnection of the one before: the
+# reconnects each time, and every delivery ran once, in key order.  Until
+# the third reconnection the backlog is topped up with N more whenever it
+# falls under N/2, so that the drain outlasts the cuts however fast it runs
+# (a cut of an idle connection is only seen at its next statement, and a
+# drain that ends first never reconnects: a fixed N that lasted long
+# enough ended before the third cut once the completion got cheaper).
+# Each cut waits for the reconnection of the one before: the
 # dispatcher reconnects all its connections at once, so two cuts before it
 # noticed the first (an idle connection whose last statement matches, then
 # another) made one reconnection, not two (it failed so under ASan).
 drain_cutting() {  # handler statement-prefix n [rb-dispatch args]
-  local h=$1 like=$2 total=$3 out=$BATS_TEST_TMPDIR/$1.out cut=0 n url before
-  local err=$BATS_TEST_TMPDIR/$1.err
+  local h=$1 like=$2 n0=$3 out=$BATS_TEST_TMPDIR/$1.out cut=0 n url before total topup
+  local err=$BATS_TEST_TMPDIR/$1.err more=$BATS_TEST_TMPDIR/$1.more stop=$BATS_TEST_TMPDIR/$1.stop
   shift 3
   # only this dispatcher's connections: the other test files run beside
   # this one, against the same server (rb-complete sends the same statement)
   case $RELAYBUS_URL in *\?*) url="$RELAYBUS_URL&application_name=rb$h" ;; *) url="$RELAYBUS_URL?application_name=rb$h" ;; esac
-  publish "$total" "$h" "$h" 20
+  publish "$n0" "$h" "$h" 20
   rb-dispatch --db "$url" -H "$h" --pipe "rb-test-pipe $out" --drain -c 20 -b 10 "$@" \
     2>"$err" 3>&- & PIDS=$!
-  while kill -0 "$PIDS" 2>/dev/null && [ "$(grep -c reconnected "$err")" -lt 3 ]; do
+  : >"$more"
+  (
+    r=0
+    while [ ! -e "$stop" ]; do
+      if [ "$(pending "$h")" -lt $((n0 / 2)) ]; then
+        r=$((r + 1))
+        publish "$n0" "$h$r-" "$h" 20
+        echo "$n0" >>"$more"
+      fi
+      sleep 0.05
+    done
+  ) 3>&- & topup=$!
+  PIDS="$PIDS $topup"
+  while kill -0 "${PIDS%% *}" 2>/dev/null && [ "$(grep -c reconnected "$err")" -lt 3 ]; do
     before=$(grep -c reconnected "$err" || true)
     n=$(q "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
            WHERE application_name = 'rb$h' AND query LIKE '$like%' AND pid <> pg_backend_pid()")
     cut=$((cut + n))
     if [ "$n" -gt 0 ]; then
-      wait_for 60 '! kill -0 "$PIDS" 2>/dev/null || [ "$(grep -c reconnected "$err")" -gt "$before" ]' || true
+      wait_for 60 '! kill -0 "${PIDS%% *}" 2>/dev/null || [ "$(grep -c reconnected "$err")" -gt "$before" ]' || true
     fi
     sleep 0.2
   done
-  wait "$PIDS"
+  touch "$stop"
+  wait "$topup"
+  wait "${PIDS%% *}"
+  total=$((n0 + $(awk '{ s += $1 } END { print s + 0 }' "$more")))
+  echo "cuts $cut, $total events ($(wc -l <"$more") top-ups)" >&3
   [ "$cut" -ge 3 ]
   [ "$(grep -c reconnected "$err")" -ge 3 ]
   [ "$(pending "$h")" = 0 ]
