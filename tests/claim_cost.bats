@@ -165,3 +165,29 @@ idx_fetched() {
   [ ! -s "$BATS_TEST_TMPDIR/err" ]
   [ "$(q "SELECT claims || ' ' || attempts || ' ' || status FROM $RB_SCHEMA.relaybus_deliveries WHERE id = $id")" = "1 1 pending" ]
 }
+
+@test "a completion at the claim's address that waits on a takeover's charge of its delivery: not applied, the row as the charge left it" {
+  pg_only
+  need_pg
+  publish 1 a ca
+  local id lane epoch claims addr p
+  # claimed as rb-dispatch claims, with the row's address
+  read -r id lane epoch claims addr < <(q "SELECT id, lane, epoch, claims, addr FROM relaybus_claim_ids('ca', 'A', 10, 60000, 5, '{}', true, 1, NULL)" | tr '|' ' ')
+  [ "$addr" = "$(q "SELECT ctid FROM relaybus_deliveries WHERE id = $id")" ]
+  session rbcharge
+  echo "BEGIN; UPDATE relaybus_deliveries SET claims = claims + 1, attempts = attempts + 1 WHERE id = $id;" >&7
+  wait_for 10 '[ "$(q "SELECT count(*) FROM pg_stat_activity WHERE application_name = '"'rbcharge'"' AND state = '"'idle in transaction'"'")" = 1 ]'
+  # the completion finds the row at its address, then waits for the charge's lock on it; the charge
+  # wrote a new version elsewhere, which a deletion by address does not follow (nor would its claims
+  # pass the fence); the row found by its id in the statement's snapshot (ord:id) is not deleted
+  # either: no -:id row
+  q "SELECT coalesce(string_agg(coalesce(ord::text, '-') || ':' || coalesce(id::text, '-'), ' '), 'none') FROM relaybus_complete_batch(ARRAY['a1'], ARRAY['ca'], ARRAY[$lane]::smallint[],
+       ARRAY[$epoch]::bigint[], ARRAY[$claims], ARRAY[$id]::bigint[], ARRAY['$addr']::tid[])" >"$BATS_TEST_TMPDIR/out" 2>&1 &
+  p=$!
+  PIDS="$PIDS $p"
+  wait_for 10 '[ "$(q "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = '"'Lock'"' AND application_name <> '"'rbcharge'"'")" -ge 1 ]'
+  echo "COMMIT;" >&7
+  wait "$p"
+  [ "$(cat "$BATS_TEST_TMPDIR/out")" = "1:$id" ]
+  [ "$(q "SELECT claims || ' ' || attempts || ' ' || status FROM $RB_SCHEMA.relaybus_deliveries WHERE id = $id")" = "1 1 pending" ]
+}
