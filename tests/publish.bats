@@ -192,8 +192,12 @@ EOF2
   # the lane of each delivery: FNV-1a of its key, else of its event id (both handlers of each event)
   [ "$(q "SELECT count(*) FROM relaybus_deliveries")" = 1002 ]
   [ "$(q "SELECT count(*) FROM relaybus_deliveries WHERE lane = relaybus_lane(coalesce(key, event_id))")" = 1002 ]
-  # and the lanes spread: a batch's 300 unkeyed events over more than 150 lanes
-  [ "$(q "SELECT count(DISTINCT d.lane) > 150 FROM relaybus_deliveries d JOIN relaybus_events e ON e.id = d.event_id
+  # and the lanes spread: a batch's 300 unkeyed events over more than half
+  # the lanes.  Their lanes depend on the hash of the UUID's shared 30
+  # characters (256 states) and on the six digits: over all 256 states, 300
+  # positions reach 138 to 216 lanes (187 on average; 300 UUIDs: 177), so
+  # "more than 150" failed for 6 states in 256 (CI of 5dcf162)
+  [ "$(q "SELECT count(DISTINCT d.lane) > 128 FROM relaybus_deliveries d JOIN relaybus_events e ON e.id = d.event_id
            WHERE d.handler = 'mail' AND e.key IS NULL AND d.id <= (SELECT min(id) + 599 FROM relaybus_deliveries)")" = t ]
 }
 
