@@ -801,7 +801,6 @@ $$;
 --   relaybus_claim_cut_dead    cut the leases of holders whose liveness lock is free
 --   relaybus_claim_search      2. take free and expired lanes with due work, pick from them
 --                                 (relaybus_claim_charge: a takeover's charge)
---   relaybus_claim_top_up      ... and more from the lanes in hand
 --   relaybus_claim_record      3. write the lane rows: leases, epochs, in_flight; hand back drained ones
 --   relaybus_claim_cursors     the cursors for the next claim, as rows
 -- The steps are SECURITY INVOKER and no role but the owner may execute
@@ -985,12 +984,15 @@ RETURNS @S@.relaybus_claim_state
 LANGUAGE plpgsql SET enable_seqscan = off SET enable_sort = off SET jit = off SET plan_cache_mode = force_generic_plan
     SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    -- at most this many picks per lane and pass (the top-up is a second
-    -- pass): keeps in_flight arrays small, so that lane rows stay small
-    -- enough for HOT updates (8 lanes to a page at fillfactor 10, each
-    -- under 1 kB) and are never TOASTed, and spreads a batch over lanes
+    -- at most this many picks per lane and claim: keeps in_flight arrays
+    -- small, so that lane rows stay small enough for HOT updates (8 lanes
+    -- to a page at fillfactor 10, each under 1 kB) and are never TOASTed,
+    -- and spreads a batch over lanes
     c_per_lane CONSTANT integer := 32;
-    -- and at most this many in flight on a lane in all (p_live_lanes)
+    -- and at most this many in flight on a lane in all (p_live_lanes).
+    -- As c_per_lane, so a lane that gave its share has no room left: a
+    -- second pass over the held lanes (relaybus_claim_top_up, dropped
+    -- below) never found anything, and it read every held lane again
     c_lane_max CONSTANT integer := 32;
     v_lt   tid[] := s.lt;
     v_room integer[] := s.room;
@@ -1352,41 +1354,10 @@ BEGIN
     RETURN s;
 END $$;
 
--- No more lanes to take: top up from the lanes in hand (s.held), when a
--- lane had more than its share in this claim's passes (a lane that gave
--- less has no more), up to each lane's room (s.room) less what it gave.
--- The driver runs it when the batch is short and some lane gave its share.
-CREATE OR REPLACE FUNCTION @S@.relaybus_claim_top_up(s @S@.relaybus_claim_state)
-RETURNS @S@.relaybus_claim_state
-LANGUAGE plpgsql SET enable_seqscan = off SET enable_sort = off SET jit = off SET plan_cache_mode = force_generic_plan
-    SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    c_per_lane CONSTANT integer := 32;   -- (see relaybus_claim_held)
-    v_room     integer[] := s.room;
-    v_ucur     timestamptz[] := s.ucur;
-    v_kcur     timestamptz[] := s.kcur;
-    l          record;
-BEGIN
-    FOR l IN SELECT u.ln, count(*) AS n FROM unnest(s.pick_lane) u(ln) GROUP BY u.ln LOOP
-        v_room[l.ln] := greatest(v_room[l.ln] - l.n, 0);
-    END LOOP;
-    s.room := v_room;
-    SELECT s.pick_id || coalesce(array_agg(t.id), '{}'), s.pick_lane || coalesce(array_agg(t.lane), '{}'),
-           s.pick_event || coalesce(array_agg(t.event_id), '{}'),
-           s.pick_claims || coalesce(array_agg(t.claims), '{}'),
-           s.pick_attempts || coalesce(array_agg(t.attempts), '{}'),
-           s.pick_seq || coalesce(array_agg(t.sequence), '{}'),
-           s.pick_created || coalesce(array_agg(t.created_at), '{}'),
-           s.pick_addr || coalesce(array_agg(t.addr), '{}')
-      INTO s.pick_id, s.pick_lane, s.pick_event, s.pick_claims, s.pick_attempts, s.pick_seq, s.pick_created,
-           s.pick_addr
-      FROM (SELECT c.*, hl.lane FROM unnest(s.held) hl(lane)
-            CROSS JOIN LATERAL @S@.relaybus_lane_candidates(s.handler, hl.lane, s.now, s.live || s.pick_id,
-                least(s.batch - cardinality(s.pick_id), c_per_lane, v_room[hl.lane]), s.chain,
-                v_ucur[hl.lane], v_kcur[hl.lane]) c
-            LIMIT s.batch - cardinality(s.pick_id)) t;
-    RETURN s;
-END $$;
+-- (relaybus_claim_top_up, a second pass over the lanes in hand after the
+-- search, was dropped: a lane's share of a claim, c_per_lane, is its
+-- whole room, c_lane_max, so it could never pick anything)
+DROP FUNCTION IF EXISTS @S@.relaybus_claim_top_up(@S@.relaybus_claim_state);
 
 -- 3. Record: one write per lane that got work (s.used; acquired lanes get
 -- a new epoch); in_flight = what still runs there + what this claim took.
@@ -1688,12 +1659,6 @@ BEGIN
     s.searched := s.cursors AND cardinality(s.free_lanes) > 0;
     IF cardinality(s.free_lanes) > 0 THEN
         s := @S@.relaybus_claim_search(s);
-    END IF;
-    -- no more lanes to take: more from those in hand, when the batch is
-    -- short and a lane gave its share (32: c_per_lane)
-    IF cardinality(s.pick_id) < s.batch AND cardinality(s.held) > 0
-       AND EXISTS (SELECT 1 FROM unnest(s.pick_lane) u(ln) GROUP BY u.ln HAVING count(*) >= 32) THEN
-        s := @S@.relaybus_claim_top_up(s);
     END IF;
     -- 3. the lane rows written: leases, epochs, in_flight; drained lanes handed back
     s := @S@.relaybus_claim_record(s);
