@@ -515,7 +515,8 @@ int	rb_store_claim_start(struct rb_store *, const struct rb_claim_opts *, struct
  * Start a completion of n results (as rb_store_complete; v stays the
  * caller's until RB_STORE_COMPLETED or RB_STORE_FAILED hands it back).
  * Only when rb_store_complete_ready.  A store may apply some at once (the
- * PostgreSQL backend: failures, and o->sql); it still reports them from
+ * PostgreSQL backend: o->sql, the handlers' own completions, and failures
+ * when it completes beside the claims); it still reports them from
  * rb_store_service.  -1 + err: nothing started.
  */
 int	rb_store_complete_start(struct rb_store *, const struct rb_complete_opts *, struct rb_result *v,

@@ -781,6 +781,61 @@ s2|dead|5" ]
   [ "$(q "SELECT sum(failed) FROM relaybus_lanes WHERE handler = 'firstfail'")" = 80 ]
 }
 
+@test "a failure that waits for its lane's lock holds up nothing else: a chain on another lane goes on meanwhile" {
+  need_pg
+  local d=$BATS_TEST_TMPDIR h=$BATS_TEST_TMPDIR/blk.sh
+  # w1 fails once; k1 and k2 are one key's chain, on another lane.  While w1's failure
+  # waits for its lane's row, which another session holds, k1 succeeds and k2 starts at
+  # once behind it, as long as rb-dispatch still serves its handlers: the failure's
+  # statement is out on its connection, not waited for (until 3a67121 it was, and
+  # nothing ran until the lock was let go)
+  printf '%s\n' '{"id":"w1","name":"t","payload":{},"handlers":["blk"]}' \
+    '{"id":"k1","name":"t","key":"bk","payload":{},"handlers":["blk"]}' \
+    '{"id":"k2","name":"t","key":"bk","payload":{},"handlers":["blk"]}' | rb-publish -q
+  [ "$(q "SELECT count(DISTINCT lane) FROM relaybus_deliveries WHERE handler = 'blk'")" = 2 ]
+  cat >"$h" <<'EOF'
+#!/bin/sh
+line=$(cat)
+ev=$(printf '%s\n' "$line" | jq -r .event_id)
+att=$(printf '%s\n' "$line" | jq -r .attempt)
+echo "$ev $att" >>"$1/ran"
+case "$ev $att" in
+"w1 1")
+  # fail once the test's session holds this lane's row
+  for i in $(seq 600); do [ -f "$1/locked" ] && exit 1; sleep 0.05; done
+  exit 1 ;;
+"k1 1")
+  # succeed once a statement of rb-dispatch waits for a lock (w1's failure)
+  for i in $(seq 600); do
+    [ "$(psql "$RELAYBUS_URL" -X -A -t -q -c "SELECT count(*) FROM pg_stat_activity
+           WHERE wait_event_type = 'Lock' AND application_name = 'rb-dispatch/blk'")" = 0 ] || exit 0
+    sleep 0.05
+  done
+  exit 0 ;;
+esac
+exit 0
+EOF
+  chmod +x "$h"
+  # the session that holds w1's lane row, from w1's start until k2 ran (or 30 s)
+  cat >"$d/hold.sh" <<EOF
+for i in \$(seq 600); do grep -q '^k2 ' '$d/ran' && { echo k2 >'$d/seen'; break; }; sleep 0.05; done
+EOF
+  (
+    for i in $(seq 600); do grep -q '^w1 1$' "$d/ran" 2>/dev/null && break; sleep 0.05; done
+    sql -c "BEGIN" \
+      -c "SELECT 1 FROM relaybus_lanes WHERE handler = 'blk' AND lane = (SELECT lane FROM relaybus_deliveries WHERE event_id = 'w1' AND handler = 'blk') FOR UPDATE" \
+      -c "\\! touch '$d/locked'; sh '$d/hold.sh'" -c "COMMIT" >/dev/null
+    touch "$d/unlocked"
+  ) 3>&- &
+  RELAYBUS_PASS_ENV=RELAYBUS_URL run -0 rb-dispatch -q -H blk --exec "$h $d" --chain 8 -c 10 --backoff 0 --drain
+  wait
+  [ -f "$d/unlocked" ]
+  # k2 ran while w1's lane was still locked
+  [ "$(cat "$d/seen" 2>/dev/null)" = k2 ]
+  [ "$(sort "$d/ran" | tr '\n' ' ')" = "k1 1 k2 1 w1 1 w1 2 " ]
+  [ "$(pending blk)" = 0 ]
+}
+
 @test "a key whose every delivery fails with a delay: its followers are not claimed again behind each retry (the chain halves)" {
   need_pg
   local out=$BATS_TEST_TMPDIR/fd.out

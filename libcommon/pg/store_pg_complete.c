@@ -3,11 +3,10 @@
  * store_pg_complete.c: completion.  The ok results of a batch are one
  * statement (pg_tmpl_complete: a DELETE fenced by lane epoch, claim count
  * and the lane's in_flight list), run at once (rb_store_complete) or
- * without waiting on the first or (RELAYBUS_PG_CONNECTIONS 3) the third
- * connection (rb_store_complete_start);
- * --sql runs the caller's statement and the deletion in one transaction
- * per delivery; failures, releases and burials go to relaybus_fail in one
- * statement.
+ * without waiting (store_pg_complete_start.c, which uses the parameters
+ * and outcomes made here); --sql runs the caller's statement and the
+ * deletion in one transaction per delivery; failures, releases and
+ * burials go to relaybus_fail in one statement.
  */
 #include "config.h"
 
@@ -53,7 +52,7 @@
  * OFFSET 0, so that no statistics can turn it into a scan) that passes
  * the fence; then the DELETE takes f's row addresses (a TID scan, no
  * index) and says by id which rows it deleted, f by id which result each
- * was (complete_outcomes pairs them: no join of two CTEs, whose estimates
+ * was (pg_complete_outcomes pairs them: no join of two CTEs, whose estimates
  * a generic plan may make a nested loop of, 800 x 800).  A join of the
  * deliveries with r (d.id = r.id) left the plan to the statistics: a range
  * of the primary key between the ids' min and max hashed, which in a
@@ -119,18 +118,13 @@ const char pg_tmpl_w_lock_lane[] = "SELECT 1 WHERE @S@.relaybus_lock_lane($1, $2
 
 /* ---- the fence arrays ------------------------------------------------------ */
 
-struct pg_fence {
-	struct rb_sbuf ev, h, lane, epoch, claims, id, addr;
-};
+
 
 /* (every array has one element per result, in the results' order) */
 #define FENCE_ARRAYS(a)	{ &(a)->ev, &(a)->h, &(a)->lane, &(a)->epoch, &(a)->claims, &(a)->id, &(a)->addr }
-/* pg_tmpl_complete's parameters, of a struct pg_fence */
-#define COMPLETE_NPARAMS	7
-#define COMPLETE_PARAMS(a)	{ (a).ev.s, (a).h.s, (a).lane.s, (a).epoch.s, (a).claims.s, (a).id.s, (a).addr.s }
 
-static void
-fa_init(struct pg_fence *a)
+void
+pg_fence_init(struct pg_fence *a)
 {
 	struct rb_sbuf *v[] = FENCE_ARRAYS(a);
 
@@ -140,8 +134,8 @@ fa_init(struct pg_fence *a)
 	}
 }
 
-static void
-fa_add(struct pg_fence *a, const struct rb_result *r)
+void
+pg_fence_add(struct pg_fence *a, const struct rb_result *r)
 {
 	pg_arr_text(&a->ev, r->event_id);
 	pg_arr_text(&a->h, r->handler);
@@ -155,8 +149,8 @@ fa_add(struct pg_fence *a, const struct rb_result *r)
 	pg_arr_addr(&a->addr, r->delivery_id > 0 ? r->addr : 0);
 }
 
-static void
-fa_close(struct pg_fence *a)
+void
+pg_fence_close(struct pg_fence *a)
 {
 	struct rb_sbuf *v[] = FENCE_ARRAYS(a);
 
@@ -164,13 +158,67 @@ fa_close(struct pg_fence *a)
 		pg_arr_end(v[i]);
 }
 
-static void
-fa_free(struct pg_fence *a)
+void
+pg_fence_free(struct pg_fence *a)
 {
 	struct rb_sbuf *v[] = FENCE_ARRAYS(a);
 
 	for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
 		free(v[i]->s);
+}
+
+/* ---- relaybus_fail's parameters ---------------------------------------------- */
+
+
+
+static const char *
+fail_kind(const struct rb_result *r)
+{
+	return r->verdict == RB_VERDICT_RELEASE ? "release" : r->verdict == RB_VERDICT_DEAD ? "bury" :
+	    r->keep && r->verdict == RB_VERDICT_FAIL ? "again" : "retry";
+}
+
+/* f: the parameters of relaybus_fail for the n results of v at idx */
+void
+pg_fail_args_init(struct pg_fail_args *f, const struct rb_complete_opts *o, const struct rb_result *v,
+    const size_t *idx, size_t n)
+{
+	pg_fence_init(&f->a);
+	rb_sb_init(&f->kinds);
+	rb_sb_init(&f->retry);
+	rb_sb_init(&f->errors);
+	pg_arr_start(&f->kinds);
+	pg_arr_start(&f->retry);
+	pg_arr_start(&f->errors);
+	for (size_t k = 0; k < n; k++) {
+		const struct rb_result *r = &v[idx[k]];
+
+		pg_fence_add(&f->a, r);
+		pg_arr_text(&f->kinds, fail_kind(r));
+		if (r->retry_ms >= 0)
+			pg_arr_int(&f->retry, r->retry_ms);
+		else
+			pg_arr_text(&f->retry, NULL);
+		pg_arr_text(&f->errors, r->sql_error != NULL ? r->sql_error : r->error != NULL ? r->error :
+		    r->verdict == RB_VERDICT_RELEASE ? NULL : "handler failed");
+	}
+	pg_fence_close(&f->a);
+	pg_arr_end(&f->kinds);
+	pg_arr_end(&f->retry);
+	pg_arr_end(&f->errors);
+	snprintf(f->maxa, sizeof f->maxa, "%d", o->max_attempts);
+	snprintf(f->base, sizeof f->base, "%" PRId64, o->backoff.base_ms);
+	snprintf(f->maxms, sizeof f->maxms, "%" PRId64, o->backoff.max_ms);
+	snprintf(f->factor, sizeof f->factor, "%g", o->backoff.factor);
+}
+
+void
+pg_fail_args_free(struct pg_fail_args *f)
+{
+	pg_fence_free(&f->a);
+	free(f->kinds.s);
+	free(f->retry.s);
+	free(f->errors.s);
 }
 
 /* ---- completion at once (rb_store_complete) -------------------------------- */
@@ -256,8 +304,8 @@ deleted_cmp(const void *a, const void *b)
  * missing when a lost delivery is gone.  idx: the results' places in v,
  * or NULL for 0..n-1.
  */
-static int
-complete_outcomes(struct rb_store *s, PGconn *c, struct rb_result *v, const size_t *idx, size_t n,
+int
+pg_complete_outcomes(struct rb_store *s, PGconn *c, struct rb_result *v, const size_t *idx, size_t n,
     PGresult *res, struct rb_error *err)
 {
 	int rows = PQntuples(res);
@@ -308,6 +356,37 @@ complete_outcomes(struct rb_store *s, PGconn *c, struct rb_result *v, const size
 	return 0;
 }
 
+/*
+ * The outcomes of relaybus_fail (res) for the n results of v at idx:
+ * rescheduled (kept: in flight, to run again), buried, released or lost,
+ * with their attempts; one whose delivery is gone under its still-held
+ * lease was completed by the handler (it completed it and then crashed,
+ * or answered late).
+ */
+int
+pg_fail_outcomes(struct rb_store *s, PGconn *c, struct rb_result *v, const size_t *idx, size_t n,
+    PGresult *res, struct rb_error *err)
+{
+	for (int i = 0; i < PQntuples(res) && (size_t)i < n; i++) {
+		size_t k = (size_t)atoi(PQgetvalue(res, i, 0)) - 1;
+		struct rb_result *r;
+
+		if (k >= n)
+			continue;
+		r = &v[idx[k]];
+		/* (again: rescheduled, kept in flight; relaybus_fail) */
+		r->kept = strcmp(PQgetvalue(res, i, 1), "again") == 0;
+		r->outcome = r->kept ? RB_OUTCOME_RESCHEDULED : rb_outcome_of(PQgetvalue(res, i, 1));
+		if (!PQgetisnull(res, i, 2))
+			r->attempts = atoi(PQgetvalue(res, i, 2));
+		r->missing = PQgetvalue(res, i, 3)[0] == 't';
+	}
+	for (size_t k = 0; k < n; k++)
+		if (v[idx[k]].missing && lost_gone(s, c, &v[idx[k]], err) < 0)
+			return -1;
+	return 0;
+}
+
 /* Complete the ok results in one statement; marks completed or lost. */
 static int
 complete_ok(struct rb_store *s, struct rb_result *v, const size_t *idx, size_t n, struct rb_error *err)
@@ -318,197 +397,20 @@ complete_ok(struct rb_store *s, struct rb_result *v, const size_t *idx, size_t n
 
 	if (hist < 0)
 		return -1;
-	fa_init(&a);
+	pg_fence_init(&a);
 	for (size_t k = 0; k < n; k++)
-		fa_add(&a, &v[idx[k]]);
-	fa_close(&a);
+		pg_fence_add(&a, &v[idx[k]]);
+	pg_fence_close(&a);
 	const char *params[COMPLETE_NPARAMS] = COMPLETE_PARAMS(a);
 
 	res = pg_run(s, hist ? pg_be(s)->q_complete_hist : pg_be(s)->q_complete, COMPLETE_NPARAMS, params,
 	    PGRES_TUPLES_OK, "complete", true, err);
-	fa_free(&a);
+	pg_fence_free(&a);
 	if (res == NULL)
 		return -1;
-	rc = complete_outcomes(s, pg_be(s)->conn, v, idx, n, res, err);
+	rc = pg_complete_outcomes(s, pg_be(s)->conn, v, idx, n, res, err);
 	PQclear(res);
 	return rc;
-}
-
-/* ---- completion without waiting (rb_store_complete_start) ------------------- */
-
-void
-pg_close_conn3(struct pg_be *be)
-{
-	if (be->conn3 != NULL)
-		PQfinish(be->conn3);
-	be->conn3 = NULL;
-	be->prepared3 = 0;
-	if (be->job3 == PG_COMPLETE)
-		pg_complete_forget(be);
-}
-
-void
-pg_complete_forget(struct pg_be *be)
-{
-	if (be->complete_fa != NULL) {
-		fa_free(be->complete_fa);
-		free(be->complete_fa);
-		be->complete_fa = NULL;
-	}
-	be->complete_v = NULL;
-	be->complete_n = 0;
-	if (be->job == PG_COMPLETE)
-		be->job = PG_IDLE;
-	be->job3 = PG_IDLE;
-}
-
-/* The connection the completion out is on. */
-static PGconn *
-complete_conn(const struct pg_be *be)
-{
-	return be->job3 == PG_COMPLETE ? be->conn3 : be->conn;
-}
-
-static int
-complete_send(struct pg_be *be, PGconn *c)
-{
-	const struct pg_fence *a = be->complete_fa;
-	const char *params[COMPLETE_NPARAMS] = COMPLETE_PARAMS(*a);
-
-	return pg_send(be, c, be->complete_hist ? be->q_complete_hist : be->q_complete, COMPLETE_NPARAMS, params);
-}
-
-bool
-pg_complete_ready(const struct rb_store *s)
-{
-	const struct pg_be *be = pg_be(s);
-
-	/* (with three connections the successes go on the third, beside the
-	 * claims; anything else then waits for the first, as without) */
-	return pg_connections(s) == 3 ? be->job3 == PG_IDLE : be->job == PG_IDLE;
-}
-
-int
-pg_complete_start(struct rb_store *s, const struct rb_complete_opts *o, struct rb_result *v, size_t n,
-    bool wait, struct rb_error *err)
-{
-	struct pg_be *be = pg_be(s);
-	bool all_ok = !wait && n > 0 && (o->sql == NULL || *o->sql == '\0');
-	bool apart;
-	PGconn *c;
-	int hist;
-
-	for (size_t i = 0; i < n && all_ok; i++)
-		all_ok = v[i].verdict == RB_VERDICT_OK;
-	if (!all_ok) {
-		/* failures, --sql (a transaction a delivery), or waited for: at
-		 * once on the first connection, reported at the next service */
-		pg_settle(s);
-		if (pg_complete(s, o, v, n, err) < 0)
-			return -1;
-		rb_evq_push(&s->evq, &(struct rb_store_event){ .kind = RB_STORE_COMPLETED, .results = v,
-		    .nresults = n });
-		return 0;
-	}
-	/* successes only: one statement, its answer taken by service */
-	if (!pg_complete_ready(s))
-		return rb_seterr(err, RB_EXIT_SOFTWARE, "complete: a statement is out already");
-	apart = pg_connections(s) == 3;
-	if (apart && pg_open_side(s, &be->conn3, pg_close_conn3, NULL, "complete", err) < 0)
-		return -1;
-	c = apart ? be->conn3 : be->conn;
-	if ((hist = pg_history(s, c, "complete", err)) < 0) {
-		if (apart && PQstatus(be->conn3) != CONNECTION_OK)
-			pg_close_conn3(be);
-		return -1;
-	}
-	be->complete_fa = xcalloc(1, sizeof *be->complete_fa);
-	fa_init(be->complete_fa);
-	for (size_t i = 0; i < n; i++)
-		fa_add(be->complete_fa, &v[i]);
-	fa_close(be->complete_fa);
-	be->complete_v = v;
-	be->complete_n = n;
-	be->complete_hist = hist;
-	be->complete_tries = 1;
-	if (!complete_send(be, c)) {
-		pg_complete_forget(be);
-		if (!apart)
-			return pg_fail(s, NULL, "complete", err);
-		return pg_side_failed(s, be->conn3, pg_close_conn3, NULL, "complete", err);
-	}
-	if (apart)
-		be->job3 = PG_COMPLETE;
-	else
-		be->job = PG_COMPLETE;
-	return 0;
-}
-
-/* The completion out failed (res: its error, or NULL: the connection
- * broke): reported, and the third connection closed if it broke. */
-static void
-complete_failed(struct rb_store *s, const PGresult *res)
-{
-	struct pg_be *be = pg_be(s);
-	struct rb_error err = { 0 };
-	PGconn *c = complete_conn(be);
-	bool apart = be->job3 == PG_COMPLETE;
-
-	pg_fail_on(s, c, res, "complete", &err);
-	pg_complete_forget(be);
-	if (apart && be->conn3 != NULL && PQstatus(be->conn3) != CONNECTION_OK)
-		pg_close_conn3(be);
-	rb_evq_failed(&s->evq, RB_STORE_COMPLETED, 0, &err);
-}
-
-bool
-pg_complete_answer(struct rb_store *s, bool wait)
-{
-	struct pg_be *be = pg_be(s);
-
-	for (;;) {
-		PGconn *c = complete_conn(be);
-		PGresult *res;
-		struct rb_error err = { 0 };
-		int got = pg_take_result(c, wait, &res);
-
-		if (got == PG_PENDING)
-			return false;
-		if (got < 0) {
-			complete_failed(s, NULL);
-			return true;
-		}
-		if (res != NULL && PQresultStatus(res) == PGRES_TUPLES_OK) {
-			struct rb_result *v = be->complete_v;
-			size_t n = be->complete_n;
-			int rc;
-
-			/* (the positions of the rows deleted; one not deleted is
-			 * lost, missing when it is gone: asked on the same connection) */
-			rc = complete_outcomes(s, c, v, NULL, n, res, &err);
-			PQclear(res);
-			pg_complete_forget(be);
-			if (rc < 0)
-				rb_evq_failed(&s->evq, RB_STORE_COMPLETED, 0, &err);
-			else
-				rb_evq_push(&s->evq, &(struct rb_store_event){ .kind = RB_STORE_COMPLETED,
-				    .results = v, .nresults = n });
-			return true;
-		}
-		/* a deadlock or serialization failure: the statement runs again, as pg_run() does */
-		if (pg_retryable(res) && be->complete_tries < 5) {
-			PQclear(res);
-			be->complete_tries++;
-			if (!complete_send(be, c)) {
-				complete_failed(s, NULL);
-				return true;
-			}
-			continue;
-		}
-		complete_failed(s, res);
-		PQclear(res);
-		return true;
-	}
 }
 
 /* The answer of a statement that fences r (res, cleared here): 1 it
@@ -612,13 +514,13 @@ complete_sql(struct rb_store *s, const struct rb_complete_opts *o, struct rb_res
 	{
 		struct pg_fence a;
 
-		fa_init(&a);
-		fa_add(&a, r);
-		fa_close(&a);
+		pg_fence_init(&a);
+		pg_fence_add(&a, r);
+		pg_fence_close(&a);
 		const char *params[COMPLETE_NPARAMS] = COMPLETE_PARAMS(a);
 		res = pg_run(s, hist ? be->q_complete_hist : be->q_complete, COMPLETE_NPARAMS, params,
 		    PGRES_TUPLES_OK, "complete", false, err);
-		fa_free(&a);
+		pg_fence_free(&a);
 	}
 	/* fenced out: the SQL's effect must not commit either */
 	if ((rc = fenced(s, res, r)) <= 0)
@@ -629,79 +531,24 @@ complete_sql(struct rb_store *s, const struct rb_complete_opts *o, struct rb_res
 	return 0;
 }
 
-static const char *
-fail_kind(const struct rb_result *r)
-{
-	return r->verdict == RB_VERDICT_RELEASE ? "release" : r->verdict == RB_VERDICT_DEAD ? "bury" :
-	    r->keep && r->verdict == RB_VERDICT_FAIL ? "again" : "retry";
-}
-
 static int
 complete_fail(struct rb_store *s, const struct rb_complete_opts *o, struct rb_result *v,
     const size_t *idx, size_t n, struct rb_error *err)
 {
-	struct pg_fence a;
-	struct rb_sbuf kinds, retry, errors;
-	char maxa[16], base[32], maxms[32], factor[32];
+	struct pg_fail_args f;
 	PGresult *res;
+	int rc;
 
-	fa_init(&a);
-	rb_sb_init(&kinds);
-	rb_sb_init(&retry);
-	rb_sb_init(&errors);
-	pg_arr_start(&kinds);
-	pg_arr_start(&retry);
-	pg_arr_start(&errors);
-	for (size_t k = 0; k < n; k++) {
-		const struct rb_result *r = &v[idx[k]];
+	pg_fail_args_init(&f, o, v, idx, n);
+	const char *params[FAIL_NPARAMS] = FAIL_PARAMS(f);
 
-		fa_add(&a, r);
-		pg_arr_text(&kinds, fail_kind(r));
-		if (r->retry_ms >= 0)
-			pg_arr_int(&retry, r->retry_ms);
-		else
-			pg_arr_text(&retry, NULL);
-		pg_arr_text(&errors, r->sql_error != NULL ? r->sql_error : r->error != NULL ? r->error :
-		    r->verdict == RB_VERDICT_RELEASE ? NULL : "handler failed");
-	}
-	fa_close(&a);
-	pg_arr_end(&kinds);
-	pg_arr_end(&retry);
-	pg_arr_end(&errors);
-	snprintf(maxa, sizeof maxa, "%d", o->max_attempts);
-	snprintf(base, sizeof base, "%" PRId64, o->backoff.base_ms);
-	snprintf(maxms, sizeof maxms, "%" PRId64, o->backoff.max_ms);
-	snprintf(factor, sizeof factor, "%g", o->backoff.factor);
-	const char *params[13] = { a.ev.s, a.h.s, a.lane.s, a.epoch.s, a.claims.s, kinds.s, retry.s,
-	    errors.s, maxa, base, maxms, factor, a.id.s };
-	res = pg_run(s, pg_be(s)->q_fail, 13, params, PGRES_TUPLES_OK, "reschedule", true, err);
-	fa_free(&a);
-	free(kinds.s);
-	free(retry.s);
-	free(errors.s);
+	res = pg_run(s, pg_be(s)->q_fail, FAIL_NPARAMS, params, PGRES_TUPLES_OK, "reschedule", true, err);
+	pg_fail_args_free(&f);
 	if (res == NULL)
 		return -1;
-	for (int i = 0; i < PQntuples(res) && (size_t)i < n; i++) {
-		size_t k = (size_t)atoi(PQgetvalue(res, i, 0)) - 1;
-		struct rb_result *r;
-
-		if (k >= n)
-			continue;
-		r = &v[idx[k]];
-		/* (again: rescheduled, kept in flight; relaybus_fail) */
-		r->kept = strcmp(PQgetvalue(res, i, 1), "again") == 0;
-		r->outcome = r->kept ? RB_OUTCOME_RESCHEDULED : rb_outcome_of(PQgetvalue(res, i, 1));
-		if (!PQgetisnull(res, i, 2))
-			r->attempts = atoi(PQgetvalue(res, i, 2));
-		r->missing = PQgetvalue(res, i, 3)[0] == 't';
-	}
+	rc = pg_fail_outcomes(s, pg_be(s)->conn, v, idx, n, res, err);
 	PQclear(res);
-	/* (a failure whose delivery is gone under its still-held lease: the
-	 * handler completed it and then crashed, or answered late) */
-	for (size_t k = 0; k < n; k++)
-		if (v[idx[k]].missing && lost_gone(s, pg_be(s)->conn, &v[idx[k]], err) < 0)
-			return -1;
-	return 0;
+	return rc;
 }
 
 /* ---- completed by the handler (RB_VERDICT_DONE) ------------------------------ */
@@ -741,14 +588,14 @@ complete_done(struct rb_store *s, struct rb_result *v, const size_t *idx, size_t
 	PGresult *res;
 	char *q = pg_render(pg_be(s)->worker ? tmpl_w_done : tmpl_done, s->schema);
 
-	fa_init(&a);
+	pg_fence_init(&a);
 	for (size_t k = 0; k < n; k++)
-		fa_add(&a, &v[idx[k]]);
-	fa_close(&a);
+		pg_fence_add(&a, &v[idx[k]]);
+	pg_fence_close(&a);
 	const char *params[6] = { a.ev.s, a.h.s, a.lane.s, a.epoch.s, a.claims.s, a.id.s };
 
 	res = pg_run(s, q, 6, params, PGRES_TUPLES_OK, "complete", true, err);
-	fa_free(&a);
+	pg_fence_free(&a);
 	free(q);
 	if (res == NULL)
 		return -1;
@@ -801,14 +648,14 @@ pg_in_flight(struct rb_store *s, const struct rb_result *v, size_t n, bool *live
 	for (size_t i = 0; i < n && by_id; i++)
 		by_id = v[i].delivery_id > 0;
 	q = pg_render(pg_be(s)->worker ? tmpl_w_done : by_id ? tmpl_in_flight : tmpl_done, s->schema);
-	fa_init(&a);
+	pg_fence_init(&a);
 	for (size_t i = 0; i < n; i++)
-		fa_add(&a, &v[i]);
-	fa_close(&a);
+		pg_fence_add(&a, &v[i]);
+	pg_fence_close(&a);
 	const char *params[6] = { a.ev.s, a.h.s, a.lane.s, a.epoch.s, a.claims.s, a.id.s };
 
 	res = pg_run(s, q, 6, params, PGRES_TUPLES_OK, "in flight", true, err);
-	fa_free(&a);
+	pg_fence_free(&a);
 	free(q);
 	if (res == NULL)
 		return -1;

@@ -36,6 +36,7 @@
 #include "store_int.h"
 
 struct pg_fence;	/* a completion's fence arrays (store_pg_complete.c) */
+struct pg_fail_args;	/* relaybus_fail's parameters (store_pg_complete.c) */
 
 /* What a connection has out (pgqd's DbState): one statement at a time. */
 enum pg_job {
@@ -164,6 +165,13 @@ struct pg_be {
 	bool	 complete_hist;
 	int	 complete_tries;
 	struct pg_fence *complete_fa;	/* its parameters, kept for a retry */
+	/* ... with failures (on conn only, never beside a claim): the
+	 * successes' deletion, then relaybus_fail; each part's results (their
+	 * places in complete_v), and whether the failures' part is out */
+	size_t	*complete_ok_at, *complete_fail_at;
+	size_t	 complete_nok, complete_nfail;
+	bool	 complete_failing;
+	struct pg_fail_args *complete_ff;	/* its parameters, kept for a retry */
 	/* the server the store had (store_pg_ha.c): its system identifier
 	 * ("": not known yet, or not readable) and the newest timeline seen
 	 * on a primary (0: none yet) */

@@ -12,7 +12,8 @@
  *   store_pg_grants.c      rb-setup --grant/--revoke
  *   store_pg_publish.c     publish, and rb_pg_publish (rb_pg.h)
  *   store_pg_claim.c       claim, fetch on the second connection, extend, relinquish
- *   store_pg_complete.c    completion (one statement, without waiting, --sql, failures)
+ *   store_pg_complete.c    completion at once (one statement, --sql, failures)
+ *   store_pg_complete_start.c  completion without waiting
  *   store_pg_admin.c       rb_admin.h
  *   store_pg_inspect.c     rb_inspect.h
  *
@@ -81,6 +82,40 @@ void	pg_close_conn2(struct pg_be *);
 /* store_pg_complete.c */
 int	pg_complete(struct rb_store *, const struct rb_complete_opts *, struct rb_result *, size_t,
 	    struct rb_error *);
+/* ... and what store_pg_complete_start.c sends and reads: a completion's
+ * fence arrays, one element per result in the results' order */
+struct pg_fence {
+	struct rb_sbuf ev, h, lane, epoch, claims, id, addr;
+};
+
+/* pg_tmpl_complete's parameters, of a struct pg_fence */
+#define COMPLETE_NPARAMS	7
+#define COMPLETE_PARAMS(a)	{ (a).ev.s, (a).h.s, (a).lane.s, (a).epoch.s, (a).claims.s, (a).id.s, (a).addr.s }
+void	pg_fence_init(struct pg_fence *);
+void	pg_fence_add(struct pg_fence *, const struct rb_result *);
+void	pg_fence_close(struct pg_fence *);
+void	pg_fence_free(struct pg_fence *);
+/* relaybus_fail's: the failures' fence arrays, what each asks for, and the backoff */
+struct pg_fail_args {
+	struct pg_fence	 a;
+	struct rb_sbuf	 kinds, retry, errors;
+	char		 maxa[16], base[32], maxms[32], factor[32];
+};
+
+#define FAIL_NPARAMS	13
+#define FAIL_PARAMS(f)	{ (f).a.ev.s, (f).a.h.s, (f).a.lane.s, (f).a.epoch.s, (f).a.claims.s, (f).kinds.s, \
+	(f).retry.s, (f).errors.s, (f).maxa, (f).base, (f).maxms, (f).factor, (f).a.id.s }
+/** f: relaybus_fail's parameters for the n results of v at idx. */
+void	pg_fail_args_init(struct pg_fail_args *f, const struct rb_complete_opts *, const struct rb_result *v,
+	    const size_t *idx, size_t n);
+void	pg_fail_args_free(struct pg_fail_args *);
+/** The outcomes of pg_tmpl_complete (res) for the n results of v at idx
+ * (NULL: 0..n-1): completed or lost (missing when gone, asked on c). */
+int	pg_complete_outcomes(struct rb_store *, PGconn *c, struct rb_result *v, const size_t *idx, size_t n,
+	    PGresult *res, struct rb_error *);
+/** The outcomes of relaybus_fail (res) for the n results of v at idx. */
+int	pg_fail_outcomes(struct rb_store *, PGconn *c, struct rb_result *v, const size_t *idx, size_t n,
+	    PGresult *res, struct rb_error *);
 /** Close the third connection, and with it the completion out on it. */
 void	pg_close_conn3(struct pg_be *);
 /* store_pg_claim.c: the calls without waiting */
@@ -93,7 +128,7 @@ bool	pg_claim_answer(struct rb_store *, bool wait);
 bool	pg_fetch_answer(struct rb_store *, bool wait);
 /** Forget what is claimed and not read (the deliveries freed). */
 void	pg_fetch_forget(struct pg_be *);
-/* store_pg_complete.c: the calls without waiting */
+/* store_pg_complete_start.c: the calls without waiting */
 bool	pg_complete_ready(const struct rb_store *);
 int	pg_complete_start(struct rb_store *, const struct rb_complete_opts *, struct rb_result *, size_t,
 	    bool wait, struct rb_error *);
