@@ -781,6 +781,35 @@ s2|dead|5" ]
   [ "$(q "SELECT sum(failed) FROM relaybus_lanes WHERE handler = 'firstfail'")" = 80 ]
 }
 
+@test "a failure due again at once is a HOT update of its delivery row: its attempt and error written, its due time and index entries kept" {
+  need_pg
+  local out=$BATS_TEST_TMPDIR/hf.out h=$BATS_TEST_TMPDIR/hf.sh s0 s1
+  stats() { q "SELECT n_tup_upd || ' ' || n_tup_hot_upd || ' ' || n_tup_del FROM pg_stat_user_tables WHERE schemaname = '$RB_SCHEMA' AND relname = 'relaybus_deliveries'"; }
+  publish 1 hf hotfail
+  q "SELECT available_at FROM relaybus_deliveries WHERE handler = 'hotfail'" >"$out.due"
+  # the handler fails its first attempt; the second one records its row as it finds it
+  cat >"$h" <<'EOF'
+#!/bin/sh
+att=$(jq -r .attempt)
+[ "$att" = 1 ] && exit 1
+psql "$RELAYBUS_URL" -X -A -t -q -F ' ' -c "SELECT attempts, last_error, available_at = '$(cat "$1.due")', updated_at IS NULL
+  FROM \"$RELAYBUS_SCHEMA\".relaybus_deliveries WHERE handler = 'hotfail'" >"$1"
+EOF
+  chmod +x "$h"
+  s0=$(stats)
+  RELAYBUS_PASS_ENV=RELAYBUS_URL run -0 rb-dispatch -q -H hotfail --exec "$h $out" --settle --drain
+  [ "$(pending hotfail)" = 0 ]
+  # at its second attempt: one attempt and its error, due as published, never updated_at
+  [ "$(cat "$out")" = "1 exit 1 t t" ]
+  # one update (the failure) and one deletion (the completion); the update was HOT
+  for _ in $(seq 1 50); do s1=$(stats); [ "${s1##* }" != "${s0##* }" ] && break; sleep 0.1; done
+  read -r u1 h1 d1 <<<"$s1"; read -r u0 h0 d0 <<<"$s0"
+  echo "deliveries +upd $((u1 - u0)) +hot $((h1 - h0)) +del $((d1 - d0))" >&3
+  [ $((u1 - u0)) -eq 1 ]
+  [ $((h1 - h0)) -eq 1 ]
+  [ $((d1 - d0)) -eq 1 ]
+}
+
 @test "a failure that waits for its lane's lock holds up nothing else: a chain on another lane goes on meanwhile" {
   need_pg
   local d=$BATS_TEST_TMPDIR h=$BATS_TEST_TMPDIR/blk.sh

@@ -57,7 +57,8 @@ CREATE TABLE IF NOT EXISTS @S@.relaybus_deliveries (
     CONSTRAINT relaybus_deliveries_pkey PRIMARY KEY (id)
 ) WITH (autovacuum_vacuum_scale_factor = 0.02);
 -- updated_at: NULL until the row is first updated (a failure, a release,
--- a takeover's charge, rb-admin); readers take created_at then.  A new row
+-- a takeover's charge, rb-admin; not a failure kept in flight, which
+-- relaybus_fail keeps HOT); readers take created_at then.  A new row
 -- that stored now() twice cost every publish 8 B of WAL (bench/README.md).
 -- Every path that makes a delivery dead sets it (dead_idx, the purge).
 -- created_at: NULL when it is available_at, as for every delivery due at
@@ -1779,15 +1780,30 @@ BEGIN
                                          AND d.event_id = r.event_id AND d.handler = r.handler
                                          AND d.status = 'pending' LIMIT 1)) AS did
             FROM r),
+    -- A failure kept in flight (again: due at once and not dead, run
+    -- again by its holder under the lane it holds) keeps its available_at
+    -- and updated_at: every indexed column stays, so the update is HOT
+    -- (in a drain whose deliveries all fail once, 0.65x the statement's
+    -- time; bench/README.md).  It is due already, its lane's cursors stay
+    -- at or below it, and its run's result (a completion, a failure, a
+    -- release) or a takeover's charge comes next and says when it changed.
     u AS (UPDATE @S@.relaybus_deliveries d
              SET attempts = d.attempts + CASE WHEN t.kind = 'release' THEN 0 ELSE 1 END,
-                 claims = d.claims + 1, updated_at = v_now,
+                 claims = d.claims + 1,
+                 updated_at = CASE WHEN t.kind = 'again' AND d.attempts + 1 < p_max_attempts
+                                        AND least(p_max_ms::double precision, coalesce(t.retry_ms::double precision,
+                                                  p_base_ms * power(p_factor, least(d.attempts, 60)))) <= 0
+                                   THEN d.updated_at ELSE v_now END,
                  last_error = CASE WHEN t.kind = 'release' THEN d.last_error ELSE t.error END,
                  created_at = CASE WHEN t.kind = 'release' THEN d.created_at
                                    ELSE coalesce(d.created_at, d.available_at) END,
                  status = CASE WHEN t.kind = 'bury' OR (t.kind <> 'release' AND d.attempts + 1 >= p_max_attempts)
                                THEN 'dead' ELSE 'pending' END,
                  available_at = CASE WHEN t.kind = 'release' THEN d.available_at
+                     WHEN t.kind = 'again' AND d.attempts + 1 < p_max_attempts
+                          AND least(p_max_ms::double precision, coalesce(t.retry_ms::double precision,
+                                    p_base_ms * power(p_factor, least(d.attempts, 60)))) <= 0
+                     THEN least(d.available_at, v_now)
                      ELSE v_now + least(p_max_ms::double precision,
                          coalesce(t.retry_ms::double precision,
                                   p_base_ms * power(p_factor, least(d.attempts, 60))))
