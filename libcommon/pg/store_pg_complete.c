@@ -669,6 +669,16 @@ pg_in_flight(struct rb_store *s, const struct rb_result *v, size_t n, bool *live
 	return 0;
 }
 
+void
+pg_result_reset(struct rb_result *r)
+{
+	r->outcome = RB_OUTCOME_LOST;
+	r->missing = false;
+	r->by_handler = false;
+	r->attempts = -1;
+	r->sql_error = NULL;
+}
+
 int
 pg_complete(struct rb_store *s, const struct rb_complete_opts *o, struct rb_result *v, size_t n,
     struct rb_error *err)
@@ -679,11 +689,7 @@ pg_complete(struct rb_store *s, const struct rb_complete_opts *o, struct rb_resu
 	int rc = -1;
 
 	for (size_t i = 0; i < n; i++) {
-		v[i].outcome = RB_OUTCOME_LOST;
-		v[i].missing = false;
-		v[i].by_handler = false;
-		v[i].attempts = -1;
-		v[i].sql_error = NULL;
+		pg_result_reset(&v[i]);
 		if (v[i].verdict == RB_VERDICT_OK)
 			ok[nok++] = i;
 		else if (v[i].verdict == RB_VERDICT_DONE)

@@ -156,11 +156,7 @@ pg_complete_start(struct rb_store *s, const struct rb_complete_opts *o, struct r
 	be->complete_ok_at = xcalloc(nok > 0 ? nok : 1, sizeof *be->complete_ok_at);
 	be->complete_fail_at = xcalloc(nfail > 0 ? nfail : 1, sizeof *be->complete_fail_at);
 	for (size_t i = 0; i < n; i++) {
-		v[i].outcome = RB_OUTCOME_LOST;
-		v[i].missing = false;
-		v[i].by_handler = false;
-		v[i].attempts = -1;
-		v[i].sql_error = NULL;
+		pg_result_reset(&v[i]);
 		if (v[i].verdict == RB_VERDICT_OK)
 			be->complete_ok_at[be->complete_nok++] = i;
 		else

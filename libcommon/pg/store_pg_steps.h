@@ -82,6 +82,9 @@ void	pg_close_conn2(struct pg_be *);
 /* store_pg_complete.c */
 int	pg_complete(struct rb_store *, const struct rb_complete_opts *, struct rb_result *, size_t,
 	    struct rb_error *);
+/** A result before its completion: lost until found otherwise, nothing
+ * known of its delivery yet. */
+void	pg_result_reset(struct rb_result *);
 /* ... and what store_pg_complete_start.c sends and reads: a completion's
  * fence arrays, one element per result in the results' order */
 struct pg_fence {
