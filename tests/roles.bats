@@ -361,9 +361,9 @@ acls() {
   [[ $output == *"SELECT \"$other\".relaybus_grant('worker', '$R_WM', '{mailer}');"* ]]
   [[ $output == *"SELECT \"$other\".relaybus_apply_grants();"*"COMMIT;" ]]
   PGOPTIONS="-c client_min_messages=warning" psql "$_test_pg_url" -X -q -v ON_ERROR_STOP=1 <<<"$output" >/dev/null
-  run psql "$_test_pg_url" -X -A -t -c "SELECT has_function_privilege('$R_WM', '\"$other\".relaybus_worker_claim_ids(text,text,integer,bigint,integer,bigint[],boolean,integer,smallint[],bigint,boolean,boolean,timestamptz[],xid8[],smallint[],timestamptz[],timestamptz[],timestamptz,smallint[],smallint[],tid[])', 'EXECUTE'),
+  run psql "$_test_pg_url" -X -A -t -c "SELECT has_function_privilege('$R_WM', '\"$other\".relaybus_worker_claim_ids(text,text,integer,bigint,integer,bigint[],boolean,integer,smallint[],bigint,boolean,boolean,timestamptz[],xid8[],smallint[],timestamptz[],timestamptz[],timestamptz,smallint[],smallint[],tid[],smallint[])', 'EXECUTE'),
       has_function_privilege('$R_HM', '\"$other\".relaybus_complete(text,text,text)', 'EXECUTE'),
-      has_function_privilege('$R_HM', '\"$other\".relaybus_worker_claim_ids(text,text,integer,bigint,integer,bigint[],boolean,integer,smallint[],bigint,boolean,boolean,timestamptz[],xid8[],smallint[],timestamptz[],timestamptz[],timestamptz,smallint[],smallint[],tid[])', 'EXECUTE'),
+      has_function_privilege('$R_HM', '\"$other\".relaybus_worker_claim_ids(text,text,integer,bigint,integer,bigint[],boolean,integer,smallint[],bigint,boolean,boolean,timestamptz[],xid8[],smallint[],timestamptz[],timestamptz[],timestamptz,smallint[],smallint[],tid[],smallint[])', 'EXECUTE'),
       (SELECT count(*) FROM pg_proc p WHERE p.pronamespace = '\"$other\"'::regnamespace AND p.proname LIKE 'relaybus\_%'
           AND (p.proacl IS NULL OR EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0)))"
   psql "$_test_pg_url" -X -q -c "DROP SCHEMA \"$other\" CASCADE" >/dev/null

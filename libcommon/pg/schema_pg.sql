@@ -700,6 +700,8 @@ DROP FUNCTION IF EXISTS @S@.relaybus_lane_candidates(text, smallint, timestamptz
 DROP FUNCTION IF EXISTS @S@.relaybus_lane_candidates(text, smallint, timestamptz, bigint[], integer, integer);
 DROP FUNCTION IF EXISTS @S@.relaybus_lane_candidates(text, smallint, timestamptz, bigint[], integer, integer,
     timestamptz, timestamptz);
+DROP FUNCTION IF EXISTS @S@.relaybus_lane_candidates(text, smallint, timestamptz, bigint[], integer, integer,
+    timestamptz, timestamptz, boolean);
 -- p_ucur, p_kcur: where the scans may start (the claim cursors of a
 -- long-lived claimer, see relaybus_claim_ids): no pending unkeyed delivery
 -- of the lane is due before p_ucur, no keyed one before p_kcur.
@@ -713,9 +715,18 @@ DROP FUNCTION IF EXISTS @S@.relaybus_lane_candidates(text, smallint, timestamptz
 -- head is the lowest sequence among them; otherwise, and without a
 -- keyed cursor, from the skip scan of lane_key (a probe a key: a deep
 -- backlog of one key costs one probe).  The key column says a pick's key.
+-- p_kfull: the claimer knows that the lane had 64 keyed entries or more
+-- from its cursor at a claim less than a second ago (relaybus_claim_ids'
+-- p_kf), and the keys come from the skip scan without reading lane_kdue:
+-- 64 heap tuples a lane and claim read only to learn it again (in a drain
+-- whose every delivery fails once, three quarters of the held lanes'
+-- buffers; bench/README.md, "The keyed lanes remembered").  A lane found
+-- so here ends the rows with one that has no id (after the picks, within
+-- p_limit), which the claim hands back in its p_kf for the next.
 CREATE FUNCTION @S@.relaybus_lane_candidates(
     p_handler text, p_lane smallint, p_now timestamptz, p_live bigint[], p_limit integer,
-    p_chain integer, p_ucur timestamptz DEFAULT '-infinity', p_kcur timestamptz DEFAULT '-infinity')
+    p_chain integer, p_ucur timestamptz DEFAULT '-infinity', p_kcur timestamptz DEFAULT '-infinity',
+    p_kfull boolean DEFAULT false)
 RETURNS TABLE (id bigint, event_id text, claims integer, attempts integer, sequence bigint,
                created_at timestamptz, key text, addr tid)
 -- LANGUAGE sql, STABLE, no SET clause: the planner inlines it into the
@@ -743,8 +754,8 @@ LANGUAGE sql STABLE AS $$
         -- (in lane_kdue's order, and fenced: a DISTINCT alone is planned on
         -- lane_key, which walks every entry of the lane)
         SELECT d.key, d.sequence FROM @S@.relaybus_deliveries d
-         WHERE p_kcur > '-infinity' AND d.handler = p_handler AND d.lane = p_lane AND d.key IS NOT NULL
-           AND d.status = 'pending' AND d.available_at >= p_kcur
+         WHERE p_kcur > '-infinity' AND NOT p_kfull AND d.handler = p_handler AND d.lane = p_lane
+           AND d.key IS NOT NULL AND d.status = 'pending' AND d.available_at >= p_kcur
          ORDER BY d.available_at, d.id
          LIMIT 64
      ), heads AS MATERIALIZED (
@@ -755,7 +766,7 @@ LANGUAGE sql STABLE AS $$
              WHERE d.handler = p_handler AND d.lane = p_lane AND d.key = k.key AND d.key IS NOT NULL
                AND d.status = 'pending' AND d.sequence >= k.s
              ORDER BY d.sequence LIMIT 1) hd
-         WHERE (SELECT count(*) FROM kd) < 64 AND p_kcur > '-infinity'
+         WHERE p_kcur > '-infinity' AND NOT p_kfull AND (SELECT count(*) FROM kd) < 64
         UNION ALL
         SELECT s.key, s.id, s.available_at, s.sequence FROM (
             WITH RECURSIVE sk AS (
@@ -772,9 +783,9 @@ LANGUAGE sql STABLE AS $$
                      ORDER BY d.key, d.sequence
                      LIMIT 1) n
             ) SELECT * FROM sk) s
-         WHERE p_kcur = '-infinity' OR (SELECT count(*) FROM kd) >= 64
+         WHERE p_kcur = '-infinity' OR p_kfull OR (SELECT count(*) FROM kd) >= 64
      )
-     SELECT c.id, c.event_id, c.claims, c.attempts, c.sequence, c.created_at, h.key, c.addr FROM heads h
+     (SELECT c.id, c.event_id, c.claims, c.attempts, c.sequence, c.created_at, h.key, c.addr FROM heads h
       CROSS JOIN LATERAL (
         SELECT r.id, r.event_id, r.claims, r.attempts, r.sequence, r.created_at, r.addr FROM (
             SELECT x.*, bool_and(x.available_at <= p_now) OVER (ORDER BY x.sequence) AS due
@@ -789,6 +800,11 @@ LANGUAGE sql STABLE AS $$
          ORDER BY r.sequence) c
       WHERE h.available_at <= p_now AND h.id NOT IN (SELECT v FROM pg_catalog.unnest(p_live) v WHERE v IS NOT NULL)
      LIMIT p_limit)
+     UNION ALL
+     -- (the lane of 64 or more, read so now: a row without an id)
+     SELECT NULL::bigint, NULL::text, NULL::integer, NULL::integer, NULL::bigint, NULL::timestamptz,
+            NULL::text, NULL::tid
+      WHERE (SELECT count(*) FROM kd) >= 64)
     LIMIT p_limit
 $$;
 -- ---- The claim, step by step (doc/claim.md) ------------------------------
@@ -829,7 +845,7 @@ DECLARE
         'now timestamp with time zone, expires timestamp with time zone, '
         -- the claim cursors (relaybus_claim_tick; "Claim cursors" above)
         'cursors boolean, tx xid8, bound timestamp with time zone, gcur timestamp with time zone, '
-        'ucur timestamp with time zone[], kcur timestamp with time zone[], '
+        'ucur timestamp with time zone[], kcur timestamp with time zone[], kfull smallint[], '
         -- 0. the lane rows (relaybus_claim_read_lanes)
         'lanes_read boolean, mine smallint[], mine_t tid[], holders bigint[], free0 smallint[], '
         'others smallint[], kt tid[], free_at timestamp with time zone, '
@@ -1003,6 +1019,7 @@ DECLARE
     v_kcur timestamptz[] := s.kcur;
     v_lsl  smallint[];
     v_last bigint;
+    v_rows bigint;
     v_mt   tid[];
     l      record;
 BEGIN
@@ -1072,21 +1089,28 @@ BEGIN
     IF cardinality(s.held) = 0 THEN
         RETURN s;
     END IF;
-    SELECT coalesce(array_agg(t.id), '{}'), coalesce(array_agg(t.lane), '{}'), max(t.o),
-           coalesce(array_agg(t.event_id), '{}'), coalesce(array_agg(t.claims), '{}'),
-           coalesce(array_agg(t.attempts), '{}'), coalesce(array_agg(t.sequence), '{}'),
-           coalesce(array_agg(t.created_at), '{}'), coalesce(array_agg(t.addr), '{}')
-      INTO s.pick_id, s.pick_lane, v_last, s.pick_event, s.pick_claims, s.pick_attempts, s.pick_seq,
-           s.pick_created, s.pick_addr
+    -- (a row without an id: its lane has 64 keyed entries or more, s.kfull)
+    SELECT coalesce(array_agg(t.id) FILTER (WHERE t.id IS NOT NULL), '{}'),
+           coalesce(array_agg(t.lane) FILTER (WHERE t.id IS NOT NULL), '{}'), max(t.o), count(*),
+           coalesce(array_agg(t.event_id) FILTER (WHERE t.id IS NOT NULL), '{}'),
+           coalesce(array_agg(t.claims) FILTER (WHERE t.id IS NOT NULL), '{}'),
+           coalesce(array_agg(t.attempts) FILTER (WHERE t.id IS NOT NULL), '{}'),
+           coalesce(array_agg(t.sequence) FILTER (WHERE t.id IS NOT NULL), '{}'),
+           coalesce(array_agg(t.created_at) FILTER (WHERE t.id IS NOT NULL), '{}'),
+           coalesce(array_agg(t.addr) FILTER (WHERE t.id IS NOT NULL), '{}'),
+           s.kfull || coalesce(array_agg(t.lane) FILTER (WHERE t.id IS NULL), '{}')
+      INTO s.pick_id, s.pick_lane, v_last, v_rows, s.pick_event, s.pick_claims, s.pick_attempts, s.pick_seq,
+           s.pick_created, s.pick_addr, s.kfull
       FROM (SELECT c.*, hl.lane, hl.o FROM unnest(s.held) WITH ORDINALITY hl(lane, o)
             CROSS JOIN LATERAL @S@.relaybus_lane_candidates(s.handler, hl.lane, s.now, s.live,
                 least(s.batch, c_per_lane, v_room[hl.lane]), s.chain,
-                v_ucur[hl.lane], v_kcur[hl.lane]) c
+                v_ucur[hl.lane], v_kcur[hl.lane], hl.lane = ANY (s.kfull)) c
             LIMIT s.batch) t;
     s.held0 := s.held;
-    -- the lanes read to the end: all of them when the batch is short,
-    -- else those before the lane it filled at (lanes are read in order)
-    s.scanned := CASE WHEN cardinality(s.pick_id) < s.batch THEN s.held
+    -- the lanes read to the end: all of them when the rows are fewer than
+    -- the batch, else those before the lane it filled at (lanes are read
+    -- in order)
+    s.scanned := CASE WHEN v_rows < s.batch THEN s.held
                       ELSE s.held[1:v_last - 1] END;
     -- the held lanes' cursors: each one's first pending entry (in
     -- flight or not), at most B
@@ -1331,19 +1355,21 @@ BEGIN
                        ELSE coalesce(v_free[array_position(v_free, v_new[cardinality(v_new)]) + 1 : cardinality(v_free)], '{}') END;
         v_held := v_held || v_new;
         s.acquired := s.acquired || v_new;
-        SELECT s.pick_id || coalesce(array_agg(t.id), '{}'), s.pick_lane || coalesce(array_agg(t.lane), '{}'),
-               s.pick_event || coalesce(array_agg(t.event_id), '{}'),
-               s.pick_claims || coalesce(array_agg(t.claims), '{}'),
-               s.pick_attempts || coalesce(array_agg(t.attempts), '{}'),
-               s.pick_seq || coalesce(array_agg(t.sequence), '{}'),
-               s.pick_created || coalesce(array_agg(t.created_at), '{}'),
-               s.pick_addr || coalesce(array_agg(t.addr), '{}')
+        SELECT s.pick_id || coalesce(array_agg(t.id) FILTER (WHERE t.id IS NOT NULL), '{}'),
+               s.pick_lane || coalesce(array_agg(t.lane) FILTER (WHERE t.id IS NOT NULL), '{}'),
+               s.pick_event || coalesce(array_agg(t.event_id) FILTER (WHERE t.id IS NOT NULL), '{}'),
+               s.pick_claims || coalesce(array_agg(t.claims) FILTER (WHERE t.id IS NOT NULL), '{}'),
+               s.pick_attempts || coalesce(array_agg(t.attempts) FILTER (WHERE t.id IS NOT NULL), '{}'),
+               s.pick_seq || coalesce(array_agg(t.sequence) FILTER (WHERE t.id IS NOT NULL), '{}'),
+               s.pick_created || coalesce(array_agg(t.created_at) FILTER (WHERE t.id IS NOT NULL), '{}'),
+               s.pick_addr || coalesce(array_agg(t.addr) FILTER (WHERE t.id IS NOT NULL), '{}'),
+               s.kfull || coalesce(array_agg(t.lane) FILTER (WHERE t.id IS NULL), '{}')
           INTO s.pick_id, s.pick_lane, s.pick_event, s.pick_claims, s.pick_attempts, s.pick_seq, s.pick_created,
-               s.pick_addr
+               s.pick_addr, s.kfull
           FROM (SELECT c.*, hl.lane FROM unnest(v_new) hl(lane)
                 CROSS JOIN LATERAL @S@.relaybus_lane_candidates(s.handler, hl.lane, s.now, '{}',
                     least(s.batch - cardinality(s.pick_id), c_per_lane), s.chain,
-                    v_ucur[hl.lane], v_kcur[hl.lane]) c
+                    v_ucur[hl.lane], v_kcur[hl.lane], hl.lane = ANY (s.kfull)) c
                 LIMIT s.batch - cardinality(s.pick_id)) t;
         v_take := v_take * 2;
     END LOOP;
@@ -1507,6 +1533,7 @@ BEGIN
                    ('mine', v_mine::text),
                    ('mine_t', ARRAY(SELECT coalesce(v_lt[i], v_kt[i]) FROM generate_series(0, 255) i)::text),
                    ('others', s.others::text),
+                   ('kf', ARRAY(SELECT DISTINCT u FROM unnest(s.kfull) u ORDER BY u)::text),
                    ('free_in', ceil(extract(epoch FROM s.free_at - s.now) * 1000)::bigint::text)) t(k, v);
 END $$;
 
@@ -1549,6 +1576,11 @@ END $$;
 -- the lease of its lanes is cut to c_grace from now, not taken at once.
 -- A live holder's renewal restores it; a dead holder's lanes are free
 -- when it ends and are taken over like any expired lane.
+-- p_kf (a claimer with cursors): the lanes its claims found to have 64
+-- keyed deliveries or more from their keyed cursor, as the claim before
+-- handed them back (its kf row), since its last claim that read every
+-- lane row (NULL: count them again); see relaybus_lane_candidates'
+-- p_kfull.  A lane named wrongly only has its keys found by a probe each.
 --
 -- relaybus_claim_ids returns the claimed delivery rows with their lane's
 -- epoch and their addresses as the claim read them (addr, a ctid, which
@@ -1565,27 +1597,16 @@ DROP FUNCTION IF EXISTS @S@.relaybus_claim_ids(text, text, integer, bigint, inte
 DROP FUNCTION IF EXISTS @S@.relaybus_claim_ids(text, text, integer, bigint, integer, bigint[], boolean, integer, smallint[], bigint, boolean, boolean);
 DROP FUNCTION IF EXISTS @S@.relaybus_claim_ids(text, text, integer, bigint, integer, bigint[], boolean, integer, smallint[], bigint, boolean, boolean,
     timestamptz[], xid8[], smallint[], timestamptz[], timestamptz[], timestamptz, smallint[], smallint[]);
--- (and those of this schema before the claim returned its rows' addresses:
--- a return type is not replaced, the worker door's with it)
-DO $drop_claim_ids$
-DECLARE
-    c_args CONSTANT text := '(text, text, integer, bigint, integer, bigint[], boolean, integer, smallint[], bigint, '
-        'boolean, boolean, timestamptz[], xid8[], smallint[], timestamptz[], timestamptz[], timestamptz, '
-        'smallint[], smallint[], tid[])';
-BEGIN
-    IF pg_catalog.pg_get_function_result(pg_catalog.to_regprocedure('@S@.relaybus_claim_ids' || c_args))
-       NOT LIKE '%addr tid%' THEN
-        EXECUTE 'DROP FUNCTION @S@.relaybus_claim_ids' || c_args;
-        EXECUTE 'DROP FUNCTION IF EXISTS @S@.relaybus_worker_claim_ids' || c_args;
-    END IF;
-END $drop_claim_ids$;
+DROP FUNCTION IF EXISTS @S@.relaybus_claim_ids(text, text, integer, bigint, integer, bigint[], boolean, integer, smallint[], bigint, boolean, boolean,
+    timestamptz[], xid8[], smallint[], timestamptz[], timestamptz[], timestamptz, smallint[], smallint[], tid[]);
 CREATE OR REPLACE FUNCTION @S@.relaybus_claim_ids(
     p_handler text, p_owner text, p_batch integer, p_lease_ms bigint, p_max_attempts integer,
     p_live bigint[], p_search boolean, p_chain integer, p_live_lanes smallint[],
     p_holder bigint DEFAULT NULL, p_chain_early boolean DEFAULT false, p_holder_live boolean DEFAULT false,
     p_ticks_c timestamptz[] DEFAULT NULL, p_ticks_x xid8[] DEFAULT NULL, p_cl smallint[] DEFAULT NULL,
     p_cu timestamptz[] DEFAULT NULL, p_ck timestamptz[] DEFAULT NULL, p_g timestamptz DEFAULT NULL,
-    p_mine smallint[] DEFAULT NULL, p_others smallint[] DEFAULT NULL, p_mine_t tid[] DEFAULT NULL)
+    p_mine smallint[] DEFAULT NULL, p_others smallint[] DEFAULT NULL, p_mine_t tid[] DEFAULT NULL,
+    p_kf smallint[] DEFAULT NULL)
 RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigint, claims integer,
                attempts integer, sequence bigint, created_at text, addr tid)
 -- (no sort where an index gives the order: with the statistics an
@@ -1615,6 +1636,9 @@ BEGIN
     s.gcur := coalesce(p_g, '-infinity');
     s.ucur := array_fill('-infinity'::timestamptz, ARRAY[256], ARRAY[0]);
     s.kcur := s.ucur;
+    -- the lanes known to have 64 keyed entries or more (a claimer with
+    -- cursors; see relaybus_lane_candidates)
+    s.kfull := CASE WHEN s.cursors THEN coalesce(p_kf, '{}') ELSE '{}' END;
     -- by lane: the lane rows' versions known and locked, no room taken
     -- (at most 32 in flight on a lane, c_lane_max), where p_live's start
     s.kt := array_fill(NULL::tid, ARRAY[256], ARRAY[0]);
@@ -1687,13 +1711,16 @@ DROP FUNCTION IF EXISTS @S@.relaybus_claim(text, text, integer, bigint, integer,
 DROP FUNCTION IF EXISTS @S@.relaybus_claim(text, text, integer, bigint, integer, bigint[], boolean, integer, smallint[], bigint, boolean, boolean);
 DROP FUNCTION IF EXISTS @S@.relaybus_claim(text, text, integer, bigint, integer, bigint[], boolean, integer, smallint[], bigint, boolean, boolean,
     timestamptz[], xid8[], smallint[], timestamptz[], timestamptz[], timestamptz, smallint[], smallint[]);
+DROP FUNCTION IF EXISTS @S@.relaybus_claim(text, text, integer, bigint, integer, bigint[], boolean, integer, smallint[], bigint, boolean, boolean,
+    timestamptz[], xid8[], smallint[], timestamptz[], timestamptz[], timestamptz, smallint[], smallint[], tid[]);
 CREATE OR REPLACE FUNCTION @S@.relaybus_claim(
     p_handler text, p_owner text, p_batch integer, p_lease_ms bigint, p_max_attempts integer,
     p_live bigint[], p_search boolean, p_chain integer, p_live_lanes smallint[] DEFAULT NULL,
     p_holder bigint DEFAULT NULL, p_chain_early boolean DEFAULT false, p_holder_live boolean DEFAULT false,
     p_ticks_c timestamptz[] DEFAULT NULL, p_ticks_x xid8[] DEFAULT NULL, p_cl smallint[] DEFAULT NULL,
     p_cu timestamptz[] DEFAULT NULL, p_ck timestamptz[] DEFAULT NULL, p_g timestamptz DEFAULT NULL,
-    p_mine smallint[] DEFAULT NULL, p_others smallint[] DEFAULT NULL, p_mine_t tid[] DEFAULT NULL)
+    p_mine smallint[] DEFAULT NULL, p_others smallint[] DEFAULT NULL, p_mine_t tid[] DEFAULT NULL,
+    p_kf smallint[] DEFAULT NULL)
 RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigint, claims integer,
                attempts integer, name text, key text, sequence bigint, payload jsonb, headers jsonb,
                created_at text)
@@ -1714,7 +1741,7 @@ BEGIN
       FROM @S@.relaybus_claim_ids(p_handler, p_owner, p_batch, p_lease_ms, p_max_attempts,
                                   p_live, p_search, p_chain, p_live_lanes, p_holder,
                                   p_chain_early, p_holder_live, p_ticks_c, p_ticks_x, p_cl, p_cu,
-                                  p_ck, p_g, p_mine, p_others, p_mine_t) WITH ORDINALITY c(id, event_id, handler,
+                                  p_ck, p_g, p_mine, p_others, p_mine_t, p_kf) WITH ORDINALITY c(id, event_id, handler,
                                   lane, epoch, claims, attempts, sequence, created_at, addr, o);
     -- (the cursors' rows, which have no id, first)
     RETURN QUERY
@@ -1950,13 +1977,16 @@ DROP FUNCTION IF EXISTS @S@.relaybus_worker_claim(text, text, integer, bigint, i
     integer, smallint[], bigint, boolean, boolean);
 DROP FUNCTION IF EXISTS @S@.relaybus_worker_claim(text, text, integer, bigint, integer, bigint[], boolean, integer, smallint[], bigint, boolean, boolean,
     timestamptz[], xid8[], smallint[], timestamptz[], timestamptz[], timestamptz, smallint[], smallint[]);
+DROP FUNCTION IF EXISTS @S@.relaybus_worker_claim(text, text, integer, bigint, integer, bigint[], boolean, integer, smallint[], bigint, boolean, boolean,
+    timestamptz[], xid8[], smallint[], timestamptz[], timestamptz[], timestamptz, smallint[], smallint[], tid[]);
 CREATE OR REPLACE FUNCTION @S@.relaybus_worker_claim(
     p_handler text, p_owner text, p_batch integer, p_lease_ms bigint, p_max_attempts integer,
     p_live bigint[], p_search boolean, p_chain integer, p_live_lanes smallint[] DEFAULT NULL,
     p_holder bigint DEFAULT NULL, p_chain_early boolean DEFAULT false, p_holder_live boolean DEFAULT false,
     p_ticks_c timestamptz[] DEFAULT NULL, p_ticks_x xid8[] DEFAULT NULL, p_cl smallint[] DEFAULT NULL,
     p_cu timestamptz[] DEFAULT NULL, p_ck timestamptz[] DEFAULT NULL, p_g timestamptz DEFAULT NULL,
-    p_mine smallint[] DEFAULT NULL, p_others smallint[] DEFAULT NULL, p_mine_t tid[] DEFAULT NULL)
+    p_mine smallint[] DEFAULT NULL, p_others smallint[] DEFAULT NULL, p_mine_t tid[] DEFAULT NULL,
+    p_kf smallint[] DEFAULT NULL)
 RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigint, claims integer,
                attempts integer, name text, key text, sequence bigint, payload jsonb, headers jsonb,
                created_at text)
@@ -1965,7 +1995,7 @@ BEGIN
     PERFORM @S@.relaybus_check('{worker}', ARRAY[p_handler]);  -- (rb-setup --grant worker=ROLE:HANDLER)
     RETURN QUERY SELECT * FROM @S@.relaybus_claim(p_handler, p_owner, p_batch, p_lease_ms, p_max_attempts,
         p_live, p_search, p_chain, p_live_lanes, p_holder, p_chain_early, p_holder_live,
-        p_ticks_c, p_ticks_x, p_cl, p_cu, p_ck, p_g, p_mine, p_others, p_mine_t);
+        p_ticks_c, p_ticks_x, p_cl, p_cu, p_ck, p_g, p_mine, p_others, p_mine_t, p_kf);
 END $$;
 
 DROP FUNCTION IF EXISTS @S@.relaybus_worker_claim_ids(text, text, integer, bigint, integer, bigint[], boolean,
@@ -1974,13 +2004,16 @@ DROP FUNCTION IF EXISTS @S@.relaybus_worker_claim_ids(text, text, integer, bigin
     integer, smallint[], bigint, boolean, boolean);
 DROP FUNCTION IF EXISTS @S@.relaybus_worker_claim_ids(text, text, integer, bigint, integer, bigint[], boolean, integer, smallint[], bigint, boolean, boolean,
     timestamptz[], xid8[], smallint[], timestamptz[], timestamptz[], timestamptz, smallint[], smallint[]);
+DROP FUNCTION IF EXISTS @S@.relaybus_worker_claim_ids(text, text, integer, bigint, integer, bigint[], boolean, integer, smallint[], bigint, boolean, boolean,
+    timestamptz[], xid8[], smallint[], timestamptz[], timestamptz[], timestamptz, smallint[], smallint[], tid[]);
 CREATE OR REPLACE FUNCTION @S@.relaybus_worker_claim_ids(
     p_handler text, p_owner text, p_batch integer, p_lease_ms bigint, p_max_attempts integer,
     p_live bigint[], p_search boolean, p_chain integer, p_live_lanes smallint[],
     p_holder bigint DEFAULT NULL, p_chain_early boolean DEFAULT false, p_holder_live boolean DEFAULT false,
     p_ticks_c timestamptz[] DEFAULT NULL, p_ticks_x xid8[] DEFAULT NULL, p_cl smallint[] DEFAULT NULL,
     p_cu timestamptz[] DEFAULT NULL, p_ck timestamptz[] DEFAULT NULL, p_g timestamptz DEFAULT NULL,
-    p_mine smallint[] DEFAULT NULL, p_others smallint[] DEFAULT NULL, p_mine_t tid[] DEFAULT NULL)
+    p_mine smallint[] DEFAULT NULL, p_others smallint[] DEFAULT NULL, p_mine_t tid[] DEFAULT NULL,
+    p_kf smallint[] DEFAULT NULL)
 RETURNS TABLE (id bigint, event_id text, handler text, lane smallint, epoch bigint, claims integer,
                attempts integer, sequence bigint, created_at text, addr tid)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -1988,7 +2021,7 @@ BEGIN
     PERFORM @S@.relaybus_check('{worker}', ARRAY[p_handler]);
     RETURN QUERY SELECT * FROM @S@.relaybus_claim_ids(p_handler, p_owner, p_batch, p_lease_ms, p_max_attempts,
         p_live, p_search, p_chain, p_live_lanes, p_holder, p_chain_early, p_holder_live,
-        p_ticks_c, p_ticks_x, p_cl, p_cu, p_ck, p_g, p_mine, p_others, p_mine_t);
+        p_ticks_c, p_ticks_x, p_cl, p_cu, p_ck, p_g, p_mine, p_others, p_mine_t, p_kf);
 END $$;
 
 CREATE OR REPLACE FUNCTION @S@.relaybus_worker_fail(

@@ -32,15 +32,15 @@
 enum claim_arg {
 	CA_HANDLER, CA_OWNER, CA_BATCH, CA_LEASE_MS, CA_MAX_ATTEMPTS, CA_LIVE, CA_SEARCH, CA_CHAIN,
 	CA_LIVE_LANES, CA_HOLDER, CA_CHAIN_EARLY, CA_HOLDER_LIVE,
-	CA_CURSORS,		/* p_ticks_c ... p_mine_t: struct pg_cursors' params */
+	CA_CURSORS,		/* p_ticks_c ... p_kf: struct pg_cursors' params */
 	CLAIM_NPARAMS = CA_CURSORS + PG_CURSOR_PARAMS
 };
 #define PG_CLAIM_ARGS \
     "($1, $2, $3::integer, $4::bigint, $5::integer, $6::bigint[], $7::boolean, $8::integer, " \
     "$9::smallint[], $10::bigint, $11::boolean, $12::boolean, " \
     "$13::timestamptz[], $14::xid8[], $15::smallint[], $16::timestamptz[], $17::timestamptz[], " \
-    "$18::timestamptz, $19::smallint[], $20::smallint[], $21::tid[])"
-_Static_assert(CLAIM_NPARAMS == 21, "PG_CLAIM_ARGS spells 21 parameters");
+    "$18::timestamptz, $19::smallint[], $20::smallint[], $21::tid[], $22::smallint[])"
+_Static_assert(CLAIM_NPARAMS == 22, "PG_CLAIM_ARGS spells 22 parameters");
 
 const char pg_tmpl_claim[] =
     "SELECT id, event_id, handler, lane, epoch, claims, attempts, name, key, sequence, "

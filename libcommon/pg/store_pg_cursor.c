@@ -72,6 +72,7 @@ pg_cursors_drop(struct pg_cursors *c, bool all)
 	clear(&c->mine);
 	clear(&c->mine_t);
 	clear(&c->others);
+	clear(&c->kf);
 	clear(&c->handler);
 	for (int i = 0; i < PG_TICKS; i++) {
 		clear(&c->tick_c[i]);
@@ -92,7 +93,7 @@ pg_cursors_free(struct pg_cursors *c)
 	c->tx.s = NULL;
 }
 
-/* The claim's nine cursor parameters in c->params: none unless want (a
+/* The claim's ten cursor parameters in c->params: none unless want (a
  * long-lived claimer) and cursors are on. */
 void
 pg_cursors_params(struct pg_cursors *c, const char *handler, bool want)
@@ -107,6 +108,7 @@ pg_cursors_params(struct pg_cursors *c, const char *handler, bool want)
 		clear(&c->mine);
 		clear(&c->mine_t);
 		clear(&c->others);
+		clear(&c->kf);
 		return;
 	}
 	if (c->handler == NULL || strcmp(c->handler, handler) != 0) {
@@ -115,6 +117,7 @@ pg_cursors_params(struct pg_cursors *c, const char *handler, bool want)
 		clear(&c->mine);
 		clear(&c->mine_t);
 		clear(&c->others);
+		clear(&c->kf);
 		free(c->handler);
 		c->handler = xstrdup(handler);
 		c->dropped_at = now;
@@ -150,11 +153,13 @@ pg_cursors_params(struct pg_cursors *c, const char *handler, bool want)
 	c->params[3] = c->cu;
 	c->params[4] = c->ck;
 	c->params[5] = c->g;
-	/* (every PASS_MS a claim that reads every lane row) */
+	/* (every PASS_MS a claim that reads every lane row, and counts the
+	 * keyed entries of every lane it reads again: p_kf NULL) */
 	if (c->mine != NULL && now - c->pass_at < PASS_MS) {
 		c->params[6] = c->mine;
 		c->params[7] = c->others;
 		c->params[8] = c->mine_t;
+		c->params[9] = c->kf;
 	} else {
 		c->pass_at = now;
 	}
@@ -186,7 +191,7 @@ pg_cursors_take(struct pg_cursors *c, const PGresult *res)
 	} const slots[] = {
 		{ "tick_c", &tick_c }, { "tick_x", &tick_x }, { "g", &c->g }, { "cl", &c->cl },
 		{ "cu", &c->cu }, { "ck", &c->ck }, { "mine", &c->mine }, { "others", &c->others },
-		{ "mine_t", &c->mine_t }, { "free_in", &free_in },
+		{ "mine_t", &c->mine_t }, { "kf", &c->kf }, { "free_in", &free_in },
 	};
 
 	for (int i = 0; i < PQntuples(res); i++) {

@@ -57,7 +57,7 @@ struct pg_claimed {
  * relaybus_claim_ids, "Claim cursors"): the ticks of its last claims, and
  * what its last claim handed back, as the text of the claim's parameters.
  */
-enum { PG_TICKS = 8, PG_CURSOR_PARAMS = 9 };
+enum { PG_TICKS = 8, PG_CURSOR_PARAMS = 10 };
 struct pg_cursors {
 	int64_t	 rescan_ms;	/* $RELAYBUS_PG_RESCAN; 0: no cursors */
 	char	*handler;	/* whose cursors these are */
@@ -67,11 +67,12 @@ struct pg_cursors {
 	char	*mine;		/* the lanes held after the last claim */
 	char	*mine_t;	/* ... and the versions of their rows (ctids) */
 	char	*others;	/* the lanes others held at the last pass */
+	char	*kf;		/* the lanes of 64 keyed deliveries or more since the last pass */
 	int64_t	 free_in_ms;	/* the last claim's: a lease of another's ends in this many ms (0: none) */
 	int64_t	 dropped_at;	/* when the cursors were last dropped (the safety net) */
 	int64_t	 pass_at;	/* when a claim last read every lane row */
 	struct rb_sbuf tc, tx;	/* the ticks as array literals */
-	/* the claim out: its nine cursor parameters (NULL: none) */
+	/* the claim out: its ten cursor parameters (NULL: none) */
 	const char *params[PG_CURSOR_PARAMS];
 };
 
@@ -79,7 +80,7 @@ struct pg_cursors {
  * One claim's arguments by name, as the text of the statement's
  * parameters (relaybus_claim, relaybus_claim_ids and their worker doors
  * take the same: PG_CLAIM_ARGS in store_pg_claim.c), kept for a retry.
- * The holder (p_holder, p_holder_live) is the store's, and the nine
+ * The holder (p_holder, p_holder_live) is the store's, and the ten
  * cursors are struct pg_cursors' params: claim_param_list (store_pg_claim.c)
  * makes the parameter list of the three, the one place that knows the order.
  */
