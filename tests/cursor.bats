@@ -335,7 +335,8 @@ EOF
 # from the cursors the one before handed back (a psql script; \gset keeps
 # them).  After two claims, the third from their cursors (in transactions
 # rolled back: the same lanes, the same rows each time), it prints: the
-# lanes it names in kf given none | its ids | its ids given kf = $1 | after
+# lanes it names in kf given none | its ids | its ids given kf = $1 | its ids
+# given a kf of one NULL (a caller's bad array: no lane's keys lost) | after
 # all but $2 of key ka's deliveries are gone, the kf it names given none (a
 # pass) | and given $1.
 kf_claims() {  # kf-to-give keep
@@ -367,6 +368,12 @@ SELECT coalesce(string_agg(id::text, ',' ORDER BY id) FILTER (WHERE id IS NOT NU
                           ARRAY[:'tc', :'tc2']::timestamptz[], ARRAY[:'tx', :'tx2']::xid8[],
                           :'cl', :'cu', :'ck', :'g', :'mine', '{}', :'mt', :'kf') \gset
 ROLLBACK;
+BEGIN;
+SELECT coalesce(string_agg(id::text, ',' ORDER BY id) FILTER (WHERE id IS NOT NULL), '') AS with_null
+  FROM relaybus_claim_ids('kf', 'A', 100, 60000, 5, '{}', true, 3, NULL, 7, false, false,
+                          ARRAY[:'tc', :'tc2']::timestamptz[], ARRAY[:'tx', :'tx2']::xid8[],
+                          :'cl', :'cu', :'ck', :'g', :'mine', '{}', :'mt', '{NULL}') \gset
+ROLLBACK;
 DELETE FROM relaybus_deliveries d WHERE d.handler = 'kf' AND d.key = 'ka'
    AND d.sequence > (SELECT min(x.sequence) FROM relaybus_deliveries x WHERE x.handler = 'kf' AND x.key = 'ka') + :keep - 1;
 BEGIN;
@@ -381,12 +388,12 @@ SELECT max(event_id) FILTER (WHERE handler = 'kf') AS kept_kf
                           ARRAY[:'tc', :'tc2']::timestamptz[], ARRAY[:'tx', :'tx2']::xid8[],
                           :'cl', :'cu', :'ck', :'g', :'mine', '{}', :'mt', :'kf') \gset
 ROLLBACK;
-SELECT :'found_kf' || '|' || :'without_kf' || '|' || :'with_kf' || '|' || :'pass_kf' || '|' || :'kept_kf';
+SELECT :'found_kf' || '|' || :'without_kf' || '|' || :'with_kf' || '|' || :'with_null' || '|' || :'pass_kf' || '|' || :'kept_kf';
 EOF2
 }
 
 @test "a lane of 64 keyed deliveries or more is remembered until the next pass: the claim names it (kf), and a claim given it picks what it would without it" {
-  local la lb heads r found without with pass kept
+  local la lb heads r found without with with_null pass kept
   la=$(q "SELECT relaybus_lane('ka')")
   lb=$(q "SELECT relaybus_lane('kb')")
   [ "$la" != "$lb" ]
@@ -399,10 +406,11 @@ EOF2
                                                                   FROM relaybus_deliveries WHERE handler = 'kf') d WHERE n <= 3")
   # given kf, lb named too (wrongly: it has 10): the skip scan for both
   r=$(kf_claims "{$la,$lb}" 40)
-  echo "# kf found, picks without and with kf, kf at a pass and given it: $r" >&3
-  IFS='|' read -r found without with pass kept <<<"$r"
+  echo "# kf found, picks without kf, with it and with {NULL}, kf at a pass and given it: $r" >&3
+  IFS='|' read -r found without with with_null pass kept <<<"$r"
   [ "$found" = "{$la}" ]
   [ "$with" = "$heads" ]
+  [ "$with_null" = "$heads" ]
   [ "$without" = "$heads" ]
   # 40 of ka left: a pass forgets la; a claim given it keeps it
   [ "$pass" = "{}" ]

@@ -1637,8 +1637,9 @@ BEGIN
     s.ucur := array_fill('-infinity'::timestamptz, ARRAY[256], ARRAY[0]);
     s.kcur := s.ucur;
     -- the lanes known to have 64 keyed entries or more (a claimer with
-    -- cursors; see relaybus_lane_candidates)
-    s.kfull := CASE WHEN s.cursors THEN coalesce(p_kf, '{}') ELSE '{}' END;
+    -- cursors; see relaybus_lane_candidates), without NULLs: a lane = ANY
+    -- of a set with a NULL is NULL, not false, and would have no keyed picks
+    s.kfull := CASE WHEN s.cursors THEN coalesce(array_remove(p_kf, NULL), '{}') ELSE '{}' END;
     -- by lane: the lane rows' versions known and locked, no room taken
     -- (at most 32 in flight on a lane, c_lane_max), where p_live's start
     s.kt := array_fill(NULL::tid, ARRAY[256], ARRAY[0]);
