@@ -59,6 +59,17 @@ clear(char **p)
 	*p = NULL;
 }
 
+/* Forget what a pass over the lane rows renews: the lanes held, their
+ * rows' versions, the lanes others hold, the lanes of 64 keyed or more. */
+static void
+forget_lanes(struct pg_cursors *c)
+{
+	clear(&c->mine);
+	clear(&c->mine_t);
+	clear(&c->others);
+	clear(&c->kf);
+}
+
 /* Forget the cursors (all: the ticks and the lanes held too). */
 void
 pg_cursors_drop(struct pg_cursors *c, bool all)
@@ -69,10 +80,7 @@ pg_cursors_drop(struct pg_cursors *c, bool all)
 	clear(&c->ck);
 	if (!all)
 		return;
-	clear(&c->mine);
-	clear(&c->mine_t);
-	clear(&c->others);
-	clear(&c->kf);
+	forget_lanes(c);
 	clear(&c->handler);
 	for (int i = 0; i < PG_TICKS; i++) {
 		clear(&c->tick_c[i]);
@@ -105,19 +113,13 @@ pg_cursors_params(struct pg_cursors *c, const char *handler, bool want)
 	if (!want || c->rescan_ms == 0) {
 		/* (a claim without cursors may take lanes: the next one with
 		 * them reads every lane row first) */
-		clear(&c->mine);
-		clear(&c->mine_t);
-		clear(&c->others);
-		clear(&c->kf);
+		forget_lanes(c);
 		return;
 	}
 	if (c->handler == NULL || strcmp(c->handler, handler) != 0) {
 		/* (the ticks are the server's, not the handler's) */
 		pg_cursors_drop(c, false);
-		clear(&c->mine);
-		clear(&c->mine_t);
-		clear(&c->others);
-		clear(&c->kf);
+		forget_lanes(c);
 		free(c->handler);
 		c->handler = xstrdup(handler);
 		c->dropped_at = now;
